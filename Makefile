@@ -1,0 +1,34 @@
+# Two commands on a fresh machine: `make demo` and `make test` (see README.md).
+PYTHON ?= python3
+VENV   ?= .venv
+PY      = $(VENV)/bin/python
+# On a machine without CUDA, install PyTorch's CPU build first, so that the
+# `torch>=` range in pyproject.toml is already met and pip pulls no CUDA build.
+TORCH_CPU ?= torch==2.13.0
+
+.PHONY: install demo test test-slow bench clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	if ! command -v nvidia-smi >/dev/null 2>&1; then $(PY) -m pip install -q "$(TORCH_CPU)"; fi
+	$(PY) -m pip install -q -e ".[test,demo]"
+	touch $@
+
+install: $(VENV)/.installed
+
+demo: install
+	$(PY) examples/demo.py --out out
+
+test: install
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q
+
+test-slow: install
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m slow
+
+bench: install
+	$(PY) benchmarks/bench_blr.py
+	$(PY) benchmarks/bench_svi_step.py
+
+clean:
+	rm -rf $(VENV) out .pytest_cache

@@ -1,0 +1,79 @@
+r"""Validation and conversion of user data at the boundary.
+
+numpy arrays and pandas objects become tensors once, here; everything past the
+boundary works on tensors and trusts their shape.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from aml_ppl.errors import InputDataError
+
+
+def to_tensor(value: Any) -> Any:
+    r"""Convert a numpy array or pandas object to a tensor; leave anything else.
+
+    Floating arrays keep their precision (numpy's default is float64).
+    """
+    if hasattr(value, "to_numpy") and not isinstance(value, torch.Tensor):
+        value = value.to_numpy()
+    if isinstance(value, np.ndarray):
+        if value.dtype == object:
+            raise InputDataError(
+                "got a numpy array of dtype object; convert it to a numeric dtype first."
+            )
+        if not value.flags.writeable:
+            value = value.copy()
+        return torch.from_numpy(np.ascontiguousarray(value))
+    return value
+
+
+def convert_arguments(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    r"""Apply :func:`to_tensor` to every positional and keyword argument."""
+    return (
+        tuple(to_tensor(arg) for arg in args),
+        {key: to_tensor(value) for key, value in kwargs.items()},
+    )
+
+
+def check_float_tensor(
+    name: str, value: Any, ndim: int, dtype: torch.dtype | None = None
+) -> torch.Tensor:
+    r"""Return ``value`` as a finite, non-empty floating tensor with ``ndim`` dims.
+
+    Args:
+        name: The argument's name, used in error messages.
+        value: A tensor, numpy array or pandas object.
+        ndim: The number of dimensions required.
+        dtype: If given, a floating dtype to cast to.
+
+    Raises:
+        InputDataError: Naming ``name`` and what was wrong.
+    """
+    value = to_tensor(value)
+    if not isinstance(value, torch.Tensor):
+        raise InputDataError(
+            f"`{name}` must be a tensor or array; got {type(value).__name__}."
+        )
+    if value.ndim != ndim:
+        hint = " Reshape with `X[:, None]`." if (name == "X" and value.ndim == 1) else ""
+        raise InputDataError(
+            f"`{name}` must be a {ndim}-d tensor; got shape {tuple(value.shape)}.{hint}"
+        )
+    if value.numel() == 0:
+        raise InputDataError(f"`{name}` is empty (shape {tuple(value.shape)}).")
+    if not value.is_floating_point():
+        raise InputDataError(
+            f"`{name}` must have a floating dtype; got {value.dtype}. "
+            f"Convert with `{name}.double()` (or `.astype(float)` for numpy)."
+        )
+    if not torch.isfinite(value).all():
+        bad = int((~torch.isfinite(value)).sum())
+        raise InputDataError(
+            f"`{name}` has {bad} NaN or infinite value(s); remove or impute them."
+        )
+    return value if dtype is None else value.to(dtype)

@@ -1,0 +1,69 @@
+r"""The one call: ``aml_ppl.fit(model, *args, engine=...)``."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import pyro
+
+from aml_ppl._data import convert_arguments
+from aml_ppl.errors import InputDataError
+from aml_ppl.inference.base import ENGINES, Engine, Posterior
+from aml_ppl.models.base import Model
+
+
+def fit(
+    model: Callable,
+    *args: Any,
+    engine: str | Engine | None = None,
+    seed: int | None = None,
+    **kwargs: Any,
+) -> Posterior:
+    r"""Condition a model on data with the chosen engine.
+
+    Args:
+        model: A built-in :class:`~aml_ppl.models.Model` or any Pyro model function.
+        *args: The model's own positional arguments, as Pyro's ``SVI.step`` and
+            ``MCMC.run`` take them (numpy arrays and pandas objects are converted).
+        engine: An engine name (``"svi"``, ``"map"``, ``"nuts"``, ``"exact"``), a
+            configured engine such as ``SVI(num_steps=500)``, or ``None`` for the
+            model's default (``"svi"`` for a plain function).
+        seed: Seeds Pyro's, torch's and numpy's generators first.
+        **kwargs: The model's own keyword arguments.
+
+    Returns:
+        The :class:`~aml_ppl.inference.Posterior`.
+
+    Raises:
+        InputDataError: On bad data or an unknown engine name.
+        IncompatibleEngineError: If the engine cannot run the model.
+
+    Example:
+        >>> import torch, aml_ppl as aml
+        >>> X = torch.randn(20, 3, dtype=torch.float64); y = X @ torch.ones(3, dtype=torch.float64)
+        >>> aml.fit(aml.models.BayesianLinearRegression(), X, y).engine
+        'exact'
+    """
+    if not callable(model):
+        raise InputDataError(
+            f"`model` must be an aml_ppl model or a Pyro model function; got {type(model).__name__}."
+        )
+    engine = _resolve_engine(engine, model)
+    args, kwargs = convert_arguments(args, kwargs)
+    if isinstance(model, Model):
+        args, kwargs = model.validate(*args, **kwargs)
+    if seed is not None:
+        pyro.set_rng_seed(seed)
+    return engine.fit(model, *args, **kwargs)
+
+
+def _resolve_engine(engine: str | Engine | None, model: Callable) -> Engine:
+    if isinstance(engine, Engine):
+        return engine
+    if engine is None:
+        engine = getattr(model, "default_engine", "svi")
+    if not isinstance(engine, str) or engine not in ENGINES:
+        raise InputDataError(
+            f"`engine` must be one of {sorted(ENGINES)} or an Engine object; got {engine!r}."
+        )
+    return ENGINES[engine]()

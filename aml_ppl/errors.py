@@ -1,0 +1,58 @@
+r"""The errors and warnings aml_ppl raises.
+
+Every error derives from :class:`AmlPplError`; input errors are also
+``ValueError`` so that code written against scikit-learn or Pyro catches them.
+Messages say what was expected, what came, and what to do.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+
+class AmlPplError(Exception):
+    r"""Base class of every error raised by aml_ppl."""
+
+
+class InputDataError(AmlPplError, ValueError):
+    r"""An argument has the wrong shape, dtype or values (NaN, empty, ...)."""
+
+
+class IncompatibleEngineError(AmlPplError, ValueError):
+    r"""The chosen engine cannot run this model."""
+
+    def __init__(self, engine: str, model: object, capable: Iterable[str]) -> None:
+        capable = sorted(capable)
+        alternatives = ", ".join(repr(name) for name in capable) or "none"
+        super().__init__(
+            f"engine {engine!r} cannot run {_describe(model)}; engines that can: "
+            f"{alternatives}."
+        )
+        self.engine = engine
+        self.capable_engines = capable
+
+
+class ModelFittingError(AmlPplError, RuntimeError):
+    r"""Inference failed numerically (non-finite loss, non-PSD matrix, ...)."""
+
+
+class NonFiniteLossError(ModelFittingError):
+    r"""An optimisation step produced a NaN or infinite loss.
+
+    The parameters are restored to the last step whose loss was finite; the
+    partial result is available as ``error.posterior``.
+    """
+
+    def __init__(self, message: str, step: int, posterior: object = None) -> None:
+        super().__init__(message)
+        self.step = step
+        self.posterior = posterior
+
+
+class AmlPplWarning(UserWarning):
+    r"""Base class of aml_ppl's warnings."""
+
+
+def _describe(model: object) -> str:
+    name = getattr(model, "__qualname__", None) or type(model).__name__
+    return f"model {name}"

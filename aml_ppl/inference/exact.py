@@ -1,0 +1,162 @@
+r"""Closed-form Gaussian inference for models that provide it (conjugate BLR, exact GP)."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, ClassVar
+
+import torch
+from pyro.distributions import MultivariateNormal, Normal
+
+from aml_ppl.errors import InputDataError
+from aml_ppl.inference.base import (
+    Engine,
+    Posterior,
+    Prediction,
+    register_engine,
+    register_posterior,
+)
+from aml_ppl.models.base import GaussianLatents
+
+
+@register_posterior
+class GaussianPosterior(Posterior):
+    r"""An exact Gaussian posterior: draws, predictions and densities in closed form.
+
+    Attributes:
+        latents: The model's :class:`~aml_ppl.models.GaussianLatents`.
+        log_marginal_likelihood: :math:`\log p(y \mid X)` at the fitted hyperparameters.
+    """
+
+    kind: ClassVar[str] = "gaussian"
+
+    def __init__(
+        self,
+        model: Callable,
+        args: tuple,
+        kwargs: dict,
+        *,
+        latents: GaussianLatents,
+        engine: str,
+        history: list[float] | torch.Tensor,
+        objective: str,
+    ) -> None:
+        self.latents = latents
+        self.log_marginal_likelihood = latents.log_marginal_likelihood
+        super().__init__(
+            model, args, kwargs, engine=engine, history=history, objective=objective
+        )
+
+    def _draw(self, num_samples: int) -> dict[str, torch.Tensor]:
+        draws = {
+            name: MultivariateNormal(loc, self.latents.covariance[name]).sample((num_samples,))
+            for name, loc in self.latents.loc.items()
+        }
+        for name, value in self.latents.fixed.items():
+            draws[name] = value.expand(num_samples, *value.shape)
+        return draws
+
+    def _predictive(
+        self, site: str | None, args: tuple, kwargs: dict
+    ) -> tuple[str, Normal, tuple, dict]:
+        site = self._observed_site(site)
+        args, kwargs = self._arguments(args, kwargs)
+        return site, self.model.exact_predictive(self.latents, *args, **kwargs)[site], args, kwargs
+
+    def predict(
+        self, *args: Any, num_samples: int = 1000, site: str | None = None, **kwargs: Any
+    ) -> Prediction:
+        r"""The exact Gaussian predictive; ``samples`` holds ``num_samples`` draws of it."""
+        predictive = self._predictive(site, args, kwargs)[1]
+        return Prediction(
+            mean=predictive.mean,
+            variance=predictive.variance,
+            samples=predictive.sample((num_samples,)),
+            gaussian=True,
+        )
+
+    def log_prob(
+        self, *args: Any, num_samples: int = 1000, site: str | None = None, **kwargs: Any
+    ) -> torch.Tensor:
+        r"""The exact pointwise log predictive density :math:`\log \mathcal{N}(y_i; m_i, v_i)`."""
+        site, predictive, args, kwargs = self._predictive(site, args, kwargs)
+        observed = self._replay(self.sample(1), args, kwargs)[2]
+        if site not in observed:
+            raise InputDataError(f"the arguments hold no observations for site {site!r}.")
+        return predictive.log_prob(observed[site].to(predictive.mean))
+
+    def credible_interval(
+        self, site: str, level: float = 0.95, num_samples: int = 4000
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        r"""The exact central interval of a Gaussian latent site's marginals."""
+        if site not in self.latents.loc:
+            return super().credible_interval(site, level, num_samples)
+        marginal = Prediction(
+            self.latents.loc[site], self.latents.covariance[site].diagonal(), gaussian=True
+        )
+        return marginal.interval(level)
+
+    def _state(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        tensors = {f"loc:{k}": v for k, v in self.latents.loc.items()}
+        tensors.update({f"covariance:{k}": v for k, v in self.latents.covariance.items()})
+        tensors.update({f"fixed:{k}": v for k, v in self.latents.fixed.items()})
+        if self.log_marginal_likelihood is not None:
+            tensors["log_marginal_likelihood"] = self.log_marginal_likelihood
+        return tensors, {}
+
+    @classmethod
+    def _from_state(cls, model, args, kwargs, tensors, meta, guide):
+        def group(prefix: str) -> dict[str, torch.Tensor]:
+            return {k.split(":", 1)[1]: v for k, v in tensors.items() if k.startswith(prefix)}
+
+        recorded = cls._recorded(tensors, meta)
+        latents = GaussianLatents(
+            loc=group("loc:"),
+            covariance=group("covariance:"),
+            fixed=group("fixed:"),
+            log_marginal_likelihood=tensors.get("log_marginal_likelihood"),
+            history=recorded["history"].tolist(),
+        )
+        return cls(model, args, kwargs, latents=latents, **recorded)
+
+
+@register_engine
+class Exact(Engine):
+    r"""Exact Gaussian inference through the model's ``exact_posterior``.
+
+    Runs models that provide a closed-form Gaussian posterior (conjugate BLR,
+    notes AML §6). Hyperparameters the model learns (by evidence maximisation)
+    are fixed at their optimum; ``history`` holds the log marginal likelihood
+    per iteration.
+
+    Args:
+        **options: Passed to the model's ``exact_posterior`` (e.g. ``max_iter``, ``tol``).
+
+    Example:
+        >>> import torch, aml_ppl as aml
+        >>> X = torch.randn(30, 2, dtype=torch.float64); y = X.sum(-1)
+        >>> post = aml.fit(aml.models.BayesianLinearRegression(), X, y, engine="exact")
+        >>> post.latents.loc["beta"].shape
+        torch.Size([2])
+    """
+
+    name: ClassVar[str] = "exact"
+
+    def __init__(self, **options: Any) -> None:
+        self.options = options
+
+    @classmethod
+    def supports(cls, model: Callable) -> bool:
+        return callable(getattr(model, "exact_posterior", None))
+
+    def fit(self, model: Callable, *args: Any, **kwargs: Any) -> GaussianPosterior:
+        self.check_supports(model)
+        latents = model.exact_posterior(*args, **kwargs, **self.options)
+        return GaussianPosterior(
+            model,
+            args,
+            kwargs,
+            latents=latents,
+            engine=self.name,
+            history=latents.history,
+            objective="log_marginal_likelihood",
+        )

@@ -1,0 +1,341 @@
+r"""Stochastic variational inference: maximise the ELBO over a guide's parameters."""
+
+from __future__ import annotations
+
+import copy
+import math
+from typing import Any, Callable, ClassVar
+
+import pyro
+import pyro.optim
+import torch
+from pyro import poutine
+from pyro.infer import Predictive, Trace_ELBO
+from pyro.infer.autoguide import (
+    AutoDelta,
+    AutoLaplaceApproximation,
+    AutoLowRankMultivariateNormal,
+    AutoMultivariateNormal,
+    AutoNormal,
+)
+from pyro.infer.util import zero_grads
+from tqdm.auto import tqdm
+
+from aml_ppl.errors import InputDataError, NonFiniteLossError
+from aml_ppl.inference.base import (
+    Engine,
+    Posterior,
+    isolated_param_store,
+    register_engine,
+    register_posterior,
+)
+
+AUTOGUIDES: dict[str, type] = {
+    "normal": AutoNormal,
+    "mvn": AutoMultivariateNormal,
+    "lowrank": AutoLowRankMultivariateNormal,
+    "delta": AutoDelta,
+    "laplace": AutoLaplaceApproximation,
+}
+OPTIMIZERS: dict[str, Callable[[float], pyro.optim.PyroOptim]] = {
+    "adam": lambda lr: pyro.optim.Adam({"lr": lr}),
+    "clipped_adam": lambda lr: pyro.optim.ClippedAdam({"lr": lr, "clip_norm": 10.0}),
+}
+
+
+@register_posterior
+class GuidePosterior(Posterior):
+    r"""A posterior represented by a trained guide (SVI, MAP).
+
+    The guide and the values of its ``pyro.param`` sites are frozen at the end of
+    the fit, so later fits never change this record.
+
+    Attributes:
+        guide: The trained guide (an autoguide module, or a function whose
+            parameters are held in ``params``).
+        guide_spec: How the guide was made: an autoguide name, ``"model"`` (the
+            model's own guide) or ``"custom"``.
+        model_params: Values of the model's own ``pyro.param`` sites.
+        guide_params: Values of a function guide's ``pyro.param`` sites (a module
+            guide holds its own).
+    """
+
+    kind: ClassVar[str] = "guide"
+
+    def __init__(
+        self,
+        model: Callable,
+        args: tuple,
+        kwargs: dict,
+        *,
+        guide: Callable,
+        guide_spec: str,
+        model_params: dict[str, torch.Tensor],
+        guide_params: dict[str, torch.Tensor],
+        engine: str,
+        history: list[float] | torch.Tensor,
+        objective: str,
+    ) -> None:
+        self.guide = guide
+        self.guide_spec = guide_spec
+        self.model_params = model_params
+        self.guide_params = guide_params
+        super().__init__(
+            model, args, kwargs, engine=engine, history=history, objective=objective
+        )
+
+    def _evaluation_model(self) -> Callable:
+        return _substituted(self.model, self.model_params)
+
+    def _draw(self, num_samples: int) -> dict[str, torch.Tensor]:
+        r"""Draw in one vectorised pass when the guide broadcasts (autoguides do),
+        else one guide run per draw."""
+        guide = _substituted(self.guide, self.guide_params)
+        args, kwargs = self.data_args, self.data_kwargs
+        with isolated_param_store(), torch.no_grad():
+            try:
+                vectorised = Predictive(
+                    guide, num_samples=num_samples, parallel=True, return_sites=self.latent_sites
+                )(*args, **kwargs)
+            except Exception:  # a guide that does not broadcast over a draws plate
+                vectorised = {}
+            if all(
+                name in vectorised and vectorised[name].shape == (num_samples, *shape)
+                for name, shape in self.latent_shapes.items()
+            ):
+                return {name: vectorised[name] for name in self.latent_sites}
+            draws: dict[str, list[torch.Tensor]] = {name: [] for name in self.latent_sites}
+            for _ in range(num_samples):
+                trace = poutine.trace(guide).get_trace(*args, **kwargs)
+                for name in self.latent_sites:
+                    draws[name].append(trace.nodes[name]["value"])
+        return {name: torch.stack(values) for name, values in draws.items()}
+
+    def _state(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        tensors = {f"model_param:{name}": value for name, value in self.model_params.items()}
+        tensors.update({f"guide_param:{k}": v for k, v in self.guide_params.items()})
+        if isinstance(self.guide, torch.nn.Module):
+            tensors.update(
+                {f"guide:{key}": value for key, value in self.guide.state_dict().items()}
+            )
+        return tensors, {"guide": self.guide_spec}
+
+    @classmethod
+    def _from_state(cls, model, args, kwargs, tensors, meta, guide):
+        spec = meta["guide"]
+        if spec == "model":
+            guide = model.guide
+        elif spec == "custom":
+            if guide is None:
+                raise InputDataError("this posterior used a guide of your own; pass it as `guide=`.")
+        else:
+            guide = AutoMultivariateNormal(model) if spec == "laplace" else AUTOGUIDES[spec](model)
+            with isolated_param_store(), poutine.block():
+                guide(*args, **kwargs)
+        def group(prefix: str) -> dict[str, torch.Tensor]:
+            return {k.split(":", 1)[1]: v for k, v in tensors.items() if k.startswith(prefix)}
+
+        state = group("guide:")
+        if state:
+            if spec == "laplace":
+                for name in ("loc", "scale", "scale_tril"):
+                    delattr(guide, name)
+                    guide.register_buffer(name, state[name])
+            else:
+                guide.load_state_dict(state)
+        return cls(
+            model,
+            args,
+            kwargs,
+            guide=guide,
+            guide_spec=spec,
+            model_params=group("model_param:"),
+            guide_params=group("guide_param:"),
+            **cls._recorded(tensors, meta),
+        )
+
+
+@register_engine
+class SVI(Engine):
+    r"""Stochastic variational inference (Pyro ``SVI``) behind :func:`aml_ppl.fit`.
+
+    Maximises :math:`\mathrm{ELBO}(\phi) = \mathbb{E}_{q_\phi}[\log p(x, z) - \log q_\phi(z)]`
+    (notes AML §7.4) by stochastic gradients. Each step is Pyro's ``SVI.step``
+    with two guards: a non-finite loss stops the run with
+    :class:`~aml_ppl.errors.NonFiniteLossError`, naming the step, with the
+    parameters of the last finite step restored; and an optional plateau stop.
+
+    Args:
+        num_steps: Optimisation steps at most.
+        lr: Learning rate.
+        guide: ``None`` (the model's own ``guide`` if it has one, else
+            ``"normal"``), an autoguide name (``"normal"``, ``"mvn"``,
+            ``"lowrank"``, ``"delta"``, ``"laplace"``), or a guide of your own.
+        loss: A Pyro ELBO (``TraceEnum_ELBO()`` for enumerated discrete sites);
+            ``Trace_ELBO(num_particles)`` by default.
+        optim: ``"adam"``, ``"clipped_adam"`` or a ``pyro.optim`` optimiser.
+        num_particles: Samples per ELBO estimate for the default loss.
+        patience: Stop when the mean loss over the last ``patience`` steps is
+            less than ``tolerance`` (relative) below that of the ``patience``
+            steps before; ``None`` runs all steps.
+        tolerance: See ``patience``.
+        progress_bar: Show a tqdm bar.
+
+    Example:
+        >>> import torch, aml_ppl as aml
+        >>> X = torch.randn(40, 2, dtype=torch.float64); y = X.sum(-1)
+        >>> engine = aml.inference.SVI(num_steps=50, guide="mvn", progress_bar=False)
+        >>> post = aml.fit(aml.models.BayesianLinearRegression(), X, y, engine=engine)
+        >>> len(post.history)
+        50
+    """
+
+    name: ClassVar[str] = "svi"
+    objective: ClassVar[str] = "elbo_loss"
+
+    def __init__(
+        self,
+        num_steps: int = 2000,
+        lr: float = 0.01,
+        guide: str | Callable | None = None,
+        loss: Any = None,
+        optim: str | pyro.optim.PyroOptim = "adam",
+        num_particles: int = 1,
+        patience: int | None = None,
+        tolerance: float = 1e-4,
+        progress_bar: bool = True,
+    ) -> None:
+        if not isinstance(num_steps, int) or num_steps < 1:
+            raise InputDataError(f"`num_steps` must be a positive integer; got {num_steps!r}.")
+        if isinstance(guide, str) and guide not in AUTOGUIDES:
+            raise InputDataError(f"`guide` must be one of {sorted(AUTOGUIDES)}; got {guide!r}.")
+        if isinstance(optim, str) and optim not in OPTIMIZERS:
+            raise InputDataError(f"`optim` must be one of {sorted(OPTIMIZERS)}; got {optim!r}.")
+        if patience is not None and (not isinstance(patience, int) or patience < 1):
+            raise InputDataError(f"`patience` must be a positive integer; got {patience!r}.")
+        self.num_steps = num_steps
+        self.lr = lr
+        self.guide = guide
+        self.loss = loss if loss is not None else Trace_ELBO(num_particles=num_particles)
+        self.optim = optim
+        self.patience = patience
+        self.tolerance = tolerance
+        self.progress_bar = progress_bar
+
+    def fit(self, model: Callable, *args: Any, **kwargs: Any) -> GuidePosterior:
+        self.check_supports(model)
+        guide, spec = self._make_guide(model)
+        with isolated_param_store():
+            history, failed_step = self._optimise(model, guide, args, kwargs)
+            posterior = self._freeze(model, guide, spec, args, kwargs, history)
+        if failed_step is not None:
+            raise NonFiniteLossError(
+                f"the {self.name} loss was not finite at step {failed_step + 1}; the "
+                f"parameters of step {failed_step}, the last finite one, are kept in "
+                "`error.posterior`. Try a smaller `lr`, `optim='clipped_adam'`, "
+                "standardised data, or check the model's support.",
+                step=failed_step + 1,
+                posterior=posterior,
+            )
+        return posterior
+
+    def _make_guide(self, model: Callable) -> tuple[Callable, str]:
+        if self.guide is None:
+            if callable(getattr(model, "guide", None)):
+                return model.guide, "model"
+            return AutoNormal(model), "normal"
+        if isinstance(self.guide, str):
+            return AUTOGUIDES[self.guide](model), self.guide
+        return self.guide, "custom"
+
+    def _optimise(
+        self, model: Callable, guide: Callable, args: tuple, kwargs: dict
+    ) -> tuple[list[float], int | None]:
+        r"""Run the steps; return the losses and the failing step (``None`` if none failed)."""
+        optim = OPTIMIZERS[self.optim](self.lr) if isinstance(self.optim, str) else self.optim
+        history: list[float] = []
+        last_finite: dict[torch.Tensor, torch.Tensor] = {}
+        steps = tqdm(range(self.num_steps), desc=self.name, disable=not self.progress_bar)
+        for step in steps:
+            with poutine.trace(param_only=True) as capture:
+                loss = finite_or_nan(self.loss.loss_and_grads, model, guide, *args, **kwargs)
+            params = {site["value"].unconstrained() for site in capture.trace.nodes.values()}
+            with torch.no_grad():
+                if not math.isfinite(loss):
+                    for param, saved in last_finite.items():
+                        param.copy_(saved)
+                    zero_grads(params)
+                    return history, step
+                for param in params:
+                    if param in last_finite:
+                        last_finite[param].copy_(param)
+                    else:
+                        last_finite[param] = param.detach().clone()
+            optim(params)
+            zero_grads(params)
+            history.append(loss)
+            if step % 100 == 0:
+                steps.set_postfix(loss=f"{loss:.5g}", refresh=False)
+            if self._plateaued(history):
+                break
+        return history, None
+
+    def _plateaued(self, history: list[float]) -> bool:
+        patience = self.patience
+        if patience is None or len(history) < 2 * patience or len(history) % patience:
+            return False
+        previous = sum(history[-2 * patience : -patience]) / patience
+        current = sum(history[-patience:]) / patience
+        return previous - current < self.tolerance * abs(previous)
+
+    def _freeze(
+        self,
+        model: Callable,
+        guide: Callable,
+        spec: str,
+        args: tuple,
+        kwargs: dict,
+        history: list[float],
+    ) -> GuidePosterior:
+        r"""Copy the trained guide and parameter values into an immutable posterior."""
+        if isinstance(guide, AutoLaplaceApproximation):
+            guide, spec = guide.laplace_approximation(*args, **kwargs), "laplace"
+        module_guide = isinstance(guide, torch.nn.Module)
+        return GuidePosterior(
+            model,
+            args,
+            kwargs,
+            guide=copy.deepcopy(guide) if module_guide else guide,
+            guide_spec=spec,
+            model_params=_param_values(model, args, kwargs),
+            guide_params={} if module_guide else _param_values(guide, args, kwargs),
+            engine=self.name,
+            history=history,
+            objective=self.objective,
+        )
+
+
+def _param_values(program: Callable, args: tuple, kwargs: dict) -> dict[str, torch.Tensor]:
+    r"""Copies of the current values of ``program``'s ``pyro.param`` sites."""
+    with poutine.trace(param_only=True) as capture:
+        program(*args, **kwargs)
+    return {name: site["value"].detach().clone() for name, site in capture.trace.nodes.items()}
+
+
+def _substituted(program: Callable, params: dict[str, torch.Tensor]) -> Callable:
+    return poutine.substitute(program, data=params) if params else program
+
+
+def finite_or_nan(loss_fn: Callable, *args: Any, **kwargs: Any) -> Any:
+    r"""Evaluate a loss; NaN where a distribution rejected a non-finite parameter.
+
+    Pyro validates distribution parameters, so a NaN usually surfaces as
+    ``ValueError: Expected parameter ... found invalid values`` before any loss
+    is formed; both forms count as a non-finite step.
+    """
+    try:
+        return loss_fn(*args, **kwargs)
+    except ValueError as error:
+        if "invalid values" not in str(error):
+            raise
+        return math.nan

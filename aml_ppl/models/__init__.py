@@ -1,0 +1,6 @@
+r"""What we believe generated the data: Pyro generative models with guides."""
+
+from aml_ppl.models.base import GaussianLatents, Model
+from aml_ppl.models.linear import BayesianLinearRegression
+
+__all__ = ["BayesianLinearRegression", "GaussianLatents", "Model"]

@@ -1,0 +1,98 @@
+"""The Posterior surface: ArviZ export, save/load, predictions, for every engine."""
+
+import arviz as az
+import pytest
+import torch
+
+import aml_ppl as aml
+from aml_ppl.inference import MAP, NUTS, SVI
+from aml_ppl.models import BayesianLinearRegression
+
+ENGINES = {
+    "exact": "exact",
+    "map": MAP(),
+    "laplace": MAP(laplace=True),
+    "svi": SVI(num_steps=300, lr=0.05, progress_bar=False),
+    "svi-autoguide": SVI(num_steps=300, lr=0.05, guide="normal", progress_bar=False),
+    "nuts": NUTS(num_samples=100, warmup_steps=100, num_chains=2, progress_bar=False),
+}
+
+
+@pytest.fixture(params=list(ENGINES))
+def posterior(request, regression_data):
+    model = BayesianLinearRegression(noise_scale=None)
+    return aml.fit(model, *regression_data, engine=ENGINES[request.param], seed=0)
+
+
+def test_to_arviz_has_every_group_and_passes_summary_and_loo(posterior, regression_data):
+    idata = posterior.to_arviz(num_samples=200)
+    for group in ("posterior", "posterior_predictive", "log_likelihood", "observed_data"):
+        assert group in idata.groups()
+    summary = az.summary(idata)
+    assert {"beta[0]", "beta[1]", "beta[2]", "noise_precision"} <= set(summary.index)
+    loo = az.loo(idata, pointwise=True)
+    assert loo.n_data_points == 60 and loo.loo_i.shape == (60,)
+    chains = 2 if posterior.engine == "nuts" else 1
+    assert idata.posterior.sizes["chain"] == chains
+    assert idata.log_likelihood["obs"].shape[:2] == idata.posterior["beta"].shape[:2]
+
+
+def test_save_load_round_trip_gives_the_same_predictions(posterior, regression_data, tmp_path):
+    X, y = regression_data
+    path = tmp_path / "posterior.pt"
+    posterior.save(path)
+    loaded = aml.load(path)
+    assert type(loaded) is type(posterior) and loaded.engine == posterior.engine
+    torch.testing.assert_close(loaded.history, posterior.history)
+    for which in (posterior, loaded):
+        torch.manual_seed(5)
+        which.result = which.predict(X[:4], num_samples=100)
+    torch.testing.assert_close(loaded.result.mean, posterior.result.mean)
+    torch.testing.assert_close(loaded.result.samples, posterior.result.samples)
+
+
+def test_predict_and_log_prob_shapes(posterior, regression_data):
+    X, y = regression_data
+    prediction = posterior.predict(X[:7], num_samples=50)
+    assert prediction.mean.shape == prediction.variance.shape == (7,)
+    assert prediction.samples.shape == (50, 7)
+    assert posterior.log_prob(X, y, num_samples=50).shape == (60,)
+    assert posterior.sample(10)["beta"].shape == (10, 3)
+
+
+def test_fitting_again_does_not_change_an_earlier_posterior(regression_data):
+    X, y = regression_data
+    model = BayesianLinearRegression()
+    engine = SVI(num_steps=200, lr=0.05, progress_bar=False)
+    first = aml.fit(model, X, y, engine=engine, seed=0)
+    before = {k: v.clone() for k, v in first.guide_params.items()}
+    aml.fit(model, X, -y, engine=engine, seed=1)
+    for name, value in before.items():
+        torch.testing.assert_close(first.guide_params[name], value)
+
+
+def test_load_needs_the_model_function_for_a_plain_model(tmp_path):
+    import pyro
+    import pyro.distributions as dist
+
+    def coin(flips):
+        p = pyro.sample("p", dist.Beta(1.0, 1.0))
+        with pyro.plate("flips", flips.shape[0]):
+            pyro.sample("flip", dist.Bernoulli(p), obs=flips)
+
+    flips = torch.tensor([1.0, 0.0, 1.0, 1.0])
+    post = aml.fit(coin, flips, engine=MAP())
+    post.save(tmp_path / "coin.pt")
+    with pytest.raises(aml.InputDataError, match="model="):
+        aml.load(tmp_path / "coin.pt")
+    loaded = aml.load(tmp_path / "coin.pt", model=coin)
+    # MAP of a Beta(1, 1) coin is the sample frequency 3/4.
+    assert loaded.sample(1)["p"].item() == pytest.approx(0.75, abs=1e-5)
+
+
+def test_prediction_interval():
+    prediction = aml.Prediction(torch.zeros(2), torch.ones(2), gaussian=True)
+    lower, upper = prediction.interval(0.95)
+    torch.testing.assert_close(upper, torch.full((2,), 1.959964), atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match="level"):
+        prediction.interval(1.5)

@@ -1,0 +1,43 @@
+"""The one call and the package's shape."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import aml_ppl as aml
+from aml_ppl.inference import ENGINES
+
+
+def test_registry_holds_the_engines():
+    assert {"svi", "map", "nuts", "exact"} <= set(ENGINES)
+
+
+def test_unknown_engine_names_the_argument():
+    with pytest.raises(ValueError, match="`engine`"):
+        aml.fit(aml.models.BayesianLinearRegression(), torch.ones(3, 2), torch.ones(3), engine="hmc")
+
+
+def test_model_must_be_callable():
+    with pytest.raises(aml.InputDataError, match="`model`"):
+        aml.fit(42, torch.ones(3))
+
+
+def test_importing_aml_ppl_does_not_import_botorch():
+    """botorch's import changes GPyTorch's settings process-wide (FACTS.md)."""
+    code = "import sys, aml_ppl; print('botorch' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "False"
+
+
+def test_models_never_import_inference():
+    """Dependencies point down: models/ knows no engine (ARCHITECTURE.md)."""
+    package = Path(aml.__file__).parent
+    for path in (package / "models").rglob("*.py"):
+        text = path.read_text()
+        assert "aml_ppl.inference" not in text and "from ..inference" not in text, path
+    for path in (package / "inference").rglob("*.py"):
+        for line in path.read_text().splitlines():
+            assert not line.startswith(("from aml_ppl.analysis", "from aml_ppl.bo", "import aml_ppl.bo")), path

@@ -1,0 +1,15 @@
+"""Examples run as tests, with their smoke flag."""
+
+import importlib.util
+from pathlib import Path
+
+EXAMPLES = Path(__file__).parents[1] / "examples"
+
+
+def test_demo_runs_and_saves_its_figure(tmp_path, capsys):
+    spec = importlib.util.spec_from_file_location("demo", EXAMPLES / "demo.py")
+    demo = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(demo)
+    demo.main(["--out", str(tmp_path), "--smoke"])
+    assert (tmp_path / "blr_predictive.png").stat().st_size > 10_000
+    assert "beta[0]" in capsys.readouterr().out
