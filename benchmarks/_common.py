@@ -1,0 +1,30 @@
+"""Shared helpers for the benchmarks: machine line, interleaved timing."""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import time
+from typing import Callable
+
+import torch
+
+
+def machine_line() -> str:
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    return (
+        f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+        f"torch {torch.__version__}, threads {torch.get_num_threads()}, load average {load:.2f}"
+    )
+
+
+def interleaved(runs: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
+    """Median wall time of each callable, run in turn `repeats` times (ours and the peer alternate)."""
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    for _ in range(repeats):
+        for name, run in runs.items():
+            start = time.perf_counter()
+            run()
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(values) for name, values in times.items()}

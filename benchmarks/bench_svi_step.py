@@ -1,0 +1,67 @@
+"""Our SVI engine against a hand-written Pyro SVI loop: time per step, same model and guide.
+
+Model: a Bayesian MLP 8-50-50-1 on a batch of 256 (FACTS.md's peer figure), AutoNormal
+guide, Trace_ELBO, Adam(lr=1e-3), 1 thread (small-op work; see FACTS.md).
+Goal: ratio <= 1.05.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pyro
+import pyro.distributions as dist
+import torch
+from pyro.infer import SVI as PyroSVI
+from pyro.infer import Trace_ELBO
+from pyro.infer.autoguide import AutoNormal
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _common import interleaved, machine_line  # noqa: E402
+
+import aml_ppl as aml  # noqa: E402
+from aml_ppl.inference import SVI  # noqa: E402
+
+WIDTHS = (8, 50, 50, 1)
+
+
+def bnn(X: torch.Tensor, y: torch.Tensor | None = None) -> None:
+    hidden = X
+    for layer, (fan_in, fan_out) in enumerate(zip(WIDTHS[:-1], WIDTHS[1:])):
+        weight = pyro.sample(f"w{layer}", dist.Normal(0.0, 1.0).expand([fan_in, fan_out]).to_event(2))
+        bias = pyro.sample(f"b{layer}", dist.Normal(0.0, 1.0).expand([fan_out]).to_event(1))
+        hidden = hidden @ weight + bias
+        if layer < len(WIDTHS) - 2:
+            hidden = torch.tanh(hidden)
+    with pyro.plate("data", X.shape[0]):
+        pyro.sample("obs", dist.Normal(hidden.squeeze(-1), 0.1), obs=y)
+
+
+def main(steps: int = 300, repeats: int = 5) -> None:
+    torch.set_num_threads(1)
+    generator = torch.Generator().manual_seed(0)
+    X = torch.randn(256, 8, generator=generator)
+    y = torch.sin(X.sum(-1))
+
+    def hand_written() -> None:
+        with pyro.get_param_store().scope():
+            svi = PyroSVI(bnn, AutoNormal(bnn), pyro.optim.Adam({"lr": 1e-3}), Trace_ELBO())
+            for _ in range(steps):
+                svi.step(X, y)
+
+    def ours() -> None:
+        aml.fit(bnn, X, y, engine=SVI(num_steps=steps, lr=1e-3, guide="normal", progress_bar=False))
+
+    hand_written(), ours()  # warm up
+    timings = interleaved({"hand-written Pyro SVI loop": hand_written, "aml_ppl SVI engine": ours}, repeats)
+    print(machine_line())
+    print(f"BNN {WIDTHS}, batch 256, AutoNormal, {steps} steps, median of {repeats} interleaved runs")
+    for name, seconds in timings.items():
+        print(f"  {name:30s} {seconds / steps * 1e3:7.3f} ms/step")
+    ratio = timings["aml_ppl SVI engine"] / timings["hand-written Pyro SVI loop"]
+    print(f"  ratio ours / hand-written: {ratio:.3f} (goal <= 1.05; ours includes freezing the posterior)")
+
+
+if __name__ == "__main__":
+    main()
