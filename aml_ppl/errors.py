@@ -21,11 +21,14 @@ class InputDataError(AmlPplError, ValueError):
 class IncompatibleEngineError(AmlPplError, ValueError):
     r"""The chosen engine cannot run this model."""
 
-    def __init__(self, engine: str, model: object, capable: Iterable[str]) -> None:
+    def __init__(
+        self, engine: str, model: object, capable: Iterable[str], reason: str = ""
+    ) -> None:
         capable = sorted(capable)
         alternatives = ", ".join(repr(name) for name in capable) or "none"
+        because = f" ({reason})" if reason else ""
         super().__init__(
-            f"engine {engine!r} cannot run {_describe(model)}; engines that can: "
+            f"engine {engine!r} cannot run {_describe(model)}{because}; engines that can: "
             f"{alternatives}."
         )
         self.engine = engine

@@ -8,18 +8,21 @@ from aml_ppl.inference.base import (
     load,
     register_engine,
 )
+from aml_ppl.inference.em import EM, MixturePosterior
 from aml_ppl.inference.exact import Exact, GaussianPosterior
 from aml_ppl.inference.map import MAP
 from aml_ppl.inference.mcmc import NUTS, SamplePosterior
 from aml_ppl.inference.svi import SVI, GuidePosterior
 
 __all__ = [
+    "EM",
     "ENGINES",
     "Engine",
     "Exact",
     "GaussianPosterior",
     "GuidePosterior",
     "MAP",
+    "MixturePosterior",
     "NUTS",
     "Posterior",
     "Prediction",

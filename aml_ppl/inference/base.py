@@ -117,6 +117,9 @@ class Posterior(ABC):
         observed_sites: The sites that carried ``obs=`` in the fitting data.
         latent_sites: The sites that were sampled.
         latent_shapes: Their shapes in one draw.
+        enumerated_sites: Discrete sites marked for parallel enumeration; they are
+            summed out of densities rather than drawn.
+        max_plate_nesting: The depth of the deepest plate.
     """
 
     kind: ClassVar[str]
@@ -137,8 +140,7 @@ class Posterior(ABC):
         self.engine = engine
         self.history = torch.as_tensor(history, dtype=torch.float64)
         self.objective = objective
-        with isolated_param_store(), torch.no_grad():
-            trace = poutine.trace(self._evaluation_model()).get_trace(*args, **kwargs)
+        trace = structure_trace(self._evaluation_model(), args, kwargs)
         self.observed_sites = [
             name for name, site in trace.nodes.items() if _is_observation(site)
         ]
@@ -146,6 +148,10 @@ class Posterior(ABC):
             name: site["value"].shape for name, site in trace.nodes.items() if _is_latent(site)
         }
         self.latent_sites = list(self.latent_shapes)
+        self.enumerated_sites = [
+            name for name, site in trace.nodes.items() if is_enumerated(site)
+        ]
+        self.max_plate_nesting = max_plate_nesting(trace)
 
     # -- what an engine provides -------------------------------------------------
 
@@ -345,8 +351,11 @@ class Posterior(ABC):
         with isolated_param_store(), torch.no_grad():
             for index in range(num_draws):
                 values = {name: value[index] for name, value in draws.items()}
-                trace = poutine.trace(poutine.condition(model, values)).get_trace(
-                    *args, **kwargs
+                trace = poutine.trace(poutine.condition(model, values)).get_trace(*args, **kwargs)
+                marginal = (
+                    self._marginal_log_likelihood(values, args, kwargs)
+                    if self.enumerated_sites
+                    else {}
                 )
                 for name in self.observed_sites:
                     site = trace.nodes.get(name)
@@ -356,9 +365,91 @@ class Posterior(ABC):
                     observation = site["infer"].get("obs")
                     if observation is not None:
                         observed[name] = observation
-                        log_likelihood[name].append(site["fn"].log_prob(observation))
+                        log_likelihood[name].append(
+                            marginal[name] if name in marginal else site["fn"].log_prob(observation)
+                        )
         stack = lambda values: {name: torch.stack(v) for name, v in values.items()}  # noqa: E731
         return stack(predictive), stack(log_likelihood), observed
+
+
+    def _marginal_log_likelihood(
+        self, values: dict[str, torch.Tensor], args: tuple, kwargs: dict
+    ) -> dict[str, torch.Tensor]:
+        r"""Pointwise :math:`\log \sum_z p(z)\, p(y_i \mid z)`, the enumerated sites summed out."""
+        terms = enumerated_log_densities(
+            poutine.condition(self._evaluation_model(), values),
+            args,
+            kwargs,
+            self.max_plate_nesting,
+            observed_sites=self.observed_sites,
+        )
+        return {name: sum_out_enumeration(term, self.max_plate_nesting) for name, term in terms.items()}
+
+
+def enumerated_log_densities(
+    model: Callable,
+    args: tuple,
+    kwargs: dict,
+    plate_nesting: int,
+    observed_sites: list[str] | None = None,
+) -> dict[str, torch.Tensor]:
+    r"""Log densities of a model run with its discrete sites enumerated in parallel.
+
+    Shapes are ``enumeration dims x plate dims``. Without ``observed_sites`` the
+    result has ``"global"`` (the sum of terms with no batch dimension) and
+    ``"local"`` (the sum of the rest, broadcast). With ``observed_sites``, each of
+    those sites gets its own term plus the enumerated sites' terms: its joint with
+    the discrete latents.
+    """
+    trace = poutine.trace(
+        poutine.enum(model, first_available_dim=-1 - plate_nesting)
+    ).get_trace(*args, **kwargs)
+    trace.compute_log_prob()
+    sites = [
+        (name, site)
+        for name, site in trace.nodes.items()
+        if site["type"] == "sample" and not site_is_subsample(site)
+    ]
+    if observed_sites is not None:
+        enumerated = sum(site["log_prob"] for _, site in sites if is_enumerated(site))
+        return {name: site["log_prob"] + enumerated for name, site in sites if name in observed_sites}
+    global_term = sum(site["log_prob"] for _, site in sites if site["log_prob"].dim() == 0)
+    local_term = sum(site["log_prob"] for _, site in sites if site["log_prob"].dim() > 0)
+    return {"global": torch.as_tensor(global_term), "local": torch.as_tensor(local_term)}
+
+
+def sum_out_enumeration(log_density: torch.Tensor, plate_nesting: int) -> torch.Tensor:
+    r"""Log-sum-exp over the enumeration dimensions (those left of the plates)."""
+    enumeration_dims = tuple(range(log_density.dim() - plate_nesting))
+    return torch.logsumexp(log_density, dim=enumeration_dims) if enumeration_dims else log_density
+
+
+def structure_trace(model: Callable, args: tuple, kwargs: dict) -> Any:
+    r"""One run of ``model`` under its prior, for its sites' names, shapes and plates.
+
+    Distribution validation is off (a prior draw may hit a region where the model
+    yields NaN, which says nothing about its structure) and nothing touches the
+    caller's param store.
+    """
+    with isolated_param_store(), torch.no_grad(), pyro.validation_enabled(False):
+        return poutine.trace(model).get_trace(*args, **kwargs)
+
+
+def max_plate_nesting(trace: Any) -> int:
+    r"""The number of nested plates at the deepest site of a trace."""
+    return max(
+        (len(site["cond_indep_stack"]) for site in trace.nodes.values() if site["type"] == "sample"),
+        default=0,
+    )
+
+
+def is_enumerated(site: dict) -> bool:
+    r"""Whether a trace site is a discrete site marked for parallel enumeration."""
+    return (
+        site["type"] == "sample"
+        and not site["is_observed"]
+        and site["infer"].get("enumerate") == "parallel"
+    )
 
 
 def load(
@@ -420,4 +511,5 @@ def _is_latent(site: dict) -> bool:
         and not site["is_observed"]
         and not site_is_subsample(site)
         and not site["infer"].get("is_auxiliary", False)
+        and not is_enumerated(site)
     )

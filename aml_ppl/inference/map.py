@@ -2,11 +2,10 @@ r"""Maximum a posteriori estimation, optionally with a Laplace approximation."""
 
 from __future__ import annotations
 
-from typing import Callable, ClassVar
+from typing import Any, Callable, ClassVar
 
 import torch
 from pyro import poutine
-from pyro.infer import Trace_ELBO
 
 from aml_ppl.errors import InputDataError
 from aml_ppl.inference.base import register_engine
@@ -25,7 +24,8 @@ class MAP(SVI):
 
     For a Gaussian prior and likelihood this is ridge regression with
     :math:`\lambda = \sigma^2/\beta^2` (notes IML §11.2). The objective has no
-    sampling noise (an ``AutoDelta`` guide), so L-BFGS with a strong-Wolfe line
+    sampling noise (an ``AutoDelta`` guide; enumerated discrete sites are summed
+    out exactly), so L-BFGS with a strong-Wolfe line
     search is the default optimiser. With ``laplace=True`` the posterior is the
     Gaussian :math:`\mathcal{N}(\hat\theta, H^{-1})` in the unconstrained space,
     :math:`H` the Hessian of the negative log joint at the mode.
@@ -67,11 +67,11 @@ class MAP(SVI):
         self.optimizer = optimizer
 
     def _optimise(
-        self, model: Callable, guide: Callable, args: tuple, kwargs: dict
+        self, model: Callable, guide: Callable, loss: Any, args: tuple, kwargs: dict
     ) -> tuple[list[float], int | None]:
         if self.optimizer == "adam":
-            return super()._optimise(model, guide, args, kwargs)
-        elbo = Trace_ELBO()
+            return super()._optimise(model, guide, loss, args, kwargs)
+        elbo = loss
         with poutine.trace(param_only=True) as capture:
             elbo.differentiable_loss(model, guide, *args, **kwargs)
         params = [site["value"].unconstrained() for site in capture.trace.nodes.values()]

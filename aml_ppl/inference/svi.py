@@ -10,7 +10,8 @@ import pyro
 import pyro.optim
 import torch
 from pyro import poutine
-from pyro.infer import Predictive, Trace_ELBO
+from pyro.infer import Predictive, Trace_ELBO, TraceEnum_ELBO
+from pyro.infer.autoguide import init_to_value
 from pyro.infer.autoguide import (
     AutoDelta,
     AutoLaplaceApproximation,
@@ -21,12 +22,21 @@ from pyro.infer.autoguide import (
 from pyro.infer.util import zero_grads
 from tqdm.auto import tqdm
 
-from aml_ppl.errors import InputDataError, NonFiniteLossError
+from aml_ppl.errors import (
+    IncompatibleEngineError,
+    InputDataError,
+    ModelFittingError,
+    NonFiniteLossError,
+)
 from aml_ppl.inference.base import (
+    ENGINES,
     Engine,
     Posterior,
+    is_enumerated,
     isolated_param_store,
+    max_plate_nesting,
     register_engine,
+    structure_trace,
     register_posterior,
 )
 
@@ -129,7 +139,7 @@ class GuidePosterior(Posterior):
             if guide is None:
                 raise InputDataError("this posterior used a guide of your own; pass it as `guide=`.")
         else:
-            guide = AutoMultivariateNormal(model) if spec == "laplace" else AUTOGUIDES[spec](model)
+            guide = make_autoguide("mvn" if spec == "laplace" else spec, model, args, kwargs)
             with isolated_param_store(), poutine.block():
                 guide(*args, **kwargs)
         def group(prefix: str) -> dict[str, torch.Tensor]:
@@ -171,8 +181,9 @@ class SVI(Engine):
         guide: ``None`` (the model's own ``guide`` if it has one, else
             ``"normal"``), an autoguide name (``"normal"``, ``"mvn"``,
             ``"lowrank"``, ``"delta"``, ``"laplace"``), or a guide of your own.
-        loss: A Pyro ELBO (``TraceEnum_ELBO()`` for enumerated discrete sites);
-            ``Trace_ELBO(num_particles)`` by default.
+        loss: A Pyro ELBO. By default ``Trace_ELBO(num_particles)``, or
+            ``TraceEnum_ELBO`` when the model marks discrete sites for parallel
+            enumeration (they are then summed out exactly).
         optim: ``"adam"``, ``"clipped_adam"`` or a ``pyro.optim`` optimiser.
         num_particles: Samples per ELBO estimate for the default loss.
         patience: Stop when the mean loss over the last ``patience`` steps is
@@ -216,7 +227,8 @@ class SVI(Engine):
         self.num_steps = num_steps
         self.lr = lr
         self.guide = guide
-        self.loss = loss if loss is not None else Trace_ELBO(num_particles=num_particles)
+        self.loss = loss
+        self.num_particles = num_particles
         self.optim = optim
         self.patience = patience
         self.tolerance = tolerance
@@ -224,9 +236,18 @@ class SVI(Engine):
 
     def fit(self, model: Callable, *args: Any, **kwargs: Any) -> GuidePosterior:
         self.check_supports(model)
-        guide, spec = self._make_guide(model)
+        guide, spec = self._make_guide(model, args, kwargs)
         with isolated_param_store():
-            history, failed_step = self._optimise(model, guide, args, kwargs)
+            loss = self.loss if self.loss is not None else self._default_loss(model, args, kwargs)
+            if spec == "laplace" and isinstance(loss, TraceEnum_ELBO):
+                raise IncompatibleEngineError(
+                    self.name,
+                    model,
+                    [name for name, engine in ENGINES.items() if engine.supports(model)],
+                    reason="Pyro's Laplace approximation does not sum out enumerated sites; "
+                    "use it without laplace=True, or EM with bootstrap",
+                )
+            history, failed_step = self._optimise(model, guide, loss, args, kwargs)
             posterior = self._freeze(model, guide, spec, args, kwargs, history)
         if failed_step is not None:
             raise NonFiniteLossError(
@@ -239,17 +260,25 @@ class SVI(Engine):
             )
         return posterior
 
-    def _make_guide(self, model: Callable) -> tuple[Callable, str]:
+    def _make_guide(self, model: Callable, args: tuple, kwargs: dict) -> tuple[Callable, str]:
         if self.guide is None:
             if callable(getattr(model, "guide", None)):
                 return model.guide, "model"
-            return AutoNormal(model), "normal"
+            return make_autoguide("normal", model, args, kwargs), "normal"
         if isinstance(self.guide, str):
-            return AUTOGUIDES[self.guide](model), self.guide
+            return make_autoguide(self.guide, model, args, kwargs), self.guide
         return self.guide, "custom"
 
+    def _default_loss(self, model: Callable, args: tuple, kwargs: dict) -> Any:
+        trace = structure_trace(model, args, kwargs)
+        if any(is_enumerated(site) for site in trace.nodes.values()):
+            return TraceEnum_ELBO(
+                num_particles=self.num_particles, max_plate_nesting=max_plate_nesting(trace)
+            )
+        return Trace_ELBO(num_particles=self.num_particles)
+
     def _optimise(
-        self, model: Callable, guide: Callable, args: tuple, kwargs: dict
+        self, model: Callable, guide: Callable, loss: Any, args: tuple, kwargs: dict
     ) -> tuple[list[float], int | None]:
         r"""Run the steps; return the losses and the failing step (``None`` if none failed)."""
         optim = OPTIMIZERS[self.optim](self.lr) if isinstance(self.optim, str) else self.optim
@@ -258,10 +287,10 @@ class SVI(Engine):
         steps = tqdm(range(self.num_steps), desc=self.name, disable=not self.progress_bar)
         for step in steps:
             with poutine.trace(param_only=True) as capture:
-                loss = finite_or_nan(self.loss.loss_and_grads, model, guide, *args, **kwargs)
+                value = finite_or_nan(loss.loss_and_grads, model, guide, *args, **kwargs)
             params = {site["value"].unconstrained() for site in capture.trace.nodes.values()}
             with torch.no_grad():
-                if not math.isfinite(loss):
+                if not math.isfinite(value):
                     for param, saved in last_finite.items():
                         param.copy_(saved)
                     zero_grads(params)
@@ -273,9 +302,9 @@ class SVI(Engine):
                         last_finite[param] = param.detach().clone()
             optim(params)
             zero_grads(params)
-            history.append(loss)
+            history.append(value)
             if step % 100 == 0:
-                steps.set_postfix(loss=f"{loss:.5g}", refresh=False)
+                steps.set_postfix(loss=f"{value:.5g}", refresh=False)
             if self._plateaued(history):
                 break
         return history, None
@@ -299,7 +328,14 @@ class SVI(Engine):
     ) -> GuidePosterior:
         r"""Copy the trained guide and parameter values into an immutable posterior."""
         if isinstance(guide, AutoLaplaceApproximation):
-            guide, spec = guide.laplace_approximation(*args, **kwargs), "laplace"
+            try:
+                guide, spec = guide.laplace_approximation(*args, **kwargs), "laplace"
+            except torch.linalg.LinAlgError as error:
+                raise ModelFittingError(
+                    "the Hessian of the negative log joint at the mode is not positive "
+                    "definite, so there is no Laplace approximation: the optimiser stopped at "
+                    "a saddle or on a boundary. Run more steps, reparameterise, or use SVI."
+                ) from error
         module_guide = isinstance(guide, torch.nn.Module)
         return GuidePosterior(
             model,
@@ -313,6 +349,22 @@ class SVI(Engine):
             history=history,
             objective=self.objective,
         )
+
+
+def make_autoguide(name: str, model: Callable, args: tuple, kwargs: dict) -> Callable:
+    r"""An autoguide over the model's continuous sites.
+
+    Sites marked for enumeration are hidden from it (they are summed out), and a
+    model's ``init_values(*args)`` capability, if it has one, gives the starting
+    point (a mixture starts from k-means++ rather than from its prior's median).
+    """
+    blocked = poutine.block(model, hide_fn=is_enumerated)
+    init_values = getattr(model, "init_values", None)
+    if not callable(init_values):
+        return AUTOGUIDES[name](blocked)
+    with torch.no_grad():
+        start = init_values(*args, **kwargs)
+    return AUTOGUIDES[name](blocked, init_loc_fn=init_to_value(values=start))
 
 
 def _param_values(program: Callable, args: tuple, kwargs: dict) -> dict[str, torch.Tensor]:

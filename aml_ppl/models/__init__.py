@@ -2,5 +2,12 @@ r"""What we believe generated the data: Pyro generative models with guides."""
 
 from aml_ppl.models.base import GaussianLatents, Model
 from aml_ppl.models.linear import BayesianLinearRegression
+from aml_ppl.models.mixture import CollapsedComponentWarning, GaussianMixture
 
-__all__ = ["BayesianLinearRegression", "GaussianLatents", "Model"]
+__all__ = [
+    "BayesianLinearRegression",
+    "CollapsedComponentWarning",
+    "GaussianLatents",
+    "GaussianMixture",
+    "Model",
+]

@@ -1,0 +1,446 @@
+r"""Gaussian mixtures (notes AML §2, IML §14) with closed-form EM steps."""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Any, ClassVar
+
+import pyro
+import pyro.distributions as dist
+import torch
+from pyro.distributions import constraints
+
+from aml_ppl._data import check_float_tensor
+from aml_ppl.errors import AmlPplWarning, InputDataError, ModelFittingError
+from aml_ppl.models.base import Model
+
+COVARIANCE_TYPES = ("full", "tied", "diag", "spherical")
+# Points per block in the E- and M-steps: bounds the k x d temporaries per block.
+CHUNK = 1 << 15
+
+
+class CollapsedComponentWarning(AmlPplWarning):
+    r"""A mixture component's covariance collapsed and is held up by ``reg_covar`` alone."""
+
+
+class GaussianMixture(Model):
+    r"""A mixture of ``n_components`` Gaussians as a Pyro program.
+
+    .. math::
+
+        \pi \sim \mathrm{Dir}(\alpha), \quad z_i \sim \mathrm{Cat}(\pi), \quad
+        x_i \mid z_i \sim \mathcal{N}(\mu_{z_i}, \Sigma_{z_i}),
+        \qquad p(x) = \sum_j \pi_j \mathcal{N}(x; \mu_j, \Sigma_j)
+
+    (notes AML §2, IML §14). ``z`` is marked for parallel enumeration, so SVI
+    (``TraceEnum_ELBO``) and MAP sum it out; the model's guide puts point masses
+    on the global sites (``weights``, ``locs``, ``scales``, ``correlation_tril``),
+    initialised by k-means++. The ``"em"`` engine uses the closed-form steps
+    ``em_e_step`` / ``em_m_step`` (IML §14.2, soft EM) instead, which maximise the
+    likelihood with ``reg_covar`` added to every covariance: the :math:`v^2 I` of
+    IML §14.3, a MAP estimate under a Wishart-type prior that stops a component
+    collapsing onto one point.
+
+    Args:
+        n_components: :math:`k`.
+        covariance_type: ``"full"`` (one :math:`\Sigma_j` each), ``"tied"`` (one
+            shared :math:`\Sigma`), ``"diag"`` or ``"spherical"`` (:math:`\sigma_j^2 I`).
+        reg_covar: :math:`v^2`, added to the diagonal of every covariance.
+        equal_weights: Fix :math:`\pi_j = 1/k`.
+        fixed_variance: Fix every covariance at ``fixed_variance * I`` (spherical
+            only); with ``equal_weights`` hard EM is Lloyd's k-means (IML §14.1).
+        weight_concentration: :math:`\alpha`, the Dirichlet prior's concentration
+            (1 is flat; EM then is maximum likelihood).
+        mean_prior_scale: Scale of the Normal prior on the means (SVI, MAP, NUTS).
+        scale_prior_scale: Scale of the log-normal prior on standard deviations.
+
+    Example:
+        >>> import torch, aml_ppl as aml
+        >>> X = torch.cat([torch.randn(100, 2) - 4, torch.randn(100, 2) + 4]).double()
+        >>> post = aml.fit(aml.models.GaussianMixture(2), X, engine="em", seed=0)
+        >>> post.params["weights"].sort().values.round(decimals=2).tolist()
+        [0.5, 0.5]
+    """
+
+    default_engine: ClassVar[str] = "em"
+
+    def __init__(
+        self,
+        n_components: int,
+        covariance_type: str = "full",
+        reg_covar: float = 1e-6,
+        equal_weights: bool = False,
+        fixed_variance: float | None = None,
+        weight_concentration: float = 1.0,
+        mean_prior_scale: float = 10.0,
+        scale_prior_scale: float = 2.0,
+    ) -> None:
+        super().__init__()
+        if not isinstance(n_components, int) or n_components < 1:
+            raise InputDataError(f"`n_components` must be a positive integer; got {n_components!r}.")
+        if covariance_type not in COVARIANCE_TYPES:
+            raise InputDataError(
+                f"`covariance_type` must be one of {COVARIANCE_TYPES}; got {covariance_type!r}."
+            )
+        if not reg_covar >= 0:
+            raise InputDataError(f"`reg_covar` must be non-negative; got {reg_covar}.")
+        if fixed_variance is not None and (covariance_type != "spherical" or not fixed_variance > 0):
+            raise InputDataError(
+                "`fixed_variance` must be positive and needs covariance_type='spherical'."
+            )
+        for name, value in (
+            ("weight_concentration", weight_concentration),
+            ("mean_prior_scale", mean_prior_scale),
+            ("scale_prior_scale", scale_prior_scale),
+        ):
+            if not value > 0:
+                raise InputDataError(f"`{name}` must be positive; got {value}.")
+        self.n_components = n_components
+        self.covariance_type = covariance_type
+        self.reg_covar = float(reg_covar)
+        self.equal_weights = bool(equal_weights)
+        self.fixed_variance = fixed_variance
+        self.weight_concentration = float(weight_concentration)
+        self.mean_prior_scale = float(mean_prior_scale)
+        self.scale_prior_scale = float(scale_prior_scale)
+
+    def get_config(self) -> dict[str, Any]:
+        return {
+            "n_components": self.n_components,
+            "covariance_type": self.covariance_type,
+            "reg_covar": self.reg_covar,
+            "equal_weights": self.equal_weights,
+            "fixed_variance": self.fixed_variance,
+            "weight_concentration": self.weight_concentration,
+            "mean_prior_scale": self.mean_prior_scale,
+            "scale_prior_scale": self.scale_prior_scale,
+        }
+
+    def validate(self, X: Any) -> tuple[tuple, dict]:
+        r"""Check ``X``: an ``n x d`` finite float tensor with ``n >= n_components``."""
+        X = check_float_tensor("X", X, ndim=2)
+        if X.shape[0] < self.n_components:
+            raise InputDataError(
+                f"`X` has {X.shape[0]} points but the mixture has {self.n_components} "
+                "components; use fewer components or more data."
+            )
+        return (X,), {}
+
+    # -- the Pyro program ------------------------------------------------------------
+
+    @property
+    def _correlated(self) -> bool:
+        return self.covariance_type in ("full", "tied")
+
+    def model(self, X: torch.Tensor) -> None:
+        n, d = X.shape
+        k = self.n_components
+        zero, one = X.new_zeros(()), X.new_ones(())
+        if self.equal_weights:
+            weights = X.new_full((k,), 1.0 / k)
+        else:
+            weights = pyro.sample("weights", dist.Dirichlet(X.new_full((k,), self.weight_concentration)))
+        scale_prior = dist.LogNormal(zero, one * self.scale_prior_scale)
+        with pyro.plate("components", k):
+            locs = pyro.sample(
+                "locs", dist.Normal(zero, one * self.mean_prior_scale).expand([d]).to_event(1)
+            )
+            if self.covariance_type in ("full", "diag"):
+                scales = pyro.sample("scales", scale_prior.expand([d]).to_event(1))
+            elif self.fixed_variance is None and self.covariance_type == "spherical":
+                scales = pyro.sample("scales", scale_prior)
+            if self.covariance_type == "full" and d > 1:
+                correlation = pyro.sample("correlation_tril", dist.LKJCholesky(d, one))
+        if self.covariance_type == "tied":
+            scales = pyro.sample("scales", scale_prior.expand([d]).to_event(1))
+            if d > 1:
+                correlation = pyro.sample("correlation_tril", dist.LKJCholesky(d, one))
+        if self.fixed_variance is not None:
+            scales = X.new_full((k,), math.sqrt(self.fixed_variance))
+        with pyro.plate("data", n):
+            assignment = pyro.sample(
+                "assignment", dist.Categorical(weights), infer={"enumerate": "parallel"}
+            )
+            if self.covariance_type == "full":
+                tril = scales[assignment].unsqueeze(-1) * (correlation[assignment] if d > 1 else 1.0)
+                likelihood = dist.MultivariateNormal(locs[assignment], scale_tril=tril)
+            elif self.covariance_type == "tied":
+                tril = scales.unsqueeze(-1) * (correlation if d > 1 else 1.0)
+                likelihood = dist.MultivariateNormal(locs[assignment], scale_tril=tril)
+            elif self.covariance_type == "diag":
+                likelihood = dist.Normal(locs[assignment], scales[assignment]).to_event(1)
+            else:
+                likelihood = dist.Normal(locs[assignment], scales[assignment].unsqueeze(-1)).to_event(1)
+            pyro.sample("obs", likelihood, obs=X)
+
+    def init_values(self, X: torch.Tensor) -> dict[str, torch.Tensor]:
+        r"""Starting values of the global sites: k-means++ centres and one M-step."""
+        return self.em_sites(self.em_initial_params(X, "kmeans++"))
+
+    def guide(self, X: torch.Tensor) -> None:
+        r"""Point masses on the global sites, started at :meth:`init_values`."""
+        prefix, d = type(self).__name__, X.shape[1]
+        initial: dict[str, torch.Tensor] = {}
+
+        def point(site: str, constraint: Any, event_dim: int) -> None:
+            def start() -> torch.Tensor:
+                if not initial:
+                    initial.update(self.init_values(X))
+                return initial[site]
+
+            value = pyro.param(f"{prefix}.{site}", start, constraint=constraint)
+            pyro.sample(site, dist.Delta(value, event_dim=event_dim))
+
+        if not self.equal_weights:
+            point("weights", constraints.simplex, 1)
+        with pyro.plate("components", self.n_components):
+            point("locs", constraints.real, 1)
+            if self.covariance_type in ("full", "diag"):
+                point("scales", constraints.positive, 1)
+            elif self.fixed_variance is None and self.covariance_type == "spherical":
+                point("scales", constraints.positive, 0)
+            if self.covariance_type == "full" and d > 1:
+                point("correlation_tril", constraints.corr_cholesky, 2)
+        if self.covariance_type == "tied":
+            point("scales", constraints.positive, 1)
+            if d > 1:
+                point("correlation_tril", constraints.corr_cholesky, 2)
+
+    # -- closed-form EM (IML §14.2) ------------------------------------------------------
+
+    def em_initial_params(
+        self, X: torch.Tensor, init: str | dict[str, Any] = "kmeans++"
+    ) -> dict[str, torch.Tensor]:
+        r"""Starting parameters: given ones, or one M-step from hard assignments to
+        centres chosen by k-means++ (IML §10.1) or uniformly from the data (``"random"``).
+        """
+        if isinstance(init, dict):
+            return self._given_params(X, init)
+        if init == "kmeans++":
+            centres = kmeans_plusplus(X, self.n_components)
+        elif init == "random":
+            centres = X[torch.randperm(X.shape[0], device=X.device)[: self.n_components]]
+        else:
+            raise InputDataError(f"`init` must be 'kmeans++', 'random' or a dict; got {init!r}.")
+        labels = torch.cdist(X, centres).argmin(1)
+        responsibilities = torch.nn.functional.one_hot(labels, self.n_components).to(X.dtype)
+        return self.em_m_step(X, responsibilities)
+
+    def _given_params(self, X: torch.Tensor, init: dict[str, Any]) -> dict[str, torch.Tensor]:
+        n, d = X.shape
+        k = self.n_components
+        expected = {
+            "weights": (k,),
+            "means": (k, d),
+            "covariances": {"full": (k, d, d), "tied": (d, d), "diag": (k, d), "spherical": (k,)}[
+                self.covariance_type
+            ],
+        }
+        if set(init) != set(expected):
+            raise InputDataError(f"`init` must have the keys {sorted(expected)}; got {sorted(init)}.")
+        params = {}
+        for name, shape in expected.items():
+            value = torch.as_tensor(init[name]).to(X)
+            if value.shape != shape:
+                raise InputDataError(
+                    f"`init['{name}']` must have shape {shape}; got {tuple(value.shape)}."
+                )
+            params[name] = value
+        return params
+
+    def component_log_densities(
+        self, X: torch.Tensor, params: dict[str, torch.Tensor]
+    ) -> torch.Tensor:
+        r"""``n x k`` matrix of :math:`\log \mathcal{N}(x_i; \mu_j, \Sigma_j)`.
+
+        Uses the precision Cholesky factor :math:`P_j = L_j^{-\top}` (with
+        :math:`\Sigma_j = L_j L_j^\top`): :math:`(x-\mu)^\top\Sigma^{-1}(x-\mu) =
+        \|P_j^\top x - P_j^\top\mu_j\|^2`, so the work is one matrix product per block
+        of points for all components at once.
+        """
+        means, covariances = params["means"], params["covariances"]
+        k, d = means.shape
+        kind = self.covariance_type
+        if kind in ("full", "tied"):
+            precision_chol = _precision_cholesky(covariances, self.reg_covar)
+            log_det = torch.log(torch.diagonal(precision_chol, dim1=-2, dim2=-1)).sum(-1)
+            if kind == "full":
+                flat = precision_chol.permute(1, 0, 2).reshape(d, k * d)
+                shifted_means = torch.einsum("kd,kde->ke", means, precision_chol)
+            else:
+                flat = precision_chol
+                shifted_means = means @ precision_chol
+            blocks = []
+            for block in X.split(CHUNK):
+                projected = (block @ flat).view(block.shape[0], -1, d)
+                blocks.append((projected - shifted_means).square().sum(-1))
+            mahalanobis = torch.cat(blocks)
+        else:
+            precisions = 1.0 / covariances
+            if kind == "spherical":
+                log_det = 0.5 * d * torch.log(precisions)
+                mahalanobis = (
+                    X.square().sum(1, keepdim=True) * precisions
+                    - 2 * (X @ means.T) * precisions
+                    + means.square().sum(1) * precisions
+                )
+            else:
+                log_det = 0.5 * torch.log(precisions).sum(1)
+                mahalanobis = (
+                    X.square() @ precisions.T
+                    - 2 * X @ (means * precisions).T
+                    + (means.square() * precisions).sum(1)
+                )
+        return -0.5 * (d * math.log(2 * math.pi) + mahalanobis) + log_det
+
+    def em_e_step(
+        self, X: torch.Tensor, params: dict[str, torch.Tensor]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        r"""Responsibilities :math:`\gamma_j(x_i) = \pi_j \mathcal{N}(x_i;\theta_j) /
+        \sum_l \pi_l \mathcal{N}(x_i;\theta_l)` (IML §14.2), in log space.
+
+        Returns:
+            ``(log_responsibilities, log_density)``: ``n x k`` and ``n``, with
+            :math:`\log p(x_i) = \log\sum_j \pi_j \mathcal{N}(x_i; \mu_j, \Sigma_j)`.
+        """
+        weighted = self.component_log_densities(X, params) + torch.log(params["weights"])
+        log_density = torch.logsumexp(weighted, dim=1)
+        return weighted - log_density[:, None], log_density
+
+    def em_m_step(self, X: torch.Tensor, responsibilities: torch.Tensor) -> dict[str, torch.Tensor]:
+        r"""Maximum-likelihood parameters given responsibilities (IML §14.2):
+
+        .. math::
+
+            \pi_j = \frac{N_j}{n}, \quad
+            \mu_j = \frac{1}{N_j}\sum_i \gamma_{ij} x_i, \quad
+            \Sigma_j = \frac{1}{N_j}\sum_i \gamma_{ij}(x_i-\mu_j)(x_i-\mu_j)^\top + v^2 I,
+
+        with :math:`N_j = \sum_i \gamma_{ij}` and :math:`v^2` = ``reg_covar``
+        (IML §14.3). Hard EM passes one-hot responsibilities.
+        """
+        n, d = X.shape
+        k = self.n_components
+        counts = responsibilities.sum(0) + 10 * torch.finfo(X.dtype).eps
+        means = responsibilities.T @ X / counts[:, None]
+        weights = counts / n if not self.equal_weights else X.new_full((k,), 1.0 / k)
+        kind = self.covariance_type
+        if self.fixed_variance is not None:
+            covariances = X.new_full((k,), self.fixed_variance)
+        elif kind == "full":
+            scatter = X.new_zeros(k, d, d)
+            for block, weight in zip(X.split(CHUNK), responsibilities.split(CHUNK)):
+                centred = (block[:, None, :] - means).permute(1, 0, 2)
+                scatter += (centred * weight.T[:, :, None]).transpose(1, 2) @ centred
+            covariances = scatter / counts[:, None, None]
+        elif kind == "tied":
+            covariances = (X.T @ X - (counts[:, None] * means).T @ means) / counts.sum()
+        else:
+            second_moment = responsibilities.T @ X.square() / counts[:, None]
+            covariances = second_moment - means.square()
+            if kind == "spherical":
+                covariances = covariances.mean(1)
+        if self.fixed_variance is None:
+            self._warn_on_collapse(covariances)
+            covariances = _regularised(covariances, self.reg_covar, kind)
+        return {"weights": weights, "means": means, "covariances": covariances}
+
+    def _warn_on_collapse(self, covariances: torch.Tensor) -> None:
+        variances = covariances.diagonal(dim1=-2, dim2=-1) if self._correlated else covariances
+        if self.covariance_type == "tied":
+            smallest = variances.min().reshape(1)
+        else:
+            smallest = variances.min(-1).values if variances.dim() == 2 else variances
+        collapsed = torch.nonzero(smallest <= self.reg_covar).flatten().tolist()
+        for component in collapsed:
+            warnings.warn(
+                f"mixture component {component} collapsed (variance <= reg_covar = "
+                f"{self.reg_covar:g}); it is held up by reg_covar alone. Use fewer components, "
+                "a larger reg_covar, or standardised data.",
+                CollapsedComponentWarning,
+                stacklevel=3,
+            )
+
+    def em_sites(self, params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        r"""The EM parameters as values of the Pyro program's global sites."""
+        d = params["means"].shape[1]
+        sites = {"locs": params["means"]}
+        if not self.equal_weights:
+            sites["weights"] = params["weights"]
+        covariances = params["covariances"]
+        if self.fixed_variance is not None:
+            return sites
+        if self._correlated:
+            chol = torch.linalg.cholesky(covariances)
+            scales = covariances.diagonal(dim1=-2, dim2=-1).sqrt()
+            sites["scales"] = scales
+            if d > 1:
+                sites["correlation_tril"] = chol / scales.unsqueeze(-1)
+        else:
+            sites["scales"] = covariances.sqrt()
+        return sites
+
+    def em_num_parameters(self, d: int) -> int:
+        r"""Free parameters, for BIC and AIC."""
+        k = self.n_components
+        covariance = {
+            "full": k * d * (d + 1) // 2,
+            "tied": d * (d + 1) // 2,
+            "diag": k * d,
+            "spherical": k,
+        }[self.covariance_type]
+        covariance = 0 if self.fixed_variance is not None else covariance
+        return covariance + k * d + (0 if self.equal_weights else k - 1)
+
+    def em_relabel(self, params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        r"""Components sorted by the first coordinate of their means: the declared key that
+        keeps labels consistent across bootstrap replicates."""
+        order = params["means"][:, 0].argsort()
+        relabelled = {"weights": params["weights"][order], "means": params["means"][order]}
+        covariances = params["covariances"]
+        relabelled["covariances"] = covariances if self.covariance_type == "tied" else covariances[order]
+        return relabelled
+
+
+def kmeans_plusplus(X: torch.Tensor, k: int) -> torch.Tensor:
+    r"""k-means++ seeding (Arthur and Vassilvitskii; notes IML §10.1): the first centre
+    uniformly from the data, each next one with probability proportional to the squared
+    distance to the nearest centre chosen so far. Uses torch's global generator.
+
+    Returns:
+        A ``k x d`` tensor of centres taken from ``X``.
+    """
+    n = X.shape[0]
+    index = torch.randint(n, (1,), device=X.device)
+    centres = [X[index[0]]]
+    nearest = (X - centres[0]).square().sum(1)
+    for _ in range(1, k):
+        total = nearest.sum()
+        if total <= 0:  # every point coincides with a centre
+            index = torch.randint(n, (1,), device=X.device)
+        else:
+            index = torch.multinomial(nearest / total, 1)
+        centres.append(X[index[0]])
+        nearest = torch.minimum(nearest, (X - centres[-1]).square().sum(1))
+    return torch.stack(centres)
+
+
+def _regularised(covariances: torch.Tensor, reg_covar: float, kind: str) -> torch.Tensor:
+    if kind in ("full", "tied"):
+        d = covariances.shape[-1]
+        return covariances + reg_covar * torch.eye(d, dtype=covariances.dtype, device=covariances.device)
+    return covariances + reg_covar
+
+
+def _precision_cholesky(covariances: torch.Tensor, reg_covar: float) -> torch.Tensor:
+    r""":math:`L^{-\top}` for each covariance :math:`LL^\top`, with advice when one is not PD."""
+    chol, info = torch.linalg.cholesky_ex(covariances)
+    if (info != 0).any():
+        raise ModelFittingError(
+            "a mixture covariance is not positive definite (a component collapsed or the "
+            f"data are degenerate); reg_covar = {reg_covar:g}. Increase `reg_covar`, use fewer "
+            "components, or standardise the data."
+        )
+    eye = torch.eye(covariances.shape[-1], dtype=covariances.dtype, device=covariances.device)
+    return torch.linalg.solve_triangular(chol, eye.expand_as(chol), upper=False).transpose(-2, -1)
