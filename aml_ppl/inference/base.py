@@ -145,7 +145,7 @@ class Posterior(ABC):
             name for name, site in trace.nodes.items() if _is_observation(site)
         ]
         self.latent_shapes = {
-            name: site["value"].shape for name, site in trace.nodes.items() if _is_latent(site)
+            name: site["value"].shape for name, site in trace.nodes.items() if is_latent(site)
         }
         self.latent_sites = list(self.latent_shapes)
         self.enumerated_sites = [
@@ -224,7 +224,7 @@ class Posterior(ABC):
         _check_count("num_samples", num_samples)
         site = self._observed_site(site)
         args, kwargs = self._arguments(args, kwargs)
-        samples = self._replay(self.sample(num_samples), args, kwargs)[0][site]
+        samples = self._replay(self.sample(num_samples), args, kwargs, num_samples)[0][site]
         return Prediction(
             mean=samples.mean(0), variance=samples.var(0, correction=0), samples=samples
         )
@@ -244,7 +244,7 @@ class Posterior(ABC):
         _check_count("num_samples", num_samples)
         site = self._observed_site(site)
         args, kwargs = self._arguments(args, kwargs)
-        log_likelihood = self._replay(self.sample(num_samples), args, kwargs)[1]
+        log_likelihood = self._replay(self.sample(num_samples), args, kwargs, num_samples)[1]
         if site not in log_likelihood:
             raise InputDataError(f"the arguments hold no observations for site {site!r}.")
         return torch.logsumexp(log_likelihood[site], 0) - math.log(num_samples)
@@ -277,7 +277,7 @@ class Posterior(ABC):
         by_chain = self._draw_by_chain(num_samples)
         chains, draws = next(iter(by_chain.values())).shape[:2]
         flat = {name: value.flatten(0, 1) for name, value in by_chain.items()}
-        predictive, log_likelihood, observed = self._replay(flat, args, kwargs)
+        predictive, log_likelihood, observed = self._replay(flat, args, kwargs, chains * draws)
 
         def grouped(values: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
             return {
@@ -334,7 +334,7 @@ class Posterior(ABC):
         return args, kwargs
 
     def _replay(
-        self, draws: dict[str, torch.Tensor], args: tuple, kwargs: dict
+        self, draws: dict[str, torch.Tensor], args: tuple, kwargs: dict, num_draws: int
     ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         r"""Run the model once per draw with the latents fixed and observations resampled.
 
@@ -343,7 +343,6 @@ class Posterior(ABC):
             observed site (``S x ...``), the per-draw pointwise log-likelihood of the
             observations in ``args`` (``S x ...``), and those observations.
         """
-        num_draws = next(iter(draws.values())).shape[0]
         model = poutine.uncondition(self._evaluation_model())
         predictive: dict[str, list] = defaultdict(list)
         log_likelihood: dict[str, list] = defaultdict(list)
@@ -424,15 +423,23 @@ def sum_out_enumeration(log_density: torch.Tensor, plate_nesting: int) -> torch.
     return torch.logsumexp(log_density, dim=enumeration_dims) if enumeration_dims else log_density
 
 
+# Enumeration dimensions in structure traces start this far left, beyond any real plate
+# nesting, so that no plate count is needed before the first trace.
+STRUCTURE_ENUM_DIM = -8
+
+
 def structure_trace(model: Callable, args: tuple, kwargs: dict) -> Any:
     r"""One run of ``model`` under its prior, for its sites' names, shapes and plates.
 
-    Distribution validation is off (a prior draw may hit a region where the model
-    yields NaN, which says nothing about its structure) and nothing touches the
+    Sites marked for enumeration are enumerated rather than drawn per data point
+    (a mixture's ``z`` stays ``k x 1 x ...``, not ``n`` gathers of its parameters);
+    distribution validation is off (a prior draw may hit a region where the model
+    yields NaN, which says nothing about its structure); nothing touches the
     caller's param store.
     """
+    enumerated = poutine.enum(model, first_available_dim=STRUCTURE_ENUM_DIM)
     with isolated_param_store(), torch.no_grad(), pyro.validation_enabled(False):
-        return poutine.trace(model).get_trace(*args, **kwargs)
+        return poutine.trace(enumerated).get_trace(*args, **kwargs)
 
 
 def max_plate_nesting(trace: Any) -> int:
@@ -505,7 +512,9 @@ def _is_observation(site: dict) -> bool:
     )
 
 
-def _is_latent(site: dict) -> bool:
+def is_latent(site: dict) -> bool:
+    r"""Whether a trace site is a latent variable that posteriors draw (not observed,
+    enumerated, auxiliary or a plate's subsample)."""
     return (
         site["type"] == "sample"
         and not site["is_observed"]

@@ -23,6 +23,7 @@ from aml_ppl.inference.base import (
     Posterior,
     enumerated_log_densities,
     is_enumerated,
+    is_latent,
     isolated_param_store,
     max_plate_nesting,
     register_engine,
@@ -273,8 +274,8 @@ class EM(Engine):
                 labels = log_responsibilities.argmax(1)
                 responsibilities = torch.nn.functional.one_hot(labels, log_responsibilities.shape[1])
                 responsibilities = responsibilities.to(X.dtype)
-            else:
-                responsibilities = log_responsibilities.exp()
+            else:  # in place: the log responsibilities are not needed again
+                responsibilities = log_responsibilities.exp_()
             params = model.em_m_step(X, responsibilities)
             log_responsibilities, log_density = model.em_e_step(X, params)
             history.append(self._objective(log_responsibilities, log_density))
@@ -304,11 +305,7 @@ class EM(Engine):
     def _fit_generic(self, model: Callable, args: tuple, kwargs: dict) -> MixturePosterior:
         trace = structure_trace(model, args, kwargs)
         with isolated_param_store():
-            continuous = [
-                name for name, site in trace.nodes.items()
-                if site["type"] == "sample" and not site["is_observed"] and not is_enumerated(site)
-                and not site["infer"].get("_deterministic")
-            ]
+            continuous = [name for name, site in trace.nodes.items() if is_latent(site)]
             enumerated = [name for name, site in trace.nodes.items() if is_enumerated(site)]
             if continuous or not enumerated:
                 capable = [name for name, engine in ENGINES.items() if name != self.name and engine.supports(model)]

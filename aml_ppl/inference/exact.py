@@ -79,7 +79,7 @@ class GaussianPosterior(Posterior):
     ) -> torch.Tensor:
         r"""The exact pointwise log predictive density :math:`\log \mathcal{N}(y_i; m_i, v_i)`."""
         site, predictive, args, kwargs = self._predictive(site, args, kwargs)
-        observed = self._replay(self.sample(1), args, kwargs)[2]
+        observed = self._replay(self.sample(1), args, kwargs, 1)[2]
         if site not in observed:
             raise InputDataError(f"the arguments hold no observations for site {site!r}.")
         return predictive.log_prob(observed[site].to(predictive.mean))

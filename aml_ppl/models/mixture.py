@@ -16,8 +16,14 @@ from aml_ppl.errors import AmlPplWarning, InputDataError, ModelFittingError
 from aml_ppl.models.base import Model
 
 COVARIANCE_TYPES = ("full", "tied", "diag", "spherical")
-# Points per block in the E- and M-steps: bounds the k x d temporaries per block.
-CHUNK = 1 << 15
+# Elements of the rows x (k d) temporaries per block in the E- and M-steps: about 8 MiB
+# in float64, so a block stays in cache (measured best at n = 10^6 on the project CPU).
+BLOCK_ELEMENTS = 1 << 20
+
+
+def block_rows(k: int, d: int) -> int:
+    r"""Points per block for ``k`` components in ``d`` dimensions."""
+    return max(4096, min(65536, BLOCK_ELEMENTS // (k * d)))
 
 
 class CollapsedComponentWarning(AmlPplWarning):
@@ -252,61 +258,77 @@ class GaussianMixture(Model):
     def component_log_densities(
         self, X: torch.Tensor, params: dict[str, torch.Tensor]
     ) -> torch.Tensor:
-        r"""``n x k`` matrix of :math:`\log \mathcal{N}(x_i; \mu_j, \Sigma_j)`.
+        r"""``n x k`` matrix of :math:`\log \mathcal{N}(x_i; \mu_j, \Sigma_j)`."""
+        terms = self._density_terms(params)
+        rows = block_rows(*params["means"].shape)
+        return torch.cat([self._block_log_densities(block, terms) for block in X.split(rows)])
 
-        Uses the precision Cholesky factor :math:`P_j = L_j^{-\top}` (with
-        :math:`\Sigma_j = L_j L_j^\top`): :math:`(x-\mu)^\top\Sigma^{-1}(x-\mu) =
-        \|P_j^\top x - P_j^\top\mu_j\|^2`, so the work is one matrix product per block
-        of points for all components at once.
+    def _density_terms(self, params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        r"""What every block of points needs, computed once per parameter value.
+
+        Full and tied covariances use the precision Cholesky factor
+        :math:`P_j = L_j^{-\top}` (with :math:`\Sigma_j = L_j L_j^\top`):
+        :math:`(x-\mu_j)^\top\Sigma_j^{-1}(x-\mu_j) = \|P_j^\top x - P_j^\top\mu_j\|^2`, so one
+        matrix product projects a block onto every component and a second sums the
+        squares within each component. Diagonal ones expand the square instead.
         """
         means, covariances = params["means"], params["covariances"]
         k, d = means.shape
-        kind = self.covariance_type
-        if kind in ("full", "tied"):
-            precision_chol = _precision_cholesky(covariances, self.reg_covar)
-            log_det = torch.log(torch.diagonal(precision_chol, dim1=-2, dim2=-1)).sum(-1)
-            if kind == "full":
-                flat = precision_chol.permute(1, 0, 2).reshape(d, k * d)
-                shifted_means = torch.einsum("kd,kde->ke", means, precision_chol)
-            else:
-                flat = precision_chol
-                shifted_means = means @ precision_chol
-            blocks = []
-            for block in X.split(CHUNK):
-                projected = (block @ flat).view(block.shape[0], -1, d)
-                blocks.append((projected - shifted_means).square().sum(-1))
-            mahalanobis = torch.cat(blocks)
-        else:
+        constant = -0.5 * d * math.log(2 * math.pi)
+        if self.covariance_type in ("diag", "spherical"):
             precisions = 1.0 / covariances
-            if kind == "spherical":
-                log_det = 0.5 * d * torch.log(precisions)
-                mahalanobis = (
-                    X.square().sum(1, keepdim=True) * precisions
-                    - 2 * (X @ means.T) * precisions
-                    + means.square().sum(1) * precisions
-                )
-            else:
-                log_det = 0.5 * torch.log(precisions).sum(1)
-                mahalanobis = (
-                    X.square() @ precisions.T
-                    - 2 * X @ (means * precisions).T
-                    + (means.square() * precisions).sum(1)
-                )
-        return -0.5 * (d * math.log(2 * math.pi) + mahalanobis) + log_det
+            if self.covariance_type == "spherical":
+                precisions = precisions[:, None].expand(k, d)
+            return {
+                "precisions": precisions.T.contiguous(),
+                "linear": (means * precisions).T.contiguous(),
+                "offset": constant + 0.5 * torch.log(precisions).sum(1)
+                - 0.5 * (means.square() * precisions).sum(1),
+            }
+        precision_chol = _precision_cholesky(covariances, self.reg_covar)
+        if self.covariance_type == "tied":
+            precision_chol = precision_chol.expand(k, d, d)
+        log_det = torch.log(torch.diagonal(precision_chol, dim1=-2, dim2=-1)).sum(-1)
+        return {
+            "projection": precision_chol.permute(1, 0, 2).reshape(d, k * d),
+            "shifted_means": torch.einsum("kd,kde->ke", means, precision_chol).reshape(k * d),
+            # Column j sums the d squared coordinates that belong to component j.
+            "within": torch.eye(k, dtype=means.dtype, device=means.device).repeat_interleave(d, dim=0),
+            "offset": constant + log_det,
+        }
+
+    @staticmethod
+    def _block_log_densities(block: torch.Tensor, terms: dict[str, torch.Tensor]) -> torch.Tensor:
+        if "precisions" in terms:
+            quadratic = block.square() @ terms["precisions"]
+            quadratic.addmm_(block, terms["linear"], alpha=-2.0)
+            return quadratic.mul_(-0.5).add_(terms["offset"])
+        projected = block @ terms["projection"]
+        projected -= terms["shifted_means"]
+        return (projected.square_() @ terms["within"]).mul_(-0.5).add_(terms["offset"])
 
     def em_e_step(
         self, X: torch.Tensor, params: dict[str, torch.Tensor]
     ) -> tuple[torch.Tensor, torch.Tensor]:
         r"""Responsibilities :math:`\gamma_j(x_i) = \pi_j \mathcal{N}(x_i;\theta_j) /
-        \sum_l \pi_l \mathcal{N}(x_i;\theta_l)` (IML §14.2), in log space.
+        \sum_l \pi_l \mathcal{N}(x_i;\theta_l)` (IML §14.2), in log space, block by block.
 
         Returns:
             ``(log_responsibilities, log_density)``: ``n x k`` and ``n``, with
             :math:`\log p(x_i) = \log\sum_j \pi_j \mathcal{N}(x_i; \mu_j, \Sigma_j)`.
         """
-        weighted = self.component_log_densities(X, params) + torch.log(params["weights"])
-        log_density = torch.logsumexp(weighted, dim=1)
-        return weighted - log_density[:, None], log_density
+        terms = self._density_terms(params)
+        log_weights = torch.log(params["weights"])
+        log_responsibilities = X.new_empty(X.shape[0], self.n_components)
+        log_density = X.new_empty(X.shape[0])
+        rows = block_rows(*params["means"].shape)
+        for block, responsibilities, density in zip(
+            X.split(rows), log_responsibilities.split(rows), log_density.split(rows)
+        ):
+            weighted = self._block_log_densities(block, terms).add_(log_weights)
+            torch.logsumexp(weighted, dim=1, out=density)
+            torch.sub(weighted, density[:, None], out=responsibilities)
+        return log_responsibilities, log_density
 
     def em_m_step(self, X: torch.Tensor, responsibilities: torch.Tensor) -> dict[str, torch.Tensor]:
         r"""Maximum-likelihood parameters given responsibilities (IML §14.2):
@@ -329,11 +351,17 @@ class GaussianMixture(Model):
         if self.fixed_variance is not None:
             covariances = X.new_full((k,), self.fixed_variance)
         elif kind == "full":
-            scatter = X.new_zeros(k, d, d)
-            for block, weight in zip(X.split(CHUNK), responsibilities.split(CHUNK)):
-                centred = (block[:, None, :] - means).permute(1, 0, 2)
-                scatter += (centred * weight.T[:, :, None]).transpose(1, 2) @ centred
-            covariances = scatter / counts[:, None, None]
+            # Scatter about the overall mean c, one matrix product per block:
+            # Σ_j = Σ_i γ_ij (x_i - c)(x_i - c)ᵀ / N_j - (μ_j - c)(μ_j - c)ᵀ.
+            centre = counts @ means / counts.sum()
+            scatter = X.new_zeros(d * k, d)
+            rows = block_rows(k, d)
+            for block, weight in zip(X.split(rows), responsibilities.split(rows)):
+                centred = block - centre
+                scatter += (centred[:, :, None] * weight[:, None, :]).reshape(-1, d * k).T @ centred
+            scatter = scatter.view(d, k, d).permute(1, 0, 2)
+            offset = means - centre
+            covariances = scatter / counts[:, None, None] - offset[:, :, None] * offset[:, None, :]
         elif kind == "tied":
             covariances = (X.T @ X - (counts[:, None] * means).T @ means) / counts.sum()
         else:

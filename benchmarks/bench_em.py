@@ -1,0 +1,131 @@
+"""EM seconds per iteration against scikit-learn's GaussianMixture, same start, full covariance.
+
+For each (n, d, k): the same k-means++ start for both, a fixed number of iterations
+(tol = 0), timed interleaved in this process; then the final mean log-likelihood of
+each, and each side's peak resident memory measured in a fresh child process
+(the whole process, as `/usr/bin/time -v` would report it). Our achieved GFLOP/s is
+set against a measured float64 matmul peak.
+
+Usage: python benchmarks/bench_em.py [--quick]
+       python benchmarks/bench_em.py --memory {ours,sklearn} N D K   (child mode)
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _common import interleaved, machine_line  # noqa: E402
+
+import aml_ppl as aml  # noqa: E402
+from aml_ppl.inference import EM  # noqa: E402
+from aml_ppl.models import GaussianMixture  # noqa: E402
+
+
+def blobs(n: int, d: int, k: int, seed: int = 0) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    centres = 4 * torch.randn(k, d, dtype=torch.float64, generator=generator)
+    labels = torch.randint(k, (n,), generator=generator)
+    return centres[labels] + torch.randn(n, d, dtype=torch.float64, generator=generator)
+
+
+def start(X: torch.Tensor, k: int) -> dict[str, torch.Tensor]:
+    torch.manual_seed(1)
+    return GaussianMixture(k).em_initial_params(X, "kmeans++")
+
+
+def sklearn_mixture(params: dict[str, torch.Tensor], iterations: int):
+    from sklearn.mixture import GaussianMixture as SklearnMixture
+
+    return SklearnMixture(
+        params["weights"].shape[0], covariance_type="full", tol=0, max_iter=iterations,
+        init_params="random",  # cheap; overridden by the *_init arrays below
+        weights_init=params["weights"].numpy(), means_init=params["means"].numpy(),
+        precisions_init=torch.linalg.inv(params["covariances"]).numpy(),
+    )
+
+
+def run_ours(X, params, iterations):
+    return aml.fit(GaussianMixture(params["weights"].shape[0]), X, engine=EM(init=params, tol=0, max_iter=iterations))
+
+
+def run_sklearn(X, params, iterations):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # ConvergenceWarning at tol = 0
+        return sklearn_mixture(params, iterations).fit(X.numpy())
+
+
+def peak_memory_mib(side: str, n: int, d: int, k: int) -> float:
+    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    subprocess.run([sys.executable, __file__, "--memory", side, str(n), str(d), str(k)], check=True)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    return max(after, before) / 1024  # ru_maxrss is in KiB on Linux; the max over children so far
+
+
+def matmul_peak_gflops() -> float:
+    a = torch.randn(2000, 2000, dtype=torch.float64)
+    a @ a
+    begin = time.perf_counter()
+    for _ in range(5):
+        a @ a
+    return 5 * 2 * 2000**3 / (time.perf_counter() - begin) / 1e9
+
+
+def em_flops(n: int, d: int, k: int) -> float:
+    """Multiply-adds of one iteration, counted as 2 flops: the E-step's n x d x kd product and
+    the M-step's k weighted scatter products n x d x d, plus O(nkd) elementwise work."""
+    return 2 * n * d * k * d + 2 * n * k * d * d + 8 * n * k * d
+
+
+def main(quick: bool) -> None:
+    torch.set_num_threads(2)
+    sizes = [10_000, 100_000] if quick else [10_000, 100_000, 1_000_000]
+    peak = matmul_peak_gflops()
+    print(machine_line())
+    print(f"float64 matmul peak {peak:.0f} GFLOP/s; full covariance; same k-means++ start; tol = 0")
+    print(f"{'n':>9} {'d':>3} {'k':>3} {'sklearn s/it':>13} {'ours s/it':>10} {'speed-up':>9} "
+          f"{'|dLL|/pt':>9} {'ours GF/s':>9} {'% peak':>7} {'sk MiB':>8} {'ours MiB':>9}")
+    for n in sizes:
+        for d in (2, 10):
+            for k in (3, 8):
+                X = blobs(n, d, k)
+                params = start(X, k)
+                iterations = 5 if n >= 1_000_000 else 10
+                timings = interleaved(
+                    {"sklearn": lambda: run_sklearn(X, params, iterations),
+                     "ours": lambda: run_ours(X, params, iterations)},
+                    repeats=2 if n >= 1_000_000 else 3,
+                )
+                gap = abs(run_ours(X, params, iterations).score(X) - run_sklearn(X, params, iterations).score(X.numpy()))
+                ours_s, sklearn_s = timings["ours"] / iterations, timings["sklearn"] / iterations
+                gflops = em_flops(n, d, k) / ours_s / 1e9
+                memory = {side: peak_memory_mib(side, n, d, k) for side in ("sklearn", "ours")} if n >= 1_000_000 else {"sklearn": float("nan"), "ours": float("nan")}
+                print(f"{n:>9} {d:>3} {k:>3} {sklearn_s:>13.4f} {ours_s:>10.4f} {sklearn_s / ours_s:>8.2f}x "
+                      f"{gap:>9.1e} {gflops:>9.2f} {100 * gflops / peak:>6.1f}% {memory['sklearn']:>8.0f} {memory['ours']:>9.0f}",
+                      flush=True)
+
+
+def memory_child(side: str, n: int, d: int, k: int) -> None:
+    X = blobs(n, d, k)
+    params = start(X, k)
+    (run_ours if side == "ours" else run_sklearn)(X, params, 5)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--memory", nargs=4, metavar=("SIDE", "N", "D", "K"))
+    options = parser.parse_args()
+    if options.memory:
+        side, n, d, k = options.memory
+        memory_child(side, int(n), int(d), int(k))
+    else:
+        main(options.quick)

@@ -1,0 +1,192 @@
+"""Gaussian mixtures and EM against scikit-learn, closed forms and Theorem 2.1."""
+
+import numpy as np
+import pyro
+import pyro.distributions as dist
+import pytest
+import torch
+
+import aml_ppl as aml
+from aml_ppl.inference import EM, MAP, SVI
+from aml_ppl.models import CollapsedComponentWarning, GaussianMixture
+
+TRUE_WEIGHTS = torch.tensor([0.5, 0.3, 0.2], dtype=torch.float64)
+TRUE_MEANS = torch.tensor([[0.0, 0.0], [5.0, 5.0], [-5.0, 4.0]], dtype=torch.float64)
+TRUE_COVARIANCES = torch.stack(
+    [
+        torch.tensor([[1.0, 0.3], [0.3, 0.5]]),
+        torch.tensor([[0.5, 0.0], [0.0, 1.5]]),
+        torch.tensor([[1.0, -0.4], [-0.4, 1.0]]),
+    ]
+).double()
+
+
+def draw_mixture(n, seed):
+    generator = torch.Generator().manual_seed(seed)
+    labels = torch.multinomial(TRUE_WEIGHTS, n, replacement=True, generator=generator)
+    noise = torch.randn(n, 2, dtype=torch.float64, generator=generator)
+    chol = torch.linalg.cholesky(TRUE_COVARIANCES)
+    return TRUE_MEANS[labels] + (chol[labels] @ noise[:, :, None])[:, :, 0], labels
+
+
+@pytest.fixture
+def mixture_data():
+    return draw_mixture(3000, seed=0)[0]
+
+
+def sorted_by_first_mean(params):
+    order = params["means"][:, 0].argsort()
+    return {name: value[order] for name, value in params.items()}
+
+
+def test_em_recovers_the_generating_parameters(mixture_data):
+    post = aml.fit(GaussianMixture(3), mixture_data, engine=EM(n_init=3, tol=1e-8), seed=0)
+    fitted = sorted_by_first_mean(post.params)
+    truth = sorted_by_first_mean(
+        {"weights": TRUE_WEIGHTS, "means": TRUE_MEANS, "covariances": TRUE_COVARIANCES}
+    )
+    # Standard errors at n = 3000: weights sqrt(w(1-w)/n) <= 0.01; a mean sqrt(Σ_jj / n_j)
+    # <= 0.04 (n_j >= 600); a covariance entry sqrt((Σ_ii Σ_jj + Σ_ij²)/n_j) <= 0.09.
+    # Four standard errors each.
+    torch.testing.assert_close(fitted["weights"], truth["weights"], rtol=0, atol=0.04)
+    torch.testing.assert_close(fitted["means"], truth["means"], rtol=0, atol=0.16)
+    torch.testing.assert_close(fitted["covariances"], truth["covariances"], rtol=0, atol=0.36)
+
+
+@pytest.mark.parametrize("covariance_type", ["full", "tied", "diag", "spherical"])
+def test_em_equals_scikit_learn_from_the_same_start(mixture_data, covariance_type):
+    from sklearn.mixture import GaussianMixture as SklearnMixture
+
+    X = mixture_data
+    model = GaussianMixture(3, covariance_type=covariance_type)
+    torch.manual_seed(1)
+    start = model.em_initial_params(X, "kmeans++")
+    covariances = start["covariances"]
+    precisions = torch.linalg.inv(covariances) if covariance_type in ("full", "tied") else 1 / covariances
+    # tol = 0: both run exactly max_iter M-steps from the same parameters.
+    reference = SklearnMixture(
+        3, covariance_type=covariance_type, tol=0, max_iter=40,
+        weights_init=start["weights"].numpy(), means_init=start["means"].numpy(),
+        precisions_init=precisions.numpy(),
+    )
+    with pytest.warns(Warning, match="converge"):  # scikit-learn's ConvergenceWarning at tol = 0
+        reference.fit(X.numpy())
+    post = aml.fit(model, X, engine=EM(init=start, tol=0, max_iter=40))
+    assert post.score(X) == pytest.approx(reference.score(X.numpy()), abs=1e-6)
+    np.testing.assert_allclose(post.params["means"].numpy(), reference.means_, atol=1e-6)
+
+
+def test_soft_em_log_likelihood_never_decreases(mixture_data):
+    """Theorem 2.1 (AML §2), from a deliberately poor random start."""
+    post = aml.fit(GaussianMixture(3), mixture_data, engine=EM(init="random", tol=1e-10, max_iter=200), seed=3)
+    assert len(post.history) > 5
+    assert torch.all(post.history.diff() >= -1e-12)
+
+
+def test_hard_em_is_lloyds_kmeans():
+    """Hard EM with equal weights and a shared fixed spherical covariance (IML §14.1)."""
+    from sklearn.cluster import KMeans
+
+    X = draw_mixture(600, seed=5)[0]
+    centres = X[:4].clone()
+    model = GaussianMixture(4, "spherical", equal_weights=True, fixed_variance=1.0)
+    start = {"weights": torch.full((4,), 0.25), "means": centres, "covariances": torch.ones(4)}
+    post = aml.fit(model, X, engine=EM(init=start, hard=True, tol=0, max_iter=100))
+    kmeans = KMeans(4, init=centres.numpy(), n_init=1, algorithm="lloyd", tol=0, max_iter=100).fit(X.numpy())
+    np.testing.assert_array_equal(post.predict_labels(X).numpy(), kmeans.labels_)
+    np.testing.assert_allclose(post.params["means"].numpy(), kmeans.cluster_centers_, atol=1e-10)
+    assert torch.all(post.history.diff() >= -1e-12)  # the classification likelihood never falls
+
+
+def regression_mixture(x, y=None):
+    """A mixture of two linear regressions: a user's own model with an enumerated site."""
+    weights = pyro.param("weights", torch.tensor([0.5, 0.5]), constraint=dist.constraints.simplex)
+    slopes = pyro.param("slopes", torch.tensor([0.5, -0.5]))
+    intercepts = pyro.param("intercepts", torch.tensor([0.1, -0.1]))
+    noise = pyro.param("noise", torch.tensor(1.0), constraint=dist.constraints.positive)
+    with pyro.plate("data", x.shape[0]):
+        line = pyro.sample("line", dist.Categorical(weights), infer={"enumerate": "parallel"})
+        pyro.sample("y", dist.Normal(intercepts[line] + slopes[line] * x, noise), obs=y)
+
+
+def test_generic_em_never_lowers_the_likelihood_and_finds_the_lines():
+    generator = torch.Generator().manual_seed(7)
+    x = torch.rand(400, generator=generator) * 4 - 2
+    which = torch.rand(400, generator=generator) < 0.6
+    y = torch.where(which, 2.0 * x + 1.0, -1.5 * x - 1.0) + 0.2 * torch.randn(400, generator=generator)
+    post = aml.fit(regression_mixture, x, y, engine=EM(max_iter=60, tol=1e-9))
+    assert torch.all(post.history.diff() >= -1e-9)
+    order = post.params["slopes"].argsort(descending=True)
+    torch.testing.assert_close(post.params["slopes"][order], torch.tensor([2.0, -1.5]), rtol=0, atol=0.1)
+    torch.testing.assert_close(post.params["weights"][order], torch.tensor([0.6, 0.4]), rtol=0, atol=0.06)
+    assert post.params["noise"].item() == pytest.approx(0.2, abs=0.03)
+    # Its pointwise log-likelihood sums the line out: compare with the two-component density.
+    params = post.params
+    manual = torch.logsumexp(
+        torch.log(params["weights"])
+        + dist.Normal(params["intercepts"] + params["slopes"] * x[:, None], params["noise"]).log_prob(y[:, None]),
+        dim=1,
+    )
+    torch.testing.assert_close(post.log_prob(x, y, num_samples=1), manual, rtol=0, atol=1e-5)
+
+
+def test_generic_em_rejects_sampled_continuous_sites():
+    def sampled(x):
+        mean = pyro.sample("mean", dist.Normal(0.0, 1.0))
+        with pyro.plate("data", x.shape[0]):
+            pyro.sample("x", dist.Normal(mean, 1.0), obs=x)
+
+    with pytest.raises(aml.IncompatibleEngineError, match="mean"):
+        aml.fit(sampled, torch.zeros(3), engine="em")
+
+
+@pytest.mark.parametrize("engine", [SVI(num_steps=400, lr=0.05, progress_bar=False), MAP()], ids=["svi", "map"])
+def test_svi_and_map_with_enumeration_reach_the_em_likelihood(engine):
+    X, labels = draw_mixture(1500, seed=2)
+    X = X + TRUE_MEANS[labels]  # means twice as far apart: well separated
+    model = GaussianMixture(3)
+    em = aml.fit(model, X, engine=EM(n_init=5), seed=0)
+    other = aml.fit(model, X, engine=engine, seed=0)
+    # Same optimum (EM's best of five starts) up to the weak priors and SVI's noise:
+    # within 0.01 nats per point.
+    ours = other.log_prob(X, num_samples=5).mean().item()
+    assert ours == pytest.approx(em.score(X), abs=0.01)
+
+
+def test_posterior_extras(mixture_data, tmp_path):
+    X = mixture_data
+    post = aml.fit(GaussianMixture(3), X, engine=EM(bootstrap=8), seed=0)
+    responsibilities = post.responsibilities(X[:10])
+    torch.testing.assert_close(responsibilities.sum(1), torch.ones(10, dtype=torch.float64))
+    assert post.bic(X) > post.aic(X)  # log n > 2 at n = 3000
+    new_points, labels = post.sample_data(500)
+    assert new_points.shape == (500, 2) and labels.max() < 3
+    idata = post.to_arviz(num_samples=50)
+    assert idata.posterior["locs"].shape == (1, 50, 3, 2)
+    assert idata.log_likelihood["obs"].shape == (1, 50, 3000)
+    post.save(tmp_path / "gmm.pt")
+    loaded = aml.load(tmp_path / "gmm.pt")
+    torch.testing.assert_close(loaded.log_prob(X), post.log_prob(X))
+    torch.testing.assert_close(loaded.replicates["locs"], post.replicates["locs"])
+
+
+def test_bad_mixture_input():
+    with pytest.raises(aml.InputDataError, match="3 points but the mixture has 5"):
+        aml.fit(GaussianMixture(5), torch.randn(3, 2, dtype=torch.float64))
+    with pytest.raises(aml.InputDataError, match="`X`"):
+        aml.fit(GaussianMixture(2), torch.tensor([[0.0, float("nan")], [1.0, 1.0], [2.0, 2.0]]))
+    with pytest.raises(aml.InputDataError, match="covariance_type"):
+        GaussianMixture(2, covariance_type="fulll")
+
+
+def test_a_collapsing_component_is_held_up_by_reg_covar_with_a_warning():
+    """One component starts on a lone far-away point: reg_covar (IML §14.3) keeps it PD."""
+    X = torch.cat([torch.randn(50, 2, dtype=torch.float64), torch.tensor([[30.0, 30.0]], dtype=torch.float64)])
+    start = {
+        "weights": torch.tensor([0.5, 0.5]),
+        "means": torch.tensor([[0.0, 0.0], [30.0, 30.0]]),
+        "covariances": torch.eye(2).expand(2, 2, 2),
+    }
+    with pytest.warns(CollapsedComponentWarning, match="component 1"):
+        post = aml.fit(GaussianMixture(2, reg_covar=1e-3), X, engine=EM(init=start, max_iter=5))
+    assert torch.isfinite(post.log_prob(X)).all()
