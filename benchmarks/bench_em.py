@@ -7,6 +7,7 @@ each, and each side's peak resident memory measured in a fresh child process
 set against a measured float64 matmul peak.
 
 Usage: python benchmarks/bench_em.py [--quick]
+       python benchmarks/bench_em.py --memory-table
        python benchmarks/bench_em.py --memory {ours,sklearn} N D K   (child mode)
 """
 
@@ -64,10 +65,12 @@ def run_sklearn(X, params, iterations):
 
 
 def peak_memory_mib(side: str, n: int, d: int, k: int) -> float:
-    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    subprocess.run([sys.executable, __file__, "--memory", side, str(n), str(d), str(k)], check=True)
-    after = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    return max(after, before) / 1024  # ru_maxrss is in KiB on Linux; the max over children so far
+    """Peak resident memory of a fresh process that makes the data and runs one side's fit."""
+    child = subprocess.run(
+        [sys.executable, __file__, "--memory", side, str(n), str(d), str(k)],
+        check=True, capture_output=True, text=True,
+    )
+    return float(child.stdout.strip().splitlines()[-1]) / 1024  # ru_maxrss is in KiB on Linux
 
 
 def matmul_peak_gflops() -> float:
@@ -117,15 +120,22 @@ def memory_child(side: str, n: int, d: int, k: int) -> None:
     X = blobs(n, d, k)
     params = start(X, k)
     (run_ours if side == "ours" else run_sklearn)(X, params, 5)
+    print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--memory", nargs=4, metavar=("SIDE", "N", "D", "K"))
+    parser.add_argument("--memory-table", action="store_true", help="peak memory at n = 10^6 only")
     options = parser.parse_args()
     if options.memory:
         side, n, d, k = options.memory
         memory_child(side, int(n), int(d), int(k))
+    elif options.memory_table:
+        print(machine_line())
+        for d, k in ((2, 3), (2, 8), (10, 3), (10, 8)):
+            peaks = {side: peak_memory_mib(side, 1_000_000, d, k) for side in ("sklearn", "ours")}
+            print(f"n = 10^6, d = {d:2d}, k = {k}: peak MiB sklearn {peaks['sklearn']:.0f}, ours {peaks['ours']:.0f}")
     else:
         main(options.quick)

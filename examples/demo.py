@@ -1,4 +1,4 @@
-"""A short tour of aml_ppl: Bayesian linear regression fitted two ways.
+"""A short tour of aml_ppl: Bayesian linear regression two ways, mixtures, anomaly detection.
 
 Run with `make demo` (or `python examples/demo.py --out out`). `--smoke` makes it
 quick enough to run as a test.
@@ -7,6 +7,7 @@ quick enough to run as a test.
 from __future__ import annotations
 
 import argparse
+import itertools
 from pathlib import Path
 
 import matplotlib
@@ -16,7 +17,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 
 import aml_ppl as aml  # noqa: E402
-from aml_ppl.inference import NUTS  # noqa: E402
+from aml_ppl.inference import EM, NUTS, SVI  # noqa: E402
 
 
 def features(x: torch.Tensor) -> torch.Tensor:
@@ -60,6 +61,53 @@ def blr_tour(out: Path, smoke: bool) -> None:
     print(f"saved the predictive with its 95 % band to {path}")
 
 
+def mixture_tour(out: Path, smoke: bool) -> None:
+    from sklearn.datasets import load_breast_cancer, load_iris
+
+    print("\n== Gaussian mixture by EM and by SVI (notes AML §2, IML §14) ==")
+    iris = load_iris()
+    X = torch.tensor(iris.data, dtype=torch.float64)
+    species = torch.tensor(iris.target)
+    model = aml.models.GaussianMixture(3, covariance_type="full", reg_covar=1e-4)
+    em = aml.fit(model, X, engine=EM(n_init=5), seed=0)
+    svi = aml.fit(model, X, engine=SVI(num_steps=100 if smoke else 1500, lr=0.05, progress_bar=False), seed=0)
+    print(f"iris, k = 3: EM mean log-likelihood {em.score(X):.3f} after {len(em.history) - 1} "
+          f"iterations; SVI (z enumerated) {svi.log_prob(X, num_samples=5).mean():.3f}")
+    for k in (2, 3, 4):
+        print(f"  k = {k}: BIC {aml.fit(aml.models.GaussianMixture(k, reg_covar=1e-4), X, engine=EM(n_init=3), seed=0).bic(X):8.1f}")
+    labels = em.predict_labels(X)
+    agreement = max(
+        (labels == permutation[species]).double().mean().item()
+        for permutation in torch.tensor(list(itertools.permutations(range(3))))
+    )
+    print(f"  EM clusters agree with the species on {100 * agreement:.0f} % of flowers")
+
+    print("\n== Anomaly detection: PCA + GMM (AML §2) on breast-cancer cells ==")
+    cancer = load_breast_cancer()
+    features = torch.tensor(cancer.data, dtype=torch.float64)
+    features = (features - features.mean(0)) / features.std(0)
+    benign = features[torch.tensor(cancer.target == 1)]
+    malignant = features[torch.tensor(cancer.target == 0)]
+    order = torch.randperm(len(benign), generator=torch.Generator().manual_seed(0))
+    train, held_out = benign[order[:250]], benign[order[250:]]
+    detector = aml.analysis.AnomalyDetector(n_projection_dims=2, n_components=2).fit(train)
+    scores = -torch.cat([detector.score_samples(held_out), detector.score_samples(malignant)])
+    truth = torch.cat([torch.zeros(len(held_out)), torch.ones(len(malignant))])
+    false_positive_rates, true_positive_rates, _ = aml.analysis.roc_curve(truth, scores)
+    area = aml.analysis.auroc(truth, scores)
+    print(f"trained on {len(train)} benign samples; held-out benign {len(held_out)}, malignant "
+          f"{len(malignant)}: AUROC {area:.3f}")
+    figure, axis = plt.subplots(figsize=(4.5, 4.5))
+    axis.plot(false_positive_rates, true_positive_rates, label=f"PCA(2) + GMM(2), AUROC {area:.3f}")
+    axis.plot([0, 1], [0, 1], "k:", label="chance")
+    axis.set(xlabel="false-positive rate", ylabel="true-positive rate", title="Malignant cells as anomalies")
+    axis.legend(loc="lower right", fontsize=8)
+    path = out / "anomaly_roc.png"
+    figure.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(figure)
+    print(f"saved the ROC curve to {path}")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("out"), help="folder for figures")
@@ -68,6 +116,7 @@ def main(argv: list[str] | None = None) -> None:
     options.out.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(1)
     blr_tour(options.out, options.smoke)
+    mixture_tour(options.out, options.smoke)
 
 
 if __name__ == "__main__":

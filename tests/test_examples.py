@@ -12,4 +12,6 @@ def test_demo_runs_and_saves_its_figure(tmp_path, capsys):
     spec.loader.exec_module(demo)
     demo.main(["--out", str(tmp_path), "--smoke"])
     assert (tmp_path / "blr_predictive.png").stat().st_size > 10_000
-    assert "beta[0]" in capsys.readouterr().out
+    assert (tmp_path / "anomaly_roc.png").stat().st_size > 10_000
+    printed = capsys.readouterr().out
+    assert "beta[0]" in printed and "AUROC" in printed

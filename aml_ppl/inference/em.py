@@ -254,6 +254,8 @@ class EM(Engine):
         if best is None:
             raise ModelFittingError(f"every EM restart failed; the first: {failures[0]}")
         params, history, converged = best
+        if callable(getattr(model, "em_check", None)):
+            model.em_check(params)
         replicates = self._bootstrap(model, X, params) if self.bootstrap else None
         return MixturePosterior(
             model, args, kwargs, params=params, replicates=replicates, converged=converged,

@@ -7,8 +7,9 @@ for small capability methods instead of classes (``../shared/ARCHITECTURE.md``):
   SVI, MAP and NUTS;
 - ``init_values(*args, **kwargs) -> dict[str, Tensor]``: a data-driven starting
   point for autoguides (optional);
-- ``em_initial_params``, ``em_e_step``, ``em_m_step``: closed-form EM steps, for the
-  ``"em"`` engine (see :class:`~aml_ppl.models.GaussianMixture`);
+- ``em_initial_params``, ``em_e_step``, ``em_m_step`` (and optionally ``em_check``,
+  called once on the result): closed-form EM steps, for the ``"em"`` engine (see
+  :class:`~aml_ppl.models.GaussianMixture`);
 - ``exact_posterior(*args, **kwargs) -> GaussianLatents`` and
   ``exact_predictive(latents, *args, **kwargs) -> dict[str, Normal]``: a
   closed-form Gaussian posterior, for the ``"exact"`` engine.

@@ -370,24 +370,27 @@ class GaussianMixture(Model):
             if kind == "spherical":
                 covariances = covariances.mean(1)
         if self.fixed_variance is None:
-            self._warn_on_collapse(covariances)
             covariances = _regularised(covariances, self.reg_covar, kind)
         return {"weights": weights, "means": means, "covariances": covariances}
 
-    def _warn_on_collapse(self, covariances: torch.Tensor) -> None:
+    def em_check(self, params: dict[str, torch.Tensor]) -> None:
+        r"""Warn, naming the component, where a fitted covariance collapsed: its smallest
+        variance is at most twice ``reg_covar``, so the regulariser alone holds it up."""
+        if self.fixed_variance is not None:
+            return
+        covariances = params["covariances"]
         variances = covariances.diagonal(dim1=-2, dim2=-1) if self._correlated else covariances
         if self.covariance_type == "tied":
             smallest = variances.min().reshape(1)
         else:
             smallest = variances.min(-1).values if variances.dim() == 2 else variances
-        collapsed = torch.nonzero(smallest <= self.reg_covar).flatten().tolist()
-        for component in collapsed:
+        for component in torch.nonzero(smallest <= 2 * self.reg_covar).flatten().tolist():
             warnings.warn(
-                f"mixture component {component} collapsed (variance <= reg_covar = "
-                f"{self.reg_covar:g}); it is held up by reg_covar alone. Use fewer components, "
+                f"mixture component {component} collapsed (variance <= 2 reg_covar = "
+                f"{2 * self.reg_covar:g}); it is held up by reg_covar alone. Use fewer components, "
                 "a larger reg_covar, or standardised data.",
                 CollapsedComponentWarning,
-                stacklevel=3,
+                stacklevel=4,
             )
 
     def em_sites(self, params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
