@@ -79,3 +79,10 @@ def check_float_tensor(
             f"`{name}` has {bad} NaN or infinite value(s); remove or impute them."
         )
     return value if dtype is None else value.to(dtype)
+
+
+def check_count(name: str, value: Any, minimum: int = 1) -> int:
+    r"""Return ``value`` if it is an integer of at least ``minimum``; else raise naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise InputDataError(f"`{name}` must be an integer >= {minimum}; got {value!r}.")
+    return value

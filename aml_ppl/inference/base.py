@@ -23,7 +23,7 @@ import torch
 from pyro import poutine
 from pyro.poutine.util import site_is_subsample
 
-from aml_ppl._data import convert_arguments
+from aml_ppl._data import check_count, convert_arguments
 from aml_ppl.errors import AmlPplError, IncompatibleEngineError, InputDataError
 from aml_ppl.models.base import Model
 
@@ -205,7 +205,7 @@ class Posterior(ABC):
         Returns:
             Site name to a ``num_samples x ...`` tensor (ArviZ's ``posterior`` group).
         """
-        _check_count("num_samples", num_samples)
+        check_count("num_samples", num_samples)
         with torch.no_grad():
             return {name: value.detach() for name, value in self._draw(num_samples).items()}
 
@@ -221,7 +221,7 @@ class Posterior(ABC):
             site: The observed site to predict; needed only when there are several.
             **kwargs: The model's keyword arguments.
         """
-        _check_count("num_samples", num_samples)
+        check_count("num_samples", num_samples)
         site = self._observed_site(site)
         args, kwargs = self._arguments(args, kwargs)
         samples = self._replay(self.sample(num_samples), args, kwargs, num_samples)[0][site]
@@ -241,7 +241,7 @@ class Posterior(ABC):
             A tensor shaped like the observed site (ArviZ's ``log_likelihood``
             holds the per-draw terms).
         """
-        _check_count("num_samples", num_samples)
+        check_count("num_samples", num_samples)
         site = self._observed_site(site)
         args, kwargs = self._arguments(args, kwargs)
         log_likelihood = self._replay(self.sample(num_samples), args, kwargs, num_samples)[1]
@@ -272,7 +272,7 @@ class Posterior(ABC):
         """
         import arviz as az
 
-        _check_count("num_samples", num_samples)
+        check_count("num_samples", num_samples)
         args, kwargs = self._arguments(args, kwargs)
         by_chain = self._draw_by_chain(num_samples)
         chains, draws = next(iter(by_chain.values())).shape[:2]
@@ -299,7 +299,7 @@ class Posterior(ABC):
         without unpickling arbitrary objects (``torch.load(weights_only=True)``)."""
         tensors, meta = self._state()
         model_spec = None
-        if isinstance(self.model, Model):
+        if isinstance(self.model, Model) and self.model.get_config() is not None:
             model_spec = {"class": type(self.model).__name__, "config": self.model.get_config()}
         payload = {
             "format": FORMAT,
@@ -479,7 +479,8 @@ def load(
         spec = payload["model"]
         if spec is None:
             raise InputDataError(
-                "this posterior was fitted on a plain model function; pass it as `model=`."
+                "this posterior's model cannot be rebuilt from the file (a plain model "
+                "function, or a model holding objects such as a GPyTorch kernel); pass it as `model=`."
             )
         model = getattr(models, spec["class"])(**spec["config"])
     posterior = POSTERIORS[payload["kind"]]._from_state(
@@ -497,11 +498,6 @@ def _storable(what: str, value: Any) -> Any:
     if value is None or isinstance(value, (torch.Tensor, bool, int, float, str)):
         return value
     raise AmlPplError(f"cannot save {what} of type {type(value).__name__}; pass tensors.")
-
-
-def _check_count(name: str, value: int) -> None:
-    if not isinstance(value, int) or value < 1:
-        raise InputDataError(f"`{name}` must be a positive integer; got {value!r}.")
 
 
 def _is_observation(site: dict) -> bool:

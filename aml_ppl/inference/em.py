@@ -10,6 +10,7 @@ import torch
 from pyro import poutine
 from tqdm.auto import tqdm
 
+from aml_ppl._data import check_count
 from aml_ppl.errors import (
     AmlPplError,
     AmlPplWarning,
@@ -214,20 +215,15 @@ class EM(Engine):
         m_step_iterations: int = 20,
         progress_bar: bool = False,
     ) -> None:
-        for name, value in (("max_iter", max_iter), ("n_init", n_init), ("m_step_iterations", m_step_iterations)):
-            if not isinstance(value, int) or value < 1:
-                raise InputDataError(f"`{name}` must be a positive integer; got {value!r}.")
-        if not isinstance(bootstrap, int) or bootstrap < 0:
-            raise InputDataError(f"`bootstrap` must be a non-negative integer; got {bootstrap!r}.")
         if not tol >= 0:
             raise InputDataError(f"`tol` must be non-negative; got {tol}.")
-        self.max_iter = max_iter
+        self.max_iter = check_count("max_iter", max_iter)
         self.tol = tol
-        self.n_init = n_init
+        self.n_init = check_count("n_init", n_init)
         self.init = init
         self.hard = hard
-        self.bootstrap = bootstrap
-        self.m_step_iterations = m_step_iterations
+        self.bootstrap = check_count("bootstrap", bootstrap, minimum=0)
+        self.m_step_iterations = check_count("m_step_iterations", m_step_iterations)
         self.progress_bar = progress_bar
 
     def fit(self, model: Callable, *args: Any, **kwargs: Any) -> MixturePosterior:

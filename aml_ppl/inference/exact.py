@@ -7,7 +7,7 @@ from typing import Any, Callable, ClassVar
 import torch
 from pyro.distributions import MultivariateNormal, Normal
 
-from aml_ppl.errors import InputDataError
+from aml_ppl.errors import AmlPplError, InputDataError
 from aml_ppl.inference.base import (
     Engine,
     Posterior,
@@ -58,14 +58,20 @@ class GaussianPosterior(Posterior):
     def _predictive(
         self, site: str | None, args: tuple, kwargs: dict
     ) -> tuple[str, Normal, tuple, dict]:
-        site = self._observed_site(site)
         args, kwargs = self._arguments(args, kwargs)
-        return site, self.model.exact_predictive(self.latents, *args, **kwargs)[site], args, kwargs
+        predictives = self.model.exact_predictive(self.latents, *args, **kwargs)
+        if site is None or site not in predictives:  # other sites: the observed ones
+            site = self._observed_site(site)
+        return site, predictives[site], args, kwargs
 
     def predict(
         self, *args: Any, num_samples: int = 1000, site: str | None = None, **kwargs: Any
     ) -> Prediction:
-        r"""The exact Gaussian predictive; ``samples`` holds ``num_samples`` draws of it."""
+        r"""The exact Gaussian predictive; ``samples`` holds ``num_samples`` draws of it.
+
+        ``site`` may also name a noise-free site the model's ``exact_predictive``
+        offers (a GP's latent function ``"f"``).
+        """
         predictive = self._predictive(site, args, kwargs)[1]
         return Prediction(
             mean=predictive.mean,
@@ -84,6 +90,17 @@ class GaussianPosterior(Posterior):
             raise InputDataError(f"the arguments hold no observations for site {site!r}.")
         return predictive.log_prob(observed[site].to(predictive.mean))
 
+    def to_botorch(self) -> Any:
+        r"""A BoTorch ``Model`` with this posterior's hyperparameters and data (a GP's
+        ``SingleTaskGP``), for any BoTorch acquisition function.
+
+        Raises:
+            AmlPplError: If the model offers no BoTorch form.
+        """
+        if not callable(getattr(self.model, "botorch_model", None)):
+            raise AmlPplError(f"{type(self.model).__name__} has no BoTorch form.")
+        return self.model.botorch_model(self.latents, *self.data_args, **self.data_kwargs)
+
     def credible_interval(
         self, site: str, level: float = 0.95, num_samples: int = 4000
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -99,6 +116,7 @@ class GaussianPosterior(Posterior):
         tensors = {f"loc:{k}": v for k, v in self.latents.loc.items()}
         tensors.update({f"covariance:{k}": v for k, v in self.latents.covariance.items()})
         tensors.update({f"fixed:{k}": v for k, v in self.latents.fixed.items()})
+        tensors.update({f"statistic:{k}": v for k, v in self.latents.statistics.items()})
         if self.log_marginal_likelihood is not None:
             tensors["log_marginal_likelihood"] = self.log_marginal_likelihood
         return tensors, {}
@@ -115,6 +133,7 @@ class GaussianPosterior(Posterior):
             fixed=group("fixed:"),
             log_marginal_likelihood=tensors.get("log_marginal_likelihood"),
             history=recorded["history"].tolist(),
+            statistics=group("statistic:"),
         )
         return cls(model, args, kwargs, latents=latents, **recorded)
 

@@ -9,7 +9,7 @@ import pyro.infer
 import torch
 from pyro import poutine
 
-from aml_ppl.errors import InputDataError
+from aml_ppl._data import check_count
 from aml_ppl.inference.base import (
     Engine,
     Posterior,
@@ -122,14 +122,9 @@ class NUTS(Engine):
         jit_compile: bool = False,
         progress_bar: bool = True,
     ) -> None:
-        for name, value in (("num_samples", num_samples), ("num_chains", num_chains)):
-            if not isinstance(value, int) or value < 1:
-                raise InputDataError(f"`{name}` must be a positive integer; got {value!r}.")
-        if not isinstance(warmup_steps, int) or warmup_steps < 0:
-            raise InputDataError(f"`warmup_steps` must be a non-negative integer; got {warmup_steps!r}.")
-        self.num_samples = num_samples
-        self.warmup_steps = warmup_steps
-        self.num_chains = num_chains
+        self.num_samples = check_count("num_samples", num_samples)
+        self.warmup_steps = check_count("warmup_steps", warmup_steps, minimum=0)
+        self.num_chains = check_count("num_chains", num_chains)
         self.kernel_options = {
             "target_accept_prob": target_accept_prob,
             "max_tree_depth": max_tree_depth,

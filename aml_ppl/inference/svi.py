@@ -22,6 +22,7 @@ from pyro.infer.autoguide import (
 from pyro.infer.util import zero_grads
 from tqdm.auto import tqdm
 
+from aml_ppl._data import check_count
 from aml_ppl.errors import (
     IncompatibleEngineError,
     InputDataError,
@@ -216,14 +217,14 @@ class SVI(Engine):
         tolerance: float = 1e-4,
         progress_bar: bool = True,
     ) -> None:
-        if not isinstance(num_steps, int) or num_steps < 1:
-            raise InputDataError(f"`num_steps` must be a positive integer; got {num_steps!r}.")
+        check_count("num_steps", num_steps)
+        check_count("num_particles", num_particles)
         if isinstance(guide, str) and guide not in AUTOGUIDES:
             raise InputDataError(f"`guide` must be one of {sorted(AUTOGUIDES)}; got {guide!r}.")
         if isinstance(optim, str) and optim not in OPTIMIZERS:
             raise InputDataError(f"`optim` must be one of {sorted(OPTIMIZERS)}; got {optim!r}.")
-        if patience is not None and (not isinstance(patience, int) or patience < 1):
-            raise InputDataError(f"`patience` must be a positive integer; got {patience!r}.")
+        if patience is not None:
+            check_count("patience", patience)
         self.num_steps = num_steps
         self.lr = lr
         self.guide = guide

@@ -1,6 +1,8 @@
 r"""What we believe generated the data: Pyro generative models with guides."""
 
 from aml_ppl.models.base import GaussianLatents, Model
+from aml_ppl.models.gp import GaussianProcess
+from aml_ppl.models.kernels import SigmoidKernel
 from aml_ppl.models.linear import BayesianLinearRegression
 from aml_ppl.models.mixture import CollapsedComponentWarning, GaussianMixture
 
@@ -9,5 +11,7 @@ __all__ = [
     "CollapsedComponentWarning",
     "GaussianLatents",
     "GaussianMixture",
+    "GaussianProcess",
     "Model",
+    "SigmoidKernel",
 ]

@@ -37,6 +37,8 @@ class GaussianLatents:
         log_marginal_likelihood: ``log p(y | X, fixed)`` at the returned values.
         history: The log marginal likelihood per evidence-maximisation iteration
             (one entry when nothing was learned).
+        statistics: Whatever else the model's predictive needs, precomputed (a GP's
+            training inputs, Cholesky factor and weights).
     """
 
     loc: dict[str, torch.Tensor]
@@ -44,6 +46,7 @@ class GaussianLatents:
     fixed: dict[str, torch.Tensor] = field(default_factory=dict)
     log_marginal_likelihood: torch.Tensor | None = None
     history: list[float] = field(default_factory=list)
+    statistics: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 class Model(PyroModule):
@@ -65,8 +68,9 @@ class Model(PyroModule):
         r"""A variational family over the latent sites of :meth:`model`."""
 
     @abstractmethod
-    def get_config(self) -> dict[str, Any]:
-        r"""The constructor arguments, as JSON-compatible values (used by ``save``)."""
+    def get_config(self) -> dict[str, Any] | None:
+        r"""The constructor arguments as JSON-compatible values (used by ``save``), or
+        ``None`` when the model cannot be rebuilt from them (``load`` then needs it)."""
 
     def validate(self, *args: Any, **kwargs: Any) -> tuple[tuple, dict]:
         r"""Check and convert the model's arguments; the default accepts them as they are."""

@@ -1,0 +1,174 @@
+"""Gaussian processes against closed forms, BLR, scikit-learn and BoTorch (notes AML §6)."""
+
+import math
+
+import gpytorch
+import numpy as np
+import pytest
+import torch
+from gpytorch.kernels import LinearKernel, MaternKernel, PeriodicKernel, PolynomialKernel, RBFKernel, ScaleKernel
+
+import aml_ppl as aml
+from aml_ppl.inference import NUTS, Exact
+from aml_ppl.models import BayesianLinearRegression, GaussianProcess, SigmoidKernel
+
+
+@pytest.fixture
+def gp_data():
+    generator = torch.Generator().manual_seed(0)
+    X = torch.rand(40, 2, dtype=torch.float64, generator=generator) * 4
+    y = torch.sin(X[:, 0]) + 0.5 * X[:, 1] + 0.1 * torch.randn(40, dtype=torch.float64, generator=generator)
+    return X, y
+
+
+def rbf_model(lengthscale, outputscale, noise, mean="zero"):
+    kernel = ScaleKernel(RBFKernel()).double()  # float64 tensors: GPyTorch's setter rounds floats via float32
+    kernel.outputscale = torch.tensor(outputscale, dtype=torch.float64)
+    kernel.base_kernel.lengthscale = torch.tensor(lengthscale, dtype=torch.float64)
+    return GaussianProcess(kernel, mean=mean, noise=noise)
+
+
+def test_fixed_hyperparameters_equal_the_closed_form(gp_data):
+    """AML §6.2: N(kᵀ(K+σ²I)⁻¹y, c − kᵀ(K+σ²I)⁻¹k), GPyTorch's RBF exp(−‖x−x'‖²/(2ℓ²))."""
+    X, y = gp_data
+    post = aml.fit(rbf_model(0.8, 1.5, 0.01), X, y, engine=Exact(learn=False))
+    X_new = torch.rand(7, 2, dtype=torch.float64) * 4
+
+    def k(a, b):
+        squared = ((a[:, None, :] - b[None, :, :]) ** 2).sum(-1)
+        return 1.5 * np.exp(-squared / (2 * 0.8**2))
+
+    Xn, yn, Xs = X.numpy(), y.numpy(), X_new.numpy()
+    inverse = np.linalg.inv(k(Xn, Xn) + 0.01 * np.eye(40))
+    mean = k(Xs, Xn) @ inverse @ yn
+    variance = 1.5 - np.einsum("ij,jk,ik->i", k(Xs, Xn), inverse, k(Xs, Xn))
+    latent = post.predict(X_new, site="f")
+    noisy = post.predict(X_new)
+    np.testing.assert_allclose(latent.mean.numpy(), mean, rtol=0, atol=1e-8)
+    np.testing.assert_allclose(latent.variance.numpy(), variance, rtol=0, atol=1e-8)
+    np.testing.assert_allclose(noisy.variance.numpy(), variance + 0.01, rtol=0, atol=1e-8)
+    # The log marginal likelihood, AML §6: log N(y; 0, K + σ²I).
+    expected = torch.distributions.MultivariateNormal(
+        torch.zeros(40, dtype=torch.float64), torch.tensor(k(Xn, Xn) + 0.01 * np.eye(40))
+    ).log_prob(y)
+    assert post.log_marginal_likelihood.item() == pytest.approx(expected.item(), abs=1e-8)
+
+
+def test_blr_equals_a_gp_with_the_linear_kernel(gp_data):
+    """AML §6: BLR's predictive is the GP's with k(x, x') = xᵀΛ⁻¹x'."""
+    X, y = gp_data
+    precision, noise_scale = 2.0, 0.3
+    blr = aml.fit(BayesianLinearRegression(prior_precision=precision, noise_scale=noise_scale), X, y)
+    kernel = LinearKernel().double()
+    kernel.variance = torch.tensor(1 / precision, dtype=torch.float64)
+    gp = aml.fit(GaussianProcess(kernel, mean="zero", noise=noise_scale**2), X, y, engine=Exact(learn=False))
+    X_new = torch.randn(6, 2, dtype=torch.float64)
+    for ours, theirs in ((blr.predict(X_new), gp.predict(X_new)),):
+        torch.testing.assert_close(ours.mean, theirs.mean, rtol=0, atol=1e-8)
+        torch.testing.assert_close(ours.variance, theirs.variance, rtol=0, atol=1e-8)
+    assert blr.log_marginal_likelihood.item() == pytest.approx(gp.log_marginal_likelihood.item(), abs=1e-8)
+
+
+def test_learned_hyperparameters_reach_scikit_learns_marginal_likelihood(gp_data):
+    from sklearn.gaussian_process import GaussianProcessRegressor
+    from sklearn.gaussian_process.kernels import RBF, ConstantKernel, WhiteKernel
+
+    X, y = gp_data
+    reference = GaussianProcessRegressor(
+        ConstantKernel(1.0) * RBF(1.0) + WhiteKernel(1.0), n_restarts_optimizer=0
+    ).fit(X.numpy(), y.numpy())
+    ours = aml.fit(GaussianProcess(mean="zero"), X, y)
+    theirs = reference.log_marginal_likelihood_value_
+    # Equal or better, within 1e-3 relative.
+    assert ours.log_marginal_likelihood.item() >= theirs - 1e-3 * abs(theirs)
+
+
+def test_standardised_and_normalised_fit_predicts_on_the_original_scale(gp_data):
+    X, y = gp_data
+    shifted = 100 + 50 * y
+    post = aml.fit(GaussianProcess(normalize_inputs=True, standardize_outputs=True), 10 * X, shifted)
+    residual = post.predict(10 * X).mean - shifted
+    assert residual.abs().max().item() < 50 * 0.5  # within a few noise sds on the 50x scale
+
+
+@pytest.mark.parametrize(
+    "kernel",
+    [
+        ScaleKernel(RBFKernel(ard_num_dims=3)) + LinearKernel(),
+        (RBFKernel() + LinearKernel()) * PeriodicKernel(),
+        ScaleKernel(MaternKernel(nu=0.5)) * MaternKernel(nu=1.5) + MaternKernel(nu=2.5),
+        PolynomialKernel(power=3) + ScaleKernel(RBFKernel()),
+    ],
+    ids=["ard+linear", "(rbf+linear)*periodic", "matern-mix", "poly+rbf"],
+)
+def test_composite_kernels_stay_positive_semi_definite(kernel):
+    """The closure rules of AML §6.1: sums, products and positive scalings of kernels."""
+    X = torch.randn(60, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    gram = kernel.double()(X).to_dense().detach()
+    eigenvalues = torch.linalg.eigvalsh(gram)
+    assert eigenvalues.min().item() >= -1e-9 * eigenvalues.max().item()
+
+
+def test_sigmoid_kernel_is_not_psd_and_fails_clearly():
+    """Errata 4: tanh(κ xᵀx' + b) can have negative eigenvalues; the error says so."""
+    X = torch.linspace(-3, 3, 25, dtype=torch.float64)[:, None]
+    kernel = SigmoidKernel().double()
+    kernel.initialize(raw_slope=torch.tensor([[3.0]]), raw_offset=torch.tensor([[-2.0]]))
+    assert torch.linalg.eigvalsh(kernel(X).to_dense().detach()).min() < -1e-3
+    with pytest.raises(aml.ModelFittingError, match="not positive definite.*sigmoid"):
+        aml.fit(GaussianProcess(kernel, mean="zero", noise=0.0), X, torch.sin(X[:, 0]), engine=Exact(learn=False))
+
+
+def test_botorch_model_matches_and_optimises_qlogei(gp_data):
+    from botorch.acquisition import qLogExpectedImprovement
+    from botorch.optim import optimize_acqf
+
+    X, y = gp_data
+    post = aml.fit(GaussianProcess(standardize_outputs=True), X, y)
+    model = post.to_botorch()
+    X_new = torch.rand(9, 2, dtype=torch.float64) * 4
+    with torch.no_grad():
+        theirs = model.posterior(X_new, observation_noise=False)
+    latent = post.predict(X_new, site="f")
+    torch.testing.assert_close(theirs.mean[:, 0], latent.mean, rtol=0, atol=1e-6)
+    torch.testing.assert_close(theirs.variance[:, 0], latent.variance, rtol=0, atol=1e-6)
+    acquisition = qLogExpectedImprovement(model, best_f=y.max())
+    bounds = torch.tensor([[0.0, 0.0], [4.0, 4.0]], dtype=torch.float64)
+    candidate, value = optimize_acqf(acquisition, bounds, q=2, num_restarts=2, raw_samples=32)
+    assert candidate.shape == (2, 2) and torch.isfinite(value)
+
+
+def test_nuts_over_hyperparameters_runs_and_exports(gp_data):
+    X, y = gp_data
+    post = aml.fit(GaussianProcess(), X[:20], y[:20], seed=0,
+                   engine=NUTS(num_samples=30, warmup_steps=30, progress_bar=False))
+    assert set(post.latent_sites) == {
+        "likelihood.noise_covar.noise", "mean_module.constant",
+        "covar_module.outputscale", "covar_module.base_kernel.lengthscale",
+    }
+    idata = post.to_arviz()
+    assert idata.log_likelihood["obs"].shape == (1, 30)  # one joint MVN observation per draw
+    assert "covar_module.outputscale" in aml.analysis.summary(post).index
+
+
+def test_save_and_load_need_the_model(gp_data, tmp_path):
+    X, y = gp_data
+    model = GaussianProcess()
+    post = aml.fit(model, X, y)
+    post.save(tmp_path / "gp.pt")
+    with pytest.raises(aml.InputDataError, match="model="):
+        aml.load(tmp_path / "gp.pt")
+    loaded = aml.load(tmp_path / "gp.pt", model=model)
+    torch.testing.assert_close(loaded.predict(X[:5]).mean, post.predict(X[:5]).mean)
+
+
+def test_bad_gp_input(gp_data):
+    X, y = gp_data
+    with pytest.raises(aml.InputDataError, match="`X`"):
+        aml.fit(GaussianProcess(), torch.full((3, 2), float("nan")), torch.ones(3))
+    with pytest.raises(aml.InputDataError, match="duplicate"):
+        aml.fit(GaussianProcess(noise=0.0), torch.ones(3, 2), torch.ones(3))
+    with pytest.raises(aml.InputDataError, match="rows but `y`"):
+        aml.fit(GaussianProcess(), X, y[:5])
+    with pytest.raises(aml.InputDataError, match="ard_num_dims = 3"):
+        aml.fit(GaussianProcess(ScaleKernel(RBFKernel(ard_num_dims=3))), X, y)
