@@ -106,6 +106,21 @@ def isolated_param_store() -> Iterator[None]:
         yield
 
 
+@contextmanager
+def evaluation_mode(model: Callable) -> Iterator[None]:
+    r"""Put a model that is a torch module in ``eval()`` mode (no minibatching, as in
+    torch), restoring its mode afterwards."""
+    if not isinstance(model, torch.nn.Module):
+        yield
+        return
+    was_training = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(was_training)
+
+
 class Posterior(ABC):
     r"""The result of ``aml_ppl.fit``: the same surface for every engine.
 
@@ -140,7 +155,8 @@ class Posterior(ABC):
         self.engine = engine
         self.history = torch.as_tensor(history, dtype=torch.float64)
         self.objective = objective
-        trace = structure_trace(self._evaluation_model(), args, kwargs)
+        with evaluation_mode(model):
+            trace = structure_trace(self._evaluation_model(), args, kwargs)
         self.observed_sites = [
             name for name, site in trace.nodes.items() if _is_observation(site)
         ]
@@ -222,8 +238,18 @@ class Posterior(ABC):
             **kwargs: The model's keyword arguments.
         """
         check_count("num_samples", num_samples)
-        site = self._observed_site(site)
         args, kwargs = self._arguments(args, kwargs)
+        conditionals = self._conditional_predictives(num_samples, site, args, kwargs)
+        if conditionals is not None:  # a mixture of Gaussians, one per posterior draw
+            means = torch.stack([normal.mean for normal in conditionals])
+            variances = torch.stack([normal.variance for normal in conditionals])
+            samples = torch.stack([normal.sample() for normal in conditionals])
+            return Prediction(
+                mean=means.mean(0),
+                variance=variances.mean(0) + means.var(0, correction=0),
+                samples=samples,
+            )
+        site = self._observed_site(site)
         samples = self._replay(self.sample(num_samples), args, kwargs, num_samples)[0][site]
         return Prediction(
             mean=samples.mean(0), variance=samples.var(0, correction=0), samples=samples
@@ -242,12 +268,35 @@ class Posterior(ABC):
             holds the per-draw terms).
         """
         check_count("num_samples", num_samples)
-        site = self._observed_site(site)
         args, kwargs = self._arguments(args, kwargs)
-        log_likelihood = self._replay(self.sample(num_samples), args, kwargs, num_samples)[1]
-        if site not in log_likelihood:
+        site = self._observed_site(site)
+        replayed = self._replay(self.sample(num_samples), args, kwargs, num_samples)
+        if site not in replayed[2]:
             raise InputDataError(f"the arguments hold no observations for site {site!r}.")
-        return torch.logsumexp(log_likelihood[site], 0) - math.log(num_samples)
+        conditionals = self._conditional_predictives(num_samples, site, args, kwargs)
+        if conditionals is not None:
+            observed = replayed[2][site]
+            terms = torch.stack([normal.log_prob(observed) for normal in conditionals])
+        else:
+            terms = replayed[1][site]
+        return torch.logsumexp(terms, 0) - math.log(num_samples)
+
+    def _conditional_predictives(
+        self, num_samples: int, site: str | None, args: tuple, kwargs: dict
+    ) -> list[Any] | None:
+        r"""Per posterior draw, the model's predictive given that draw and the fitting data,
+        for models with a ``conditional_predictive`` capability (a GP); else ``None``."""
+        conditional = getattr(self.model, "conditional_predictive", None)
+        if not callable(conditional):
+            return None
+        draws = self.sample(num_samples)
+        results = []
+        with torch.no_grad():
+            for index in range(num_samples):
+                values = {name: value[index] for name, value in draws.items()}
+                predictives = conditional(values, self.data_args, *args, **kwargs)
+                results.append(predictives[site if site in predictives else self._observed_site(site)])
+        return results
 
     def credible_interval(
         self, site: str, level: float = 0.95, num_samples: int = 4000
@@ -347,7 +396,7 @@ class Posterior(ABC):
         predictive: dict[str, list] = defaultdict(list)
         log_likelihood: dict[str, list] = defaultdict(list)
         observed: dict[str, torch.Tensor] = {}
-        with isolated_param_store(), torch.no_grad():
+        with isolated_param_store(), torch.no_grad(), evaluation_mode(self.model):
             for index in range(num_draws):
                 values = {name: value[index] for name, value in draws.items()}
                 trace = poutine.trace(poutine.condition(model, values)).get_trace(*args, **kwargs)

@@ -1,7 +1,7 @@
 r"""What we believe generated the data: Pyro generative models with guides."""
 
 from aml_ppl.models.base import GaussianLatents, Model
-from aml_ppl.models.gp import GaussianProcess
+from aml_ppl.models.gp import GaussianProcess, SparseGaussianProcess
 from aml_ppl.models.kernels import SigmoidKernel
 from aml_ppl.models.linear import BayesianLinearRegression
 from aml_ppl.models.mixture import CollapsedComponentWarning, GaussianMixture
@@ -14,4 +14,5 @@ __all__ = [
     "GaussianProcess",
     "Model",
     "SigmoidKernel",
+    "SparseGaussianProcess",
 ]

@@ -13,7 +13,7 @@ import torch
 from gpytorch.constraints import GreaterThan
 from torch.func import functional_call
 
-from aml_ppl._data import check_float_tensor
+from aml_ppl._data import check_count, check_float_tensor
 from aml_ppl.errors import InputDataError, ModelFittingError
 from aml_ppl.models.base import GaussianLatents, Model
 
@@ -52,63 +52,17 @@ class _Moments(torch.nn.Module):
         return self.gp.moments(*args, **kwargs)
 
 
-class GaussianProcess(Model):
-    r"""A Gaussian-process regression model (notes AML §6).
+class _GaussianProcessBase(Model):
+    r"""What exact and sparse GPs share: the GPyTorch modules, hyperparameter sites, validation."""
 
-    .. math::
-
-        f \sim \mathcal{GP}(m, k), \qquad y \mid X \sim \mathcal{N}(m(X), K(X, X) + \sigma^2 I),
-
-    with predictive (AML §6.2)
-
-    .. math::
-
-        y_* \mid x_*, X, y \sim \mathcal{N}\big(m(x_*) + k^\top (K + \sigma^2 I)^{-1}(y - m(X)),\;
-        c - k^\top (K + \sigma^2 I)^{-1} k + \sigma^2\big),
-
-    :math:`k = k(X, x_*)`, :math:`c = k(x_*, x_*)`; site ``"f"`` of the exact
-    predictive leaves out :math:`\sigma^2`. The mean, kernel and likelihood are a
-    GPyTorch ``ExactGP``'s; any GPyTorch kernel and their sums, products and
-    ``ScaleKernel`` scalings work (:mod:`aml_ppl.models.kernels` adds the sigmoid
-    kernel). As a Pyro program each hyperparameter is a site named after its
-    constrained GPyTorch name (``"covar_module.base_kernel.lengthscale"``) with a
-    prior (log-normal for positive ones, normal otherwise, or your own), and
-    ``"obs"`` is the marginal :math:`\mathcal{N}(m, K + \sigma^2 I)`; so NUTS, MAP
-    and SVI run it. The ``"exact"`` engine maximises the log marginal likelihood
-    (type-II maximum likelihood) by L-BFGS, in float64, with the optional input
-    normalisation and output standardisation, and a Cholesky that retries with
-    growing jitter before it fails with advice.
-
-    Args:
-        kernel: A GPyTorch kernel; ``ScaleKernel(RBFKernel())`` by default.
-        mean: ``"constant"`` or ``"zero"``.
-        noise: A fixed noise variance :math:`\sigma^2` (0 allowed), or ``None`` to learn it.
-        noise_floor: Lower bound on a learned noise variance.
-        normalize_inputs: Scale inputs to the unit cube of the training data (exact engine).
-        standardize_outputs: Standardise ``y`` to mean 0, sd 1 (exact engine).
-        priors: Site name to a Pyro distribution, overriding the default priors.
-
-    Example:
-        >>> import torch, aml_ppl as aml
-        >>> X = torch.linspace(0, 5, 30, dtype=torch.float64)[:, None]; y = torch.sin(X[:, 0])
-        >>> post = aml.fit(aml.models.GaussianProcess(), X, y, engine="exact")
-        >>> post.predict(X[:2]).mean.shape
-        torch.Size([2])
-    """
-
-    default_engine: ClassVar[str] = "exact"
-
-    def __init__(
+    def _setup(
         self,
-        kernel: gpytorch.kernels.Kernel | None = None,
-        mean: str = "constant",
-        noise: float | None = None,
-        noise_floor: float = 1e-6,
-        normalize_inputs: bool = False,
-        standardize_outputs: bool = False,
-        priors: dict[str, dist.Distribution] | None = None,
+        kernel: gpytorch.kernels.Kernel | None,
+        mean: str,
+        noise: float | None,
+        noise_floor: float,
+        priors: dict[str, dist.Distribution] | None,
     ) -> None:
-        super().__init__()
         if mean not in ("constant", "zero"):
             raise InputDataError(f"`mean` must be 'constant' or 'zero'; got {mean!r}.")
         if noise is not None and not noise >= 0:
@@ -119,17 +73,15 @@ class GaussianProcess(Model):
         mean_module = gpytorch.means.ConstantMean() if mean == "constant" else gpytorch.means.ZeroMean()
         likelihood = gpytorch.likelihoods.GaussianLikelihood(noise_constraint=GreaterThan(noise_floor))
         gp = _ExactGPModule(mean_module, kernel, likelihood).double()
+        if noise is not None:
+            gp.likelihood.raw_noise.requires_grad_(False)
         # Kept out of PyroModule's registry: these parameters are hyperparameter *sites*
         # of the Pyro program (evaluated by functional_call), never pyro.param statements.
         object.__setattr__(self, "gp", gp)
         object.__setattr__(self, "_moments", _Moments(gp))
-        if noise is not None:
-            self.gp.likelihood.raw_noise.requires_grad_(False)
         self.mean = mean
         self.noise = noise
         self.noise_floor = noise_floor
-        self.normalize_inputs = normalize_inputs
-        self.standardize_outputs = standardize_outputs
         self.priors = dict(priors or {})
 
     def get_config(self) -> None:
@@ -186,8 +138,6 @@ class GaussianProcess(Model):
             return values["likelihood.noise_covar.noise"]
         return torch.tensor(self.noise, dtype=torch.float64)
 
-    # -- the Pyro program -------------------------------------------------------------------
-
     def validate(self, X: Any, y: Any = None) -> tuple[tuple, dict]:
         r"""Check ``X`` (``n x d``), ``y`` (``n``), the kernel's input dimension, and that
         zero noise does not meet duplicate inputs."""
@@ -210,35 +160,110 @@ class GaussianProcess(Model):
                 )
         return (X, y), {}
 
-    def model(self, X: torch.Tensor, y: torch.Tensor | None = None) -> None:
-        values = {
+
+    def _sample_hyperparameters(self) -> dict[str, torch.Tensor]:
+        return {
             site: pyro.sample(site, self._prior(site, value, self.hyperparameters()[site][1]))
             for site, value in self.current_values().items()
         }
+
+    def _hyperparameter_points(self) -> None:
+        r"""Guide part: a point mass per hyperparameter, started at its current value."""
+        for site, value in self.current_values().items():
+            support = constraints_for(self.hyperparameters()[site][1])
+            point = pyro.param(f"{type(self).__name__}.{site}", value.clone(), constraint=support)
+            pyro.sample(site, dist.Delta(point, event_dim=value.dim()))
+
+
+class GaussianProcess(_GaussianProcessBase):
+    r"""A Gaussian-process regression model (notes AML §6).
+
+    .. math::
+
+        f \sim \mathcal{GP}(m, k), \qquad y \mid X \sim \mathcal{N}(m(X), K(X, X) + \sigma^2 I),
+
+    with predictive (AML §6.2)
+
+    .. math::
+
+        y_* \mid x_*, X, y \sim \mathcal{N}\big(m(x_*) + k^\top (K + \sigma^2 I)^{-1}(y - m(X)),\;
+        c - k^\top (K + \sigma^2 I)^{-1} k + \sigma^2\big),
+
+    :math:`k = k(X, x_*)`, :math:`c = k(x_*, x_*)`; site ``"f"`` of the exact
+    predictive leaves out :math:`\sigma^2`. The mean, kernel and likelihood are a
+    GPyTorch ``ExactGP``'s; any GPyTorch kernel and their sums, products and
+    ``ScaleKernel`` scalings work (:mod:`aml_ppl.models.kernels` adds the sigmoid
+    kernel). As a Pyro program each hyperparameter is a site named after its
+    constrained GPyTorch name (``"covar_module.base_kernel.lengthscale"``) with a
+    prior (log-normal for positive ones, normal otherwise, or your own), and
+    ``"obs"`` is the marginal :math:`\mathcal{N}(m, K + \sigma^2 I)`; so NUTS, MAP
+    and SVI run it. The ``"exact"`` engine maximises the log marginal likelihood
+    (type-II maximum likelihood) by L-BFGS, in float64, with the optional input
+    normalisation and output standardisation, and a Cholesky that retries with
+    growing jitter before it fails with advice.
+
+    Args:
+        kernel: A GPyTorch kernel; ``ScaleKernel(RBFKernel())`` by default.
+        mean: ``"constant"`` or ``"zero"``.
+        noise: A fixed noise variance :math:`\sigma^2` (0 allowed), or ``None`` to learn it.
+        noise_floor: Lower bound on a learned noise variance.
+        normalize_inputs: Scale inputs to the unit cube of the training data (exact engine).
+        standardize_outputs: Standardise ``y`` to mean 0, sd 1 (exact engine).
+        priors: Site name to a Pyro distribution, overriding the default priors.
+
+    Example:
+        >>> import torch, aml_ppl as aml
+        >>> X = torch.linspace(0, 5, 30, dtype=torch.float64)[:, None]; y = torch.sin(X[:, 0])
+        >>> post = aml.fit(aml.models.GaussianProcess(), X, y, engine="exact")
+        >>> post.predict(X[:2]).mean.shape
+        torch.Size([2])
+    """
+
+    default_engine: ClassVar[str] = "exact"
+
+    def __init__(
+        self,
+        kernel: gpytorch.kernels.Kernel | None = None,
+        mean: str = "constant",
+        noise: float | None = None,
+        noise_floor: float = 1e-6,
+        normalize_inputs: bool = False,
+        standardize_outputs: bool = False,
+        priors: dict[str, dist.Distribution] | None = None,
+    ) -> None:
+        super().__init__()
+        self._setup(kernel, mean, noise, noise_floor, priors)
+        self.normalize_inputs = normalize_inputs
+        self.standardize_outputs = standardize_outputs
+
+    # -- the Pyro program -------------------------------------------------------------------
+
+    def model(self, X: torch.Tensor, y: torch.Tensor | None = None) -> None:
+        values = self._sample_hyperparameters()
         mean, covariance = self._module_call(values, X)
         covariance = covariance + self._noise(values) * torch.eye(X.shape[0], dtype=X.dtype, device=X.device)
         pyro.sample("obs", dist.MultivariateNormal(mean, scale_tril=robust_cholesky(covariance)), obs=y)
 
     def guide(self, X: torch.Tensor, y: torch.Tensor | None = None) -> None:
         r"""Point masses on the hyperparameters (type-II MAP under SVI)."""
-        for site, value in self.current_values().items():
-            constraint = self.hyperparameters()[site][1]
-            support = constraints_for(constraint)
-            point = pyro.param(f"GaussianProcess.{site}", value.clone(), constraint=support)
-            pyro.sample(site, dist.Delta(point, event_dim=value.dim()))
+        self._hyperparameter_points()
 
     # -- the exact engine --------------------------------------------------------------------
 
-    def _transforms(self, X: torch.Tensor, y: torch.Tensor) -> dict[str, torch.Tensor]:
+    @staticmethod
+    def _transforms(
+        X: torch.Tensor, y: torch.Tensor, normalize: bool, standardize: bool
+    ) -> dict[str, torch.Tensor]:
+        r"""Offsets and scales of the input normalisation and output standardisation."""
         d = X.shape[1]
         stats = {
             "x_offset": X.new_zeros(d), "x_scale": X.new_ones(d),
             "y_offset": y.new_zeros(()), "y_scale": y.new_ones(()),
         }
-        if self.normalize_inputs:
+        if normalize:
             low, high = X.min(0).values, X.max(0).values
             stats["x_offset"], stats["x_scale"] = low, torch.where(high > low, high - low, 1.0)
-        if self.standardize_outputs:
+        if standardize:
             stats["y_offset"] = y.mean()
             stats["y_scale"] = y.std() if y.numel() > 1 and y.std() > 0 else y.new_ones(())
         return stats
@@ -252,18 +277,47 @@ class GaussianProcess(Model):
         Returns:
             ``(log_marginal_likelihood, cholesky, weights)``, weights :math:`(K+\sigma^2I)^{-1} r`.
         """
-        n = X.shape[0]
         mean, covariance = self._module_call(values, X)
-        covariance = covariance + self._noise(values) * torch.eye(n, dtype=X.dtype, device=X.device)
+        eye = torch.eye(X.shape[0], dtype=X.dtype, device=X.device)
+        return self._log_density(mean, covariance + self._noise(values) * eye, y)
+
+    @staticmethod
+    def _log_density(
+        mean: torch.Tensor, covariance: torch.Tensor, y: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         cholesky = robust_cholesky(covariance)
         residual = (y - mean)[:, None]
         weights = torch.cholesky_solve(residual, cholesky)[:, 0]
         value = (
             -0.5 * (residual[:, 0] @ weights)
             - torch.log(torch.diagonal(cholesky)).sum()
-            - 0.5 * n * math.log(2 * math.pi)
+            - 0.5 * y.shape[0] * math.log(2 * math.pi)
         )
         return value, cholesky, weights
+
+    def _value_and_gradient_surrogate(
+        self, values: dict[str, torch.Tensor], X: torch.Tensor, y: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        r"""The log marginal likelihood, and a surrogate with the same gradient that
+        autograd differentiates through the kernel only, not through the Cholesky:
+
+        .. math::
+
+            \frac{\partial \log p}{\partial A} = \tfrac12(\alpha\alpha^\top - A^{-1}), \quad
+            \frac{\partial \log p}{\partial m} = \alpha, \qquad
+            A = K + \sigma^2 I,\ \alpha = A^{-1}(y - m),
+
+        so :math:`\sum_{ij} W_{ij} A_{ij} + \alpha^\top m` with :math:`W` held fixed
+        has the gradient of :math:`\log p`.
+        """
+        mean, covariance = self._module_call(values, X)
+        noise = self._noise(values)
+        with torch.no_grad():
+            eye = torch.eye(X.shape[0], dtype=X.dtype, device=X.device)
+            value, cholesky, weights = self._log_density(mean, covariance + noise * eye, y)
+            sensitivity = 0.5 * (torch.outer(weights, weights) - torch.cholesky_inverse(cholesky))
+        surrogate = (sensitivity * covariance).sum() + noise * sensitivity.trace() + weights @ mean
+        return value, surrogate
 
     def exact_posterior(
         self, X: torch.Tensor, y: torch.Tensor | None = None, max_iter: int = 200, learn: bool = True
@@ -279,7 +333,7 @@ class GaussianProcess(Model):
         """
         if y is None:
             raise InputDataError("the exact GP posterior needs observations `y`.")
-        stats = self._transforms(X, y)
+        stats = self._transforms(X, y, self.normalize_inputs, self.standardize_outputs)
         X_in = (X - stats["x_offset"]) / stats["x_scale"]
         y_in = (y - stats["y_offset"]) / stats["y_scale"]
         start = self.current_values()
@@ -294,28 +348,50 @@ class GaussianProcess(Model):
 
         if learn and raw:
             optimizer = torch.optim.LBFGS(
+                # scipy L-BFGS-B's defaults in spirit (scikit-learn's optimiser): gradient
+                # 1e-5, objective change 1e-7 nats.
                 list(raw.values()), max_iter=max_iter, line_search_fn="strong_wolfe",
-                tolerance_grad=1e-9, tolerance_change=1e-12, history_size=20,
+                tolerance_grad=1e-5, tolerance_change=1e-7, history_size=20,
             )
 
             def closure() -> torch.Tensor:
                 optimizer.zero_grad()
-                loss = -self.log_marginal_likelihood(values(), X_in, y_in)[0]
-                loss.backward()
-                history.append(-loss.item())
-                return loss
+                value, surrogate = self._value_and_gradient_surrogate(values(), X_in, y_in)
+                (-surrogate).backward()
+                history.append(value.item())
+                return -value
 
             optimizer.step(closure)
+        fitted = {site: value.detach() for site, value in values().items()}
+        return self._conditioned(fitted, X_in, y_in, stats, history)
+
+    def _conditioned(
+        self,
+        values: dict[str, torch.Tensor],
+        X_in: torch.Tensor,
+        y_in: torch.Tensor,
+        stats: dict[str, torch.Tensor],
+        history: list[float],
+    ) -> GaussianLatents:
+        r"""The predictive's statistics at hyperparameters ``values`` on transformed data."""
         with torch.no_grad():
-            fitted = {site: value.detach() for site, value in values().items()}
-            value, cholesky, weights = self.log_marginal_likelihood(fitted, X_in, y_in)
+            value, cholesky, weights = self.log_marginal_likelihood(values, X_in, y_in)
         history.append(value.item())
-        log_evidence = value - y.numel() * torch.log(stats["y_scale"])  # back on y's own scale
+        log_evidence = value - y_in.numel() * torch.log(stats["y_scale"])  # back on y's own scale
         return GaussianLatents(
-            loc={}, covariance={}, fixed=fitted, log_marginal_likelihood=log_evidence,
+            loc={}, covariance={}, fixed=values, log_marginal_likelihood=log_evidence,
             history=history,
             statistics={"train_inputs": X_in, "cholesky": cholesky, "weights": weights, **stats},
         )
+
+    def conditional_predictive(
+        self, values: dict[str, torch.Tensor], train_args: tuple, X: torch.Tensor, y: torch.Tensor | None = None
+    ) -> dict[str, dist.Normal]:
+        r"""The exact predictive at ``X`` given one draw of the hyperparameters and the
+        training data: averaged over draws, the fully Bayesian predictive (NUTS)."""
+        X_train, y_train = train_args
+        identity = self._transforms(X_train, y_train, normalize=False, standardize=False)
+        return self.exact_predictive(self._conditioned(values, X_train, y_train, identity, []), X)
 
     def exact_predictive(
         self, latents: GaussianLatents, X: torch.Tensor, y: torch.Tensor | None = None
@@ -362,6 +438,98 @@ class GaussianProcess(Model):
         )
         model.eval()
         return model
+
+
+class SparseGaussianProcess(_GaussianProcessBase):
+    r"""A sparse variational GP with inducing points, for SVI on large ``n``.
+
+    With inducing inputs :math:`Z` (``num_inducing`` of them, learned, started at a
+    random subset of ``X``) and inducing values :math:`u = f(Z) = m(Z) + L v`,
+    :math:`LL^\top = K_{ZZ}` (whitened: the prior of the site ``"inducing_values"``,
+    :math:`v`, stays fixed while the hyperparameters move):
+
+    .. math::
+
+        v \sim \mathcal{N}(0, I), \qquad
+        y_i \mid v \sim \mathcal{N}\big(m(x_i) + (L^{-1}k_i)^\top v,\;
+        k_{ii} - k_i^\top K_{ZZ}^{-1} k_i + \sigma^2\big),
+
+    :math:`k_i = k(Z, x_i)`: the latent :math:`f_i` is summed out given :math:`u`
+    (a FITC-style conditional), so the ELBO of the guide
+    :math:`q(v) = \mathcal{N}(\mu, S)` (full rank) needs no sample of :math:`f`, and
+    ``subsample_size`` gives minibatches. The hyperparameters get point masses, as
+    in :class:`GaussianProcess`'s guide. As ``num_inducing`` grows to ``n`` the
+    predictive approaches the exact GP's (AML §6.2). Predictions average the
+    conditional over draws of :math:`u`.
+
+    Args:
+        kernel: A GPyTorch kernel; ``ScaleKernel(RBFKernel())`` by default.
+        num_inducing: Number of inducing points.
+        subsample_size: Minibatch size while fitting (``training`` mode); posteriors
+            replay the model in ``eval()`` mode, on all points. ``None``: no minibatches.
+        mean, noise, noise_floor, priors: As for :class:`GaussianProcess`.
+
+    Example:
+        >>> import torch, aml_ppl as aml
+        >>> X = torch.linspace(0, 5, 200, dtype=torch.float64)[:, None]; y = torch.sin(X[:, 0])
+        >>> engine = aml.inference.SVI(num_steps=20, lr=0.05, progress_bar=False)
+        >>> post = aml.fit(aml.models.SparseGaussianProcess(num_inducing=10), X, y, engine=engine)
+        >>> post.predict(X[:2], num_samples=10).mean.shape
+        torch.Size([2])
+    """
+
+    default_engine: ClassVar[str] = "svi"
+
+    def __init__(
+        self,
+        kernel: gpytorch.kernels.Kernel | None = None,
+        num_inducing: int = 64,
+        subsample_size: int | None = None,
+        mean: str = "constant",
+        noise: float | None = None,
+        noise_floor: float = 1e-6,
+        priors: dict[str, dist.Distribution] | None = None,
+    ) -> None:
+        super().__init__()
+        self._setup(kernel, mean, noise, noise_floor, priors)
+        self.num_inducing = check_count("num_inducing", num_inducing)
+        self.subsample_size = subsample_size
+
+    def _inducing_inputs(self, X: torch.Tensor) -> torch.Tensor:
+        def start() -> torch.Tensor:
+            count = min(self.num_inducing, X.shape[0])
+            return X[torch.randperm(X.shape[0], device=X.device)[:count]].clone()
+
+        return pyro.param("SparseGaussianProcess.inducing_inputs", start)
+
+    def model(self, X: torch.Tensor, y: torch.Tensor | None = None) -> None:
+        values = self._sample_hyperparameters()
+        inducing = self._inducing_inputs(X)
+        chol = robust_cholesky(self._module_call(values, inducing)[1], "K(Z, Z)")
+        whitened = pyro.sample(  # u = m(Z) + L v
+            "inducing_values", dist.Normal(X.new_zeros(inducing.shape[0]), 1.0).to_event(1)
+        )
+        minibatch = self.subsample_size if self.training else None  # posteriors replay in eval()
+        with pyro.plate("data", X.shape[0], subsample_size=minibatch) as index:
+            X_batch = X[index]
+            mean, prior_variance = self._module_call(values, X_batch, diag=True)
+            cross = self._module_call(values, inducing, X_batch)[1]
+            projected = torch.linalg.solve_triangular(chol, cross, upper=False)
+            loc = mean + (projected * whitened[..., None]).sum(-2)
+            variance = (prior_variance - projected.square().sum(-2)).clamp_min(0) + self._noise(values)
+            pyro.sample("obs", dist.Normal(loc, variance.sqrt()), obs=None if y is None else y[index])
+
+    def guide(self, X: torch.Tensor, y: torch.Tensor | None = None) -> None:
+        r"""Point masses on the hyperparameters; a full-rank Gaussian :math:`q(v)`."""
+        self._hyperparameter_points()
+        count = min(self.num_inducing, X.shape[0])
+        loc = pyro.param("SparseGaussianProcess.inducing_loc", lambda: X.new_zeros(count))
+        scale_tril = pyro.param(
+            "SparseGaussianProcess.inducing_scale_tril",
+            lambda: 0.1 * torch.eye(count, dtype=X.dtype, device=X.device),
+            constraint=dist.constraints.lower_cholesky,
+        )
+        pyro.sample("inducing_values", dist.MultivariateNormal(loc, scale_tril=scale_tril))
 
 
 def _constrained(raw: torch.Tensor, constraint: Any) -> torch.Tensor:

@@ -172,3 +172,46 @@ def test_bad_gp_input(gp_data):
         aml.fit(GaussianProcess(), X, y[:5])
     with pytest.raises(aml.InputDataError, match="ard_num_dims = 3"):
         aml.fit(GaussianProcess(ScaleKernel(RBFKernel(ard_num_dims=3))), X, y)
+
+
+def test_fully_bayesian_predictive_is_the_mixture_over_draws(gp_data):
+    """NUTS over hyperparameters: mean of the per-draw exact means, variance by total variance."""
+    X, y = gp_data
+    model = GaussianProcess()
+    post = aml.fit(model, X[:20], y[:20], seed=1, engine=NUTS(num_samples=20, warmup_steps=30, progress_bar=False))
+    X_new = X[20:25]
+    prediction = post.predict(X_new, num_samples=20)
+    draws = post.sample(20)
+    normals = [
+        model.conditional_predictive({k: v[i] for k, v in draws.items()}, (X[:20], y[:20]), X_new)["obs"]
+        for i in range(20)
+    ]
+    means = torch.stack([normal.mean for normal in normals])
+    torch.testing.assert_close(prediction.mean, means.mean(0))
+    expected = torch.stack([normal.variance for normal in normals]).mean(0) + means.var(0, correction=0)
+    torch.testing.assert_close(prediction.variance, expected)
+    # It conditions on the data: held-out points are predicted far better than by the prior sd.
+    assert (prediction.mean - y[20:25]).abs().max() < 0.5
+    assert torch.isfinite(post.log_prob(X_new, y[20:25], num_samples=20)).all()
+
+
+def test_sparse_svi_gp_approaches_the_exact_gp():
+    """3000 points, 32 inducing points, minibatches of 256: the sparse predictive is near
+    the exact GP's (fitted on 1000 of the points; the function is smooth)."""
+    from aml_ppl.inference import SVI
+    from aml_ppl.models import SparseGaussianProcess
+
+    generator = torch.Generator().manual_seed(0)
+    X = torch.rand(3000, 1, dtype=torch.float64, generator=generator) * 10
+    y = torch.sin(X[:, 0]) + 0.3 * torch.cos(3 * X[:, 0]) + 0.1 * torch.randn(3000, dtype=torch.float64, generator=generator)
+    exact = aml.fit(GaussianProcess(), X[:1000], y[:1000]).predict(torch.linspace(0.2, 9.8, 40, dtype=torch.float64)[:, None])
+    sparse_post = aml.fit(
+        SparseGaussianProcess(num_inducing=32, subsample_size=256), X, y, seed=0,
+        engine=SVI(num_steps=1500, lr=0.02, progress_bar=False),
+    )
+    sparse = sparse_post.predict(torch.linspace(0.2, 9.8, 40, dtype=torch.float64)[:, None], num_samples=200)
+    # Means within the noise sd 0.1; predictive sds within 40 % (seed 0: 0.05 and 26 %).
+    assert (sparse.mean - exact.mean).abs().max() < 0.1
+    assert ((sparse.stddev / exact.stddev) - 1).abs().max() < 0.4
+    with pytest.raises(aml.IncompatibleEngineError, match="svi"):
+        aml.fit(SparseGaussianProcess(), X[:10], y[:10], engine="exact")
