@@ -13,5 +13,6 @@ def test_demo_runs_and_saves_its_figure(tmp_path, capsys):
     demo.main(["--out", str(tmp_path), "--smoke"])
     assert (tmp_path / "blr_predictive.png").stat().st_size > 10_000
     assert (tmp_path / "anomaly_roc.png").stat().st_size > 10_000
+    assert (tmp_path / "gp_co2.png").stat().st_size > 10_000
     printed = capsys.readouterr().out
     assert "beta[0]" in printed and "AUROC" in printed
