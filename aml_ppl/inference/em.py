@@ -8,6 +8,7 @@ from typing import Any, Callable, ClassVar
 
 import torch
 from pyro import poutine
+from torch.distributions import biject_to
 from tqdm.auto import tqdm
 
 from aml_ppl._data import check_count
@@ -189,8 +190,12 @@ class EM(Engine):
         n_init: Restarts; the run with the highest final log-likelihood is kept.
         init: ``"kmeans++"``, ``"random"`` or a dict of starting parameters.
         hard: Hard EM: assign each point to its most likely component.
-        bootstrap: Bootstrap replicates (AML §7.1) for ``to_arviz`` uncertainty;
-            0 exports the point estimate.
+        uncertainty: What ``sample`` and ``to_arviz`` draw: ``"point"`` (the
+            estimate), ``"fisher"`` (the asymptotic Gaussian :math:`\mathcal{N}(\hat\theta,
+            H^{-1})`, :math:`H` the observed information, AML §3: :math:`\sqrt n(\hat\theta -
+            \theta) \to \mathcal{N}(0, I(\theta)^{-1})`, errata 6) or ``"bootstrap"``
+            (refits on resampled points, AML §7.1).
+        num_replicates: Draws kept for ``"fisher"`` and ``"bootstrap"``.
         m_step_iterations: L-BFGS iterations per M-step on the generic path.
         progress_bar: Show a tqdm bar over iterations.
 
@@ -211,7 +216,8 @@ class EM(Engine):
         n_init: int = 1,
         init: str | dict[str, Any] = "kmeans++",
         hard: bool = False,
-        bootstrap: int = 0,
+        uncertainty: str = "point",
+        num_replicates: int = 200,
         m_step_iterations: int = 20,
         progress_bar: bool = False,
     ) -> None:
@@ -222,7 +228,12 @@ class EM(Engine):
         self.n_init = check_count("n_init", n_init)
         self.init = init
         self.hard = hard
-        self.bootstrap = check_count("bootstrap", bootstrap, minimum=0)
+        if uncertainty not in ("point", "fisher", "bootstrap"):
+            raise InputDataError(
+                f"`uncertainty` must be 'point', 'fisher' or 'bootstrap'; got {uncertainty!r}."
+            )
+        self.uncertainty = uncertainty
+        self.num_replicates = check_count("num_replicates", num_replicates)
         self.m_step_iterations = check_count("m_step_iterations", m_step_iterations)
         self.progress_bar = progress_bar
 
@@ -252,7 +263,11 @@ class EM(Engine):
         params, history, converged = best
         if callable(getattr(model, "em_check", None)):
             model.em_check(params)
-        replicates = self._bootstrap(model, X, params) if self.bootstrap else None
+        replicates = {
+            "point": lambda: None,
+            "fisher": lambda: self._fisher(model, X, params),
+            "bootstrap": lambda: self._bootstrap(model, X, params),
+        }[self.uncertainty]()
         return MixturePosterior(
             model, args, kwargs, params=params, replicates=replicates, converged=converged,
             engine=self.name, history=history,
@@ -291,12 +306,51 @@ class EM(Engine):
         r"""Refit on ``bootstrap`` resamples of the points, started at the estimate (AML §7.1)."""
         replicates: dict[str, list[torch.Tensor]] = {}
         n = X.shape[0]
-        for _ in range(self.bootstrap):
+        for _ in range(self.num_replicates):
             resample = X[torch.randint(n, (n,), device=X.device)]
             fitted = model.em_relabel(self._run(model, resample, params)[0])
             for name, value in model.em_sites(fitted).items():
                 replicates.setdefault(name, []).append(value)
         return {name: torch.stack(values) for name, values in replicates.items()}
+
+    def _fisher(self, model: Any, X: torch.Tensor, params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        r"""Draws from :math:`\mathcal{N}(\hat\theta_u, H^{-1})` in the unconstrained
+        coordinates :math:`\theta_u` of the global sites, with :math:`H = -\nabla^2 \log
+        p(X \mid \theta)` at the estimate (the marginal likelihood, ``z`` summed out)."""
+        sites = model.em_sites(params)
+        trace = structure_trace(model, (X,), {})
+        transforms = {name: biject_to(trace.nodes[name]["fn"].support) for name in sites}
+        pieces = {name: transforms[name].inv(value) for name, value in sites.items()}
+        shapes = {name: piece.shape for name, piece in pieces.items()}
+        estimate = torch.cat([piece.flatten() for piece in pieces.values()])
+        plates = max_plate_nesting(trace)
+
+        def unpack(vector: torch.Tensor) -> dict[str, torch.Tensor]:
+            values, start = {}, 0
+            for name, shape in shapes.items():
+                size = math.prod(shape)
+                values[name] = transforms[name](vector[start : start + size].reshape(shape))
+                start += size
+            return values
+
+        def negative_log_likelihood(vector: torch.Tensor) -> torch.Tensor:
+            conditioned = poutine.condition(model, unpack(vector))
+            joint = enumerated_log_densities(conditioned, (X,), {}, plates, observed_sites=["obs"])["obs"]
+            return -sum_out_enumeration(joint, plates).sum()
+
+        information = torch.autograd.functional.hessian(negative_log_likelihood, estimate)
+        chol, status = torch.linalg.cholesky_ex(information)
+        if status.item() != 0:
+            raise ModelFittingError(
+                "the observed information at the EM estimate is not positive definite (a "
+                "boundary or unidentified estimate), so there is no asymptotic Gaussian; "
+                "use uncertainty='bootstrap'."
+            )
+        noise = torch.randn(self.num_replicates, estimate.numel(), dtype=X.dtype, device=X.device)
+        # x = θ̂ + L^{-T} ε has covariance (L Lᵀ)^{-1} = H^{-1}.
+        draws = estimate + torch.linalg.solve_triangular(chol.T, noise.T, upper=True).T
+        unpacked = [unpack(draw) for draw in draws]
+        return {name: torch.stack([values[name] for values in unpacked]).detach() for name in sites}
 
     # -- generic ---------------------------------------------------------------------------
 

@@ -320,17 +320,27 @@ class GaussianProcess(_GaussianProcessBase):
         return value, surrogate
 
     def exact_posterior(
-        self, X: torch.Tensor, y: torch.Tensor | None = None, max_iter: int = 200, learn: bool = True
+        self,
+        X: torch.Tensor,
+        y: torch.Tensor | None = None,
+        max_iter: int = 200,
+        learn: bool = True,
+        optimizer: str = "lbfgs",
+        lr: float = 0.05,
     ) -> GaussianLatents:
-        r"""Type-II maximum likelihood of the hyperparameters by L-BFGS, then the
-        quantities of the closed-form predictive (AML §6.2).
+        r"""Type-II maximum likelihood of the hyperparameters by L-BFGS (or Adam), then
+        the quantities of the closed-form predictive (AML §6.2).
 
         Args:
             X: An ``n x d`` tensor.
             y: An ``n`` tensor.
-            max_iter: L-BFGS iterations at most.
+            max_iter: L-BFGS iterations (Adam steps) at most.
             learn: ``False`` keeps the hyperparameters as they are.
+            optimizer: ``"lbfgs"`` or ``"adam"``.
+            lr: Adam's learning rate.
         """
+        if optimizer not in ("lbfgs", "adam"):
+            raise InputDataError(f"`optimizer` must be 'lbfgs' or 'adam'; got {optimizer!r}.")
         if y is None:
             raise InputDataError("the exact GP posterior needs observations `y`.")
         stats = self._transforms(X, y, self.normalize_inputs, self.standardize_outputs)
@@ -347,21 +357,25 @@ class GaussianProcess(_GaussianProcessBase):
             return {site: _constrained(v, self.hyperparameters()[site][1]) for site, v in raw.items()}
 
         if learn and raw:
-            optimizer = torch.optim.LBFGS(
-                # scipy L-BFGS-B's defaults in spirit (scikit-learn's optimiser): gradient
-                # 1e-5, objective change 1e-7 nats.
-                list(raw.values()), max_iter=max_iter, line_search_fn="strong_wolfe",
-                tolerance_grad=1e-5, tolerance_change=1e-7, history_size=20,
-            )
+            if optimizer == "lbfgs":
+                steps = torch.optim.LBFGS(
+                    # scipy L-BFGS-B's defaults in spirit (scikit-learn's optimiser): gradient
+                    # 1e-5, objective change 1e-7 nats.
+                    list(raw.values()), max_iter=max_iter, line_search_fn="strong_wolfe",
+                    tolerance_grad=1e-5, tolerance_change=1e-7, history_size=20,
+                )
+            else:
+                steps = torch.optim.Adam(list(raw.values()), lr=lr)
 
             def closure() -> torch.Tensor:
-                optimizer.zero_grad()
+                steps.zero_grad()
                 value, surrogate = self._value_and_gradient_surrogate(values(), X_in, y_in)
                 (-surrogate).backward()
                 history.append(value.item())
                 return -value
 
-            optimizer.step(closure)
+            for _ in range(1 if optimizer == "lbfgs" else max_iter):
+                steps.step(closure)
         fitted = {site: value.detach() for site, value in values().items()}
         return self._conditioned(fitted, X_in, y_in, stats, history)
 

@@ -83,6 +83,13 @@ def test_learned_hyperparameters_reach_scikit_learns_marginal_likelihood(gp_data
     assert ours.log_marginal_likelihood.item() >= theirs - 1e-3 * abs(theirs)
 
 
+def test_adam_reaches_the_lbfgs_optimum(gp_data):
+    X, y = gp_data
+    lbfgs = aml.fit(GaussianProcess(), X, y).log_marginal_likelihood.item()
+    adam = aml.fit(GaussianProcess(), X, y, engine=Exact(optimizer="adam", lr=0.05, max_iter=400))
+    assert adam.log_marginal_likelihood.item() == pytest.approx(lbfgs, abs=0.05)
+
+
 def test_standardised_and_normalised_fit_predicts_on_the_original_scale(gp_data):
     X, y = gp_data
     shifted = 100 + 50 * y

@@ -155,7 +155,7 @@ def test_svi_and_map_with_enumeration_reach_the_em_likelihood(engine):
 
 def test_posterior_extras(mixture_data, tmp_path):
     X = mixture_data
-    post = aml.fit(GaussianMixture(3), X, engine=EM(bootstrap=8), seed=0)
+    post = aml.fit(GaussianMixture(3), X, engine=EM(uncertainty="bootstrap", num_replicates=8), seed=0)
     responsibilities = post.responsibilities(X[:10])
     torch.testing.assert_close(responsibilities.sum(1), torch.ones(10, dtype=torch.float64))
     assert post.bic(X) > post.aic(X)  # log n > 2 at n = 3000
@@ -168,6 +168,21 @@ def test_posterior_extras(mixture_data, tmp_path):
     loaded = aml.load(tmp_path / "gmm.pt")
     torch.testing.assert_close(loaded.log_prob(X), post.log_prob(X))
     torch.testing.assert_close(loaded.replicates["locs"], post.replicates["locs"])
+
+
+def test_fisher_draws_have_the_asymptotic_standard_errors():
+    """One component: the mean's standard error is sqrt(diag Σ / n) (AML §3 with errata 6:
+    √n(θ̂ − θ) → N(0, I⁻¹); the notes' (θ̂ − θ)/√n would give sds n times too large)."""
+    X = draw_mixture(2000, seed=8)[0][:, :2]
+    post = aml.fit(GaussianMixture(1), X, engine=EM(uncertainty="fisher", num_replicates=4000), seed=0)
+    draws = post.sample(4000)["locs"][:, 0, :]
+    expected = (X.var(0, correction=0) / X.shape[0]).sqrt()
+    # 4000 draws estimate an sd to 1.1 % (1/sqrt(2 * 4000)); four of those is 4.5 %.
+    torch.testing.assert_close(draws.std(0), expected, rtol=0.045, atol=0)
+    torch.testing.assert_close(draws.mean(0), X.mean(0), rtol=0, atol=4 * expected.max().item() / 60)
+    idata = post.to_arviz(num_samples=200)
+    assert aml.analysis.summary(post, num_samples=200).loc["locs[0, 0]", "sd"] == pytest.approx(expected[0].item(), rel=0.2)
+    assert idata.posterior["locs"].shape == (1, 200, 1, 2)
 
 
 def test_bad_mixture_input():
