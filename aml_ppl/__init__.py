@@ -8,7 +8,10 @@ Example:
     torch.Size([2])
 """
 
-from aml_ppl import analysis, bo, inference, models
+import importlib
+from typing import Any
+
+from aml_ppl import analysis, inference, models
 from aml_ppl.api import fit
 from aml_ppl.errors import (
     AmlPplError,
@@ -21,6 +24,14 @@ from aml_ppl.errors import (
 from aml_ppl.inference import Posterior, Prediction, load
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    # aml_ppl.bo imports BoTorch, which changes GPyTorch's settings process-wide
+    # (FACTS.md): load it on first use, not with `import aml_ppl`.
+    if name == "bo":
+        return importlib.import_module("aml_ppl.bo")
+    raise AttributeError(f"module 'aml_ppl' has no attribute {name!r}")
 
 __all__ = [
     "AmlPplError",

@@ -1,0 +1,153 @@
+r"""Safe-BO and active-learning test problems (Hübotter et al. 2024; BoTorch's test functions).
+
+A problem is a finite candidate ``domain`` and noise-free ``values(X)``: column 0 the
+objective (maximised), further columns the constraints (safe where all are >= 0). When
+``objective_is_constraint`` the objective is its own constraint (safe where it is >= 0).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+from aml_ppl.errors import InputDataError
+
+
+@dataclass(frozen=True)
+class SafeProblem:
+    r"""A safe-optimisation problem on a finite domain.
+
+    Attributes:
+        name: Its name.
+        domain: ``N x d`` candidate points.
+        values: Maps ``n x d`` points to ``n x (1 + c)`` noise-free values.
+        noise_std: Standard deviation of the observation noise.
+        beta: The confidence multiplier the reference experiments use.
+        seed_region: ``N`` boolean mask of the domain where seed points are drawn.
+        objective_is_constraint: The objective is also the (only) constraint.
+        lengthscale: RBF lengthscale of the reference prior (GPyTorch convention).
+    """
+
+    name: str
+    domain: Tensor
+    values: Callable[[Tensor], Tensor]
+    noise_std: float
+    beta: float
+    seed_region: Tensor
+    objective_is_constraint: bool = False
+    lengthscale: float = 1.0
+
+    def observe(self, X: Tensor, generator: torch.Generator | None = None) -> Tensor:
+        r"""Noisy values at ``X`` (``n x d``): ``n x (1 + c)``."""
+        clean = self.values(X)
+        noise = torch.randn(clean.shape, dtype=clean.dtype, generator=generator)
+        return clean + self.noise_std * noise
+
+    def safe_mask(self, X: Tensor | None = None) -> Tensor:
+        r"""Where the true constraints hold (on the domain by default)."""
+        values = self.values(self.domain if X is None else X)
+        constraints = values[:, :1] if self.objective_is_constraint else values[:, 1:]
+        return (constraints >= 0).all(1)
+
+    def safe_optimum(self) -> float:
+        r"""The largest objective value over the truly safe part of the domain."""
+        return self.values(self.domain)[self.safe_mask(), 0].max().item()
+
+    def seed_points(self, count: int, generator: torch.Generator | None = None) -> Tensor:
+        r"""``count`` distinct domain points from the seed region, uniformly."""
+        region = self.domain[self.seed_region]
+        if count > region.shape[0]:
+            raise InputDataError(f"`count` = {count} exceeds the {region.shape[0]} seed-region points.")
+        return region[torch.randperm(region.shape[0], generator=generator)[:count]]
+
+
+def _normal_pdf(x: Tensor, mean: float, sd: float) -> Tensor:
+    return torch.exp(-0.5 * ((x - mean) / sd) ** 2) / (sd * (2 * torch.pi) ** 0.5)
+
+
+def one_d_hard() -> SafeProblem:
+    r"""``1d_hard``: 500 points on [-2, 8]; the objective, a sum of four Gaussian bumps minus
+    0.95, is its own constraint, so the safe set is split into islands; noise sd 0.1,
+    beta 5, seeds in (4.5, 6)."""
+    domain = torch.linspace(-2, 8, 500, dtype=torch.float64)[:, None]
+
+    def values(X: Tensor) -> Tensor:
+        x = X[:, 0]
+        f = (
+            5 * _normal_pdf(x, 0.4, 0.85)
+            + 1.45 * _normal_pdf(x, 2.5, 0.9)
+            + 1.8 * _normal_pdf(x, 3.2, 0.55)
+            + 4.5 * _normal_pdf(x, 5.5, 0.93)
+            - 0.95
+        )
+        return f[:, None]
+
+    seed_region = (domain[:, 0] > 4.5) & (domain[:, 0] < 6)
+    return SafeProblem("1d_hard", domain, values, 0.1, 5.0, seed_region, objective_is_constraint=True)
+
+
+def _gaussian_density_2d(X: Tensor, mean: Tensor, covariance: Tensor) -> Tensor:
+    return torch.distributions.MultivariateNormal(mean, covariance).log_prob(X).exp()
+
+
+def two_d_island() -> SafeProblem:
+    r"""``2d_island``: a 50 x 50 grid on [-3, 3)²; objective :math:`100\,\mathcal N(x; (2,2),
+    [[1, .5], [.5, 1]])`, constraint :math:`100\,\mathcal N(x; 0, I) - 2.5` (safe near the
+    origin); noise sd 0.1, beta 15, seeds in [-0.5, 0.5]²."""
+    axis = torch.arange(-3, 3, 6 / 50, dtype=torch.float64)
+    domain = torch.cartesian_prod(axis, axis)
+    peak = torch.tensor([2.0, 2.0], dtype=torch.float64)
+    tilted = torch.tensor([[1.0, 0.5], [0.5, 1.0]], dtype=torch.float64)
+    eye = torch.eye(2, dtype=torch.float64)
+
+    def values(X: Tensor) -> Tensor:
+        objective = 100 * _gaussian_density_2d(X, peak, tilted)
+        constraint = 100 * _gaussian_density_2d(X, torch.zeros(2, dtype=X.dtype), eye) - 2.5
+        return torch.stack([objective, constraint], dim=1)
+
+    seed_region = (domain.abs() <= 0.5).all(1)
+    return SafeProblem("2d_island", domain, values, 0.1, 15.0, seed_region)
+
+
+def _botorch_problem(name: str, function: Callable, bounds: Tensor, points: int, seed: int) -> SafeProblem:
+    generator = torch.Generator().manual_seed(seed)
+    unit = torch.rand(points, bounds.shape[1], dtype=torch.float64, generator=generator)
+    domain = bounds[0] + (bounds[1] - bounds[0]) * unit
+    return SafeProblem(name, domain, lambda X: function(X)[:, None], 0.0, 2.0, torch.ones(points, dtype=torch.bool),
+                       objective_is_constraint=False)
+
+
+def branin(points: int = 2500, seed: int = 0) -> SafeProblem:
+    r"""BoTorch's Branin (negated, to maximise) on a random ``points``-point domain; no constraints."""
+    from botorch.test_functions import Branin
+
+    function = Branin(negate=True).to(torch.float64)
+    return _botorch_problem("branin", function, function.bounds, points, seed)
+
+
+def hartmann6(points: int = 2500, seed: int = 0) -> SafeProblem:
+    r"""BoTorch's six-dimensional Hartmann (negated) on a random Sobol-free ``points``-point domain."""
+    from botorch.test_functions import Hartmann
+
+    function = Hartmann(dim=6, negate=True).to(torch.float64)
+    return _botorch_problem("hartmann6", function, function.bounds, points, seed)
+
+
+def gp_sample(seed: int, points_per_axis: int = 30, lengthscale: float = 0.2, noise_std: float = 0.1) -> SafeProblem:
+    r"""A function drawn from a GP prior (RBF, unit variance) on a grid of [0, 1]², with a
+    seed: the objective, unconstrained, for active learning."""
+    axis = torch.linspace(0, 1, points_per_axis, dtype=torch.float64)
+    domain = torch.cartesian_prod(axis, axis)
+    squared = torch.cdist(domain, domain).square()
+    covariance = torch.exp(-0.5 * squared / lengthscale**2) + 1e-8 * torch.eye(domain.shape[0], dtype=torch.float64)
+    generator = torch.Generator().manual_seed(seed)
+    draw = torch.linalg.cholesky(covariance) @ torch.randn(domain.shape[0], dtype=torch.float64, generator=generator)
+
+    def values(X: Tensor) -> Tensor:
+        return draw[torch.cdist(X, domain).argmin(1)][:, None]
+
+    return SafeProblem(f"gp_sample_{seed}", domain, values, noise_std, 2.0,
+                       torch.ones(domain.shape[0], dtype=torch.bool), lengthscale=lengthscale)

@@ -1,0 +1,112 @@
+"""Transductive acquisitions against closed forms and BoTorch (notes AML §7.5)."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from botorch.acquisition.active_learning import qNegIntegratedPosteriorVariance
+from botorch.models import SingleTaskGP
+from botorch.optim import optimize_acqf_discrete
+from gpytorch.kernels import RBFKernel
+
+from aml_ppl.bo import ITL, VTL, UncertaintySampling
+from aml_ppl.bo.problems import gp_sample, one_d_hard, two_d_island
+
+NOISE = 0.01
+
+
+def fixed_gp(train_X, train_Y):
+    kernel = RBFKernel().double()
+    kernel.lengthscale = torch.tensor(0.3, dtype=torch.float64)
+    model = SingleTaskGP(
+        train_X, train_Y, train_Yvar=torch.full_like(train_Y, NOISE), covar_module=kernel, outcome_transform=None
+    )
+    return model.eval()
+
+
+@pytest.fixture
+def gp():
+    generator = torch.Generator().manual_seed(0)
+    train_X = torch.rand(6, 1, dtype=torch.float64, generator=generator)
+    return fixed_gp(train_X, torch.sin(6 * train_X)), train_X
+
+
+def closed_form_information(train_X, x, target):
+    """I(f_A; y_x | D) = ½ log det Σ_AA + ½ log Var[y_x] − ½ log det Cov[(y_x, f_A)], in numpy."""
+    def k(a, b):
+        return np.exp(-0.5 * (a[:, None, 0] - b[None, :, 0]) ** 2 / 0.3**2)
+
+    X = train_X.numpy()
+    points = np.concatenate([x.numpy(), target.numpy()])
+    solve = np.linalg.solve(k(X, X) + NOISE * np.eye(len(X)), k(X, points))
+    joint = k(points, points) - k(points, X) @ solve
+    observed = joint.copy()
+    observed[0, 0] += NOISE
+    _, log_det_target = np.linalg.slogdet(joint[1:, 1:])
+    _, log_det_joint = np.linalg.slogdet(observed)
+    return 0.5 * (log_det_target + np.log(observed[0, 0]) - log_det_joint)
+
+
+def test_itl_is_the_closed_form_mutual_information(gp):
+    model, train_X = gp
+    target = torch.tensor([[0.15], [0.55], [0.9]], dtype=torch.float64)
+    candidates = torch.tensor([[0.05], [0.3], [0.6], [1.2]], dtype=torch.float64)
+    ours = ITL(model, target=target, jitter=0.0)(candidates[:, None, :])
+    for value, x in zip(ours, candidates):
+        assert value.item() == pytest.approx(closed_form_information(train_X, x[None], target), abs=1e-9)
+
+
+def test_undirected_itl_and_uncertainty_sampling(gp):
+    model, _ = gp
+    candidates = torch.linspace(0, 1, 7, dtype=torch.float64)[:, None, None]
+    variance = model.posterior(candidates[:, 0, :]).variance[:, 0]
+    torch.testing.assert_close(ITL(model)(candidates), 0.5 * torch.log1p(variance / NOISE))
+    torch.testing.assert_close(UncertaintySampling(model)(candidates), variance)
+
+
+def test_vtl_choice_agrees_with_botorch_integrated_variance(gp):
+    model, _ = gp
+    target = torch.linspace(0.6, 1.0, 9, dtype=torch.float64)[:, None]
+    choices = torch.linspace(0, 1.2, 61, dtype=torch.float64)[:, None]
+    ours, _ = optimize_acqf_discrete(VTL(model, target=target), q=1, choices=choices)
+    reference = qNegIntegratedPosteriorVariance(model, mc_points=target)
+    theirs, _ = optimize_acqf_discrete(reference, q=1, choices=choices)
+    torch.testing.assert_close(ours, theirs)
+
+
+def test_greedy_batches_are_distinct_and_spread(gp):
+    model, _ = gp
+    target = torch.linspace(0.4, 0.6, 5, dtype=torch.float64)[:, None]
+    choices = torch.linspace(0, 1, 101, dtype=torch.float64)[:, None]
+    batch, _ = optimize_acqf_discrete(ITL(model, target=target), q=3, choices=choices, unique=False)
+    assert len({round(x, 9) for x in batch[:, 0].tolist()}) == 3
+
+
+def test_itl_sums_over_models_sharing_the_target(gp):
+    model, train_X = gp
+    other = fixed_gp(train_X, torch.cos(3 * train_X))
+    target = torch.tensor([[0.5]], dtype=torch.float64)
+    candidates = torch.rand(5, 1, 1, dtype=torch.float64)
+    both = ITL([model, other], target=target)(candidates)
+    torch.testing.assert_close(both, ITL(model, target=target)(candidates) + ITL(other, target=target)(candidates))
+
+
+def test_problems_match_their_definitions():
+    hard = one_d_hard()
+    assert hard.domain.shape == (500, 1) and 0 < hard.safe_mask().double().mean() < 1
+    assert hard.safe_optimum() == pytest.approx(hard.values(hard.domain)[:, 0].max().item())
+    island = two_d_island()
+    assert island.domain.shape == (2500, 2)
+    origin = island.values(torch.zeros(1, 2, dtype=torch.float64))
+    assert origin[0, 1].item() == pytest.approx(100 / (2 * math.pi) - 2.5)
+    assert not island.safe_mask(torch.tensor([[2.0, 2.0]], dtype=torch.float64)).item()
+    assert gp_sample(3).values(gp_sample(3).domain).std() > 0.3
+
+
+def test_bad_acquisition_input(gp):
+    model, _ = gp
+    with pytest.raises(ValueError, match="`target`"):
+        ITL(model, target=torch.zeros(0, 1, dtype=torch.float64))
+    with pytest.raises(ValueError, match="b x 1 x d"):
+        ITL(model)(torch.rand(2, 2, 1, dtype=torch.float64))
