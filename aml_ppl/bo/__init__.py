@@ -5,5 +5,16 @@ GPyTorch's settings for the whole process (``../shared/FACTS.md``).
 """
 
 from aml_ppl.bo.acquisition import ITL, VTL, UncertaintySampling
+from aml_ppl.bo.journal import EvaluationRecord, Journal
+from aml_ppl.bo.problems import SafeProblem
+from aml_ppl.bo.safe import SafeBayesianOptimization
 
-__all__ = ["ITL", "UncertaintySampling", "VTL"]
+__all__ = [
+    "EvaluationRecord",
+    "ITL",
+    "Journal",
+    "SafeBayesianOptimization",
+    "SafeProblem",
+    "UncertaintySampling",
+    "VTL",
+]

@@ -151,3 +151,27 @@ def gp_sample(seed: int, points_per_axis: int = 30, lengthscale: float = 0.2, no
 
     return SafeProblem(f"gp_sample_{seed}", domain, values, noise_std, 2.0,
                        torch.ones(domain.shape[0], dtype=torch.bool), lengthscale=lengthscale)
+
+
+def candidate_domain(bounds: Tensor, num_points: int, seed: int = 0) -> Tensor:
+    r"""Candidates in a box: a grid for ``d <= 2`` (about ``num_points`` points), a scrambled
+    Sobol set of ``num_points`` otherwise.
+
+    Args:
+        bounds: A ``2 x d`` tensor of lower and upper bounds.
+        num_points: How many candidates.
+        seed: The Sobol scrambling seed.
+    """
+    bounds = torch.as_tensor(bounds, dtype=torch.float64)
+    if bounds.ndim != 2 or bounds.shape[0] != 2:
+        raise InputDataError(f"`bounds` must be a 2 x d tensor; got shape {tuple(bounds.shape)}.")
+    if not (bounds[0] < bounds[1]).all():
+        raise InputDataError(f"`bounds` needs lower < upper in every dimension; got {bounds.tolist()}.")
+    d = bounds.shape[1]
+    if d <= 2:
+        per_axis = max(2, round(num_points ** (1 / d)))
+        axes = [torch.linspace(low, high, per_axis, dtype=torch.float64) for low, high in bounds.T]
+        unit_free = torch.cartesian_prod(*axes) if d == 2 else axes[0][:, None]
+        return unit_free
+    sobol = torch.quasirandom.SobolEngine(d, scramble=True, seed=seed).draw(num_points, dtype=torch.float64)
+    return bounds[0] + (bounds[1] - bounds[0]) * sobol

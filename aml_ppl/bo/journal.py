@@ -1,0 +1,81 @@
+r"""An embedded SQLite journal: every evaluation is committed before the next suggestion."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from aml_ppl.errors import InputDataError
+
+
+@dataclass(frozen=True)
+class EvaluationRecord:
+    r"""One evaluation of a loop.
+
+    Attributes:
+        step: 0, 1, ... in the order of evaluation (seed points first).
+        x: The point, as a list.
+        values: The observed objective and constraint values, or ``None`` when it failed.
+        status: ``"seed"``, ``"ok"`` or ``"failed"``.
+        message: Why it failed, else ``""``.
+        safe_set_size: :math:`|S_n|` when the point was chosen (0 for seeds).
+        area_size: :math:`|A_n|` likewise.
+        certificate: :math:`\max_{\hat S_n} u_f - \max_{S_n} l_f` likewise (NaN for seeds).
+        seconds: Time spent choosing the point.
+    """
+
+    step: int
+    x: list[float]
+    values: list[float] | None
+    status: str
+    message: str = ""
+    safe_set_size: int = 0
+    area_size: int = 0
+    certificate: float = float("nan")
+    seconds: float = 0.0
+
+
+class Journal:
+    r"""Append-only record of a loop's evaluations in one SQLite file.
+
+    Each :meth:`append` is its own committed transaction (SQLite's journal makes it
+    atomic), so a process killed at any moment leaves exactly the finished evaluations.
+    The loop's configuration is stored once and checked when the journal is reopened.
+
+    Args:
+        path: The database file (created if absent).
+        config: JSON-compatible settings of the loop that wrote it.
+    """
+
+    def __init__(self, path: str | Path, config: dict[str, Any]) -> None:
+        self.path = Path(path)
+        self._connection = sqlite3.connect(self.path, isolation_level=None)
+        self._connection.execute("PRAGMA journal_mode=WAL")
+        self._connection.execute("CREATE TABLE IF NOT EXISTS config (body TEXT NOT NULL)")
+        self._connection.execute(
+            "CREATE TABLE IF NOT EXISTS evaluations (step INTEGER PRIMARY KEY, body TEXT NOT NULL)"
+        )
+        stored = self._connection.execute("SELECT body FROM config").fetchone()
+        if stored is None:
+            self._connection.execute("INSERT INTO config VALUES (?)", (json.dumps(config, sort_keys=True),))
+        elif json.loads(stored[0]) != json.loads(json.dumps(config, sort_keys=True)):
+            raise InputDataError(
+                f"the journal {self.path} was written by a loop with other settings "
+                f"({stored[0]}); resume with the same settings or use a new file."
+            )
+
+    def append(self, record: EvaluationRecord) -> None:
+        r"""Commit one record (a duplicate step is refused: nothing is written twice)."""
+        self._connection.execute(
+            "INSERT INTO evaluations VALUES (?, ?)", (record.step, json.dumps(asdict(record)))
+        )
+
+    def records(self) -> list[EvaluationRecord]:
+        rows = self._connection.execute("SELECT body FROM evaluations ORDER BY step").fetchall()
+        return [EvaluationRecord(**json.loads(body)) for (body,) in rows]
+
+    def close(self) -> None:
+        self._connection.close()

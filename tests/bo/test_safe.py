@@ -1,0 +1,153 @@
+"""Safe BO on the paper's 1d_hard task, crash safety, failures, bad input (notes AML §7.5)."""
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from aml_ppl.bo import SafeBayesianOptimization
+from aml_ppl.bo.problems import candidate_domain, one_d_hard, two_d_island
+
+
+def seeded_loop(problem, seed, **settings):
+    generator = torch.Generator().manual_seed(seed)
+    loop = SafeBayesianOptimization(problem, **settings)
+    seeds = problem.seed_points(8 if problem.name == "1d_hard" else 1, generator)
+    loop.add_seed(seeds, problem.observe(seeds, generator))
+    return loop, lambda x: problem.observe(x[None], generator)[0]
+
+
+def unsafe_evaluations(problem, loop):
+    X = torch.tensor([record.x for record in loop.records])
+    return int((~problem.safe_mask(X)).sum())
+
+
+def test_itl_stays_safe_where_unsafe_ei_does_not():
+    problem = one_d_hard()
+    itl, objective = seeded_loop(problem, seed=0)
+    itl.run(objective, budget=60, progress_bar=False)
+    assert unsafe_evaluations(problem, itl) == 0
+    assert itl.records[-1].safe_set_size > itl.records[8].safe_set_size  # the safe set grows
+    ei, objective = seeded_loop(problem, seed=0, acquisition="unsafe_ei")
+    ei.run(objective, budget=30, progress_bar=False)
+    assert unsafe_evaluations(problem, ei) > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_itl_finds_the_safe_optimum_of_1d_hard(seed):
+    """The paper's setting (β = 5, RBF prior, 8 seeds): simple regret < 0.01, no unsafe point."""
+    problem = one_d_hard()
+    loop, objective = seeded_loop(problem, seed)
+    for budget in range(100, 801, 100):
+        loop.run(objective, budget=budget, progress_bar=False)
+        regret = problem.safe_optimum() - problem.values(loop.recommendation()[None])[0, 0].item()
+        if regret < 0.01:
+            break
+    assert regret < 0.01 and unsafe_evaluations(problem, loop) == 0
+
+
+def test_2d_island_certificate_and_sets():
+    problem = two_d_island()
+    loop, objective = seeded_loop(problem, seed=0)
+    loop.run(objective, budget=10, progress_bar=False)
+    last = loop.records[-1]
+    assert 0 < last.safe_set_size < 2500 and last.area_size > 0 and last.certificate > 0
+    assert unsafe_evaluations(problem, loop) == 0
+
+
+CHILD = """
+import sys, time, torch
+from aml_ppl.bo import SafeBayesianOptimization
+from aml_ppl.bo.problems import one_d_hard
+problem = one_d_hard()
+generator = torch.Generator().manual_seed(0)
+loop = SafeBayesianOptimization(problem, journal=sys.argv[1])
+seeds = problem.seed_points(8, generator)
+loop.add_seed(seeds, problem.observe(seeds, generator))
+def objective(x):
+    time.sleep(0.05)
+    return problem.observe(x[None], generator)[0]
+loop.run(objective, budget=1000, progress_bar=False)
+"""
+
+
+def journal_rows(path):
+    if not path.exists():
+        return 0
+    with sqlite3.connect(path) as connection:
+        try:
+            return connection.execute("SELECT COUNT(*) FROM evaluations").fetchone()[0]
+        except sqlite3.OperationalError:
+            return 0
+
+
+def test_a_killed_loop_resumes_with_exactly_the_finished_evaluations(tmp_path):
+    path = tmp_path / "journal.sqlite"
+    child = subprocess.Popen([sys.executable, "-c", CHILD, str(path)], env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        deadline = time.time() + 120
+        while journal_rows(path) < 20 and time.time() < deadline:
+            time.sleep(0.05)
+        child.send_signal(signal.SIGKILL)
+        child.wait(timeout=30)
+    finally:
+        child.kill()
+    finished = journal_rows(path)
+    assert finished >= 20
+    problem = one_d_hard()
+    resumed = SafeBayesianOptimization.resume(path, problem)
+    assert [record.step for record in resumed.records] == list(range(finished))
+    before = [record.x for record in resumed.records]
+    generator = torch.Generator().manual_seed(1)
+    budget = finished - 8 + 5
+    resumed.run(lambda x: problem.observe(x[None], generator)[0], budget=budget, progress_bar=False)
+    assert [record.x for record in resumed.records[:finished]] == before
+    assert len(resumed.records) == 8 + budget and journal_rows(path) == 8 + budget
+
+
+def test_a_failing_objective_is_recorded_and_the_loop_goes_on():
+    problem = one_d_hard()
+    loop, objective = seeded_loop(problem, seed=0)
+    calls = []
+
+    def flaky(x):
+        calls.append(x)
+        if len(calls) % 3 == 0:
+            raise RuntimeError("simulator crashed")
+        if len(calls) % 5 == 0:
+            return torch.tensor([float("nan")])
+        return objective(x)
+
+    loop.run(flaky, budget=15, progress_bar=False)
+    failed = [record for record in loop.records if record.status == "failed"]
+    assert len(loop.records) == 8 + 15 and len(failed) >= 5
+    assert any("simulator crashed" in record.message for record in failed)
+    failed_points = {tuple(record.x) for record in failed}
+    assert len(failed_points) == len(failed)  # a failed point is not proposed again
+    with pytest.raises(RuntimeError, match="failed"):
+        loop.run(lambda x: torch.tensor([float("nan")]), budget=20, stop_on_failure=True, progress_bar=False)
+
+
+def test_bad_safe_bo_input(tmp_path):
+    problem = one_d_hard()
+    loop = SafeBayesianOptimization(problem)
+    with pytest.raises(ValueError, match="not safe"):
+        loop.add_seed(torch.tensor([[1.5]], dtype=torch.float64), torch.tensor([[-0.5]], dtype=torch.float64))
+    with pytest.raises(ValueError, match="NaN"):
+        loop.add_seed(torch.tensor([[5.0]], dtype=torch.float64), torch.tensor([[float("nan")]], dtype=torch.float64))
+    with pytest.raises(ValueError, match="seed `X`"):
+        loop.add_seed(torch.zeros(2, 2, dtype=torch.float64), torch.zeros(2, 1, dtype=torch.float64))
+    with pytest.raises(ValueError, match="`acquisition`"):
+        SafeBayesianOptimization(problem, acquisition="safeopt-ish")
+    with pytest.raises(ValueError, match="lower < upper"):
+        candidate_domain(torch.tensor([[1.0, 0.0], [0.0, 1.0]]), 100)
+    assert candidate_domain(torch.tensor([[0.0] * 3, [1.0] * 3]), 64).shape == (64, 3)
+    SafeBayesianOptimization(problem, journal=tmp_path / "j.sqlite")
+    with pytest.raises(ValueError, match="other settings"):
+        SafeBayesianOptimization(problem, journal=tmp_path / "j.sqlite", acquisition="vtl")
