@@ -86,3 +86,17 @@ def check_count(name: str, value: Any, minimum: int = 1) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise InputDataError(f"`{name}` must be an integer >= {minimum}; got {value!r}.")
     return value
+
+
+def check_regression_data(
+    X: Any, y: Any, dtype: torch.dtype | None = None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    r"""``X`` as an ``n x d`` float tensor and ``y`` (if given) as a matching ``n`` tensor
+    of ``X``'s dtype; ``dtype`` casts ``X`` first."""
+    X = check_float_tensor("X", X, ndim=2, dtype=dtype)
+    if y is None:
+        return X, None
+    y = check_float_tensor("y", y, ndim=1, dtype=X.dtype)
+    if y.shape[0] != X.shape[0]:
+        raise InputDataError(f"`X` has {X.shape[0]} rows but `y` has {y.shape[0]} entries.")
+    return X, y

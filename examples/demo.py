@@ -1,4 +1,4 @@
-"""A short tour of aml_ppl: Bayesian linear regression two ways, mixtures, anomaly detection, GPs.
+"""A short tour of aml_ppl: Bayesian linear regression two ways, mixtures, anomaly detection, GPs, safe BO.
 
 Run with `make demo` (or `python examples/demo.py --out out`). `--smoke` makes it
 quick enough to run as a test.
@@ -146,6 +146,45 @@ def gp_tour(out: Path, smoke: bool) -> None:
     print(f"forecast for 2008: {forecast.mean.item():.1f} ppm (95 %: {lower.item():.1f} to {upper.item():.1f}); saved {path}")
 
 
+def safe_bo_tour(out: Path, smoke: bool) -> None:
+    import tempfile
+
+    from aml_ppl.bo import SafeBayesianOptimization
+    from aml_ppl.bo.plots import plot_progress, plot_safe_bo_1d
+    from aml_ppl.bo.problems import one_d_hard
+
+    print("\n== Safe Bayesian optimisation with ITL on 1d_hard (notes AML §7.5) ==")
+    problem = one_d_hard()
+    generator = torch.Generator().manual_seed(0)
+    journal = Path(tempfile.mkdtemp()) / "journal.sqlite"
+    loop = SafeBayesianOptimization(problem, journal=journal)
+    seeds = problem.seed_points(8, generator)
+    loop.add_seed(seeds, problem.observe(seeds, generator))
+
+    def objective(x: torch.Tensor) -> torch.Tensor:
+        return problem.observe(x[None], generator)[0]
+
+    first, total = (10, 20) if smoke else (150, 400)
+    loop.run(objective, budget=first, progress_bar=False)
+    print(f"ran {first} evaluations, journal {journal}; a fresh loop resumes from the file alone:")
+    resumed = SafeBayesianOptimization.resume(journal, problem)
+    print(f"  resumed with {len(resumed.records)} records (8 seeds + {first}); continuing to {total}")
+    resumed.run(objective, budget=total, progress_bar=False)
+    recommendation = resumed.recommendation()
+    regret = problem.safe_optimum() - problem.values(recommendation[None])[0, 0].item()
+    X = torch.tensor([record.x for record in resumed.records])
+    print(f"recommendation x = {recommendation.item():.2f}, simple regret {regret:.4f}, "
+          f"unsafe evaluations {int((~problem.safe_mask(X)).sum())}")
+    figure, (top, bottom) = plt.subplots(2, 1, figsize=(8, 7))
+    plot_safe_bo_1d(resumed, top, problem)
+    top.set_title("Safe BO on 1d_hard (cf. AML Figure 7.2)")
+    plot_progress(resumed, problem, bottom)
+    path = out / "safe_bo_1d_hard.png"
+    figure.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(figure)
+    print(f"saved {path}")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("out"), help="folder for figures")
@@ -156,6 +195,7 @@ def main(argv: list[str] | None = None) -> None:
     blr_tour(options.out, options.smoke)
     mixture_tour(options.out, options.smoke)
     gp_tour(options.out, options.smoke)
+    safe_bo_tour(options.out, options.smoke)
 
 
 if __name__ == "__main__":

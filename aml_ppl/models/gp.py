@@ -13,7 +13,7 @@ import torch
 from gpytorch.constraints import GreaterThan
 from torch.func import functional_call
 
-from aml_ppl._data import check_count, check_float_tensor
+from aml_ppl._data import check_count, check_regression_data
 from aml_ppl.errors import InputDataError, ModelFittingError
 from aml_ppl.models.base import GaussianLatents, Model
 
@@ -141,7 +141,7 @@ class _GaussianProcessBase(Model):
     def validate(self, X: Any, y: Any = None) -> tuple[tuple, dict]:
         r"""Check ``X`` (``n x d``), ``y`` (``n``), the kernel's input dimension, and that
         zero noise does not meet duplicate inputs."""
-        X = check_float_tensor("X", X, ndim=2, dtype=torch.float64)
+        X, y = check_regression_data(X, y, dtype=torch.float64)
         for module in self.gp.covar_module.modules():
             ard = getattr(module, "ard_num_dims", None)
             if ard not in (None, 1) and ard != X.shape[1]:
@@ -149,15 +149,11 @@ class _GaussianProcessBase(Model):
                     f"the kernel {type(module).__name__} has ard_num_dims = {ard} but `X` has "
                     f"{X.shape[1]} columns."
                 )
-        if y is not None:
-            y = check_float_tensor("y", y, ndim=1, dtype=torch.float64)
-            if y.shape[0] != X.shape[0]:
-                raise InputDataError(f"`X` has {X.shape[0]} rows but `y` has {y.shape[0]} entries.")
-            if self.noise == 0 and torch.unique(X, dim=0).shape[0] < X.shape[0]:
-                raise InputDataError(
-                    "`X` has duplicate rows and the noise is fixed at 0, so K(X, X) is singular; "
-                    "learn the noise (noise=None), give a positive noise, or remove duplicates."
-                )
+        if y is not None and self.noise == 0 and torch.unique(X, dim=0).shape[0] < X.shape[0]:
+            raise InputDataError(
+                "`X` has duplicate rows and the noise is fixed at 0, so K(X, X) is singular; "
+                "learn the noise (noise=None), give a positive noise, or remove duplicates."
+            )
         return (X, y), {}
 
 

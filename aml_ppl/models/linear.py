@@ -10,7 +10,7 @@ import pyro.distributions as dist
 import torch
 from pyro.distributions import constraints
 
-from aml_ppl._data import check_float_tensor
+from aml_ppl._data import check_regression_data
 from aml_ppl.errors import InputDataError, ModelFittingError
 from aml_ppl.models.base import GaussianLatents, Model
 
@@ -100,19 +100,13 @@ class BayesianLinearRegression(Model):
         Raises:
             InputDataError: On a wrong shape, dtype, length, or NaN/inf values.
         """
-        X = check_float_tensor("X", X, ndim=2)
+        X, y = check_regression_data(X, y)
         precision = self.prior_precision
         if precision is not None and precision.ndim > 0 and precision.shape[0] != X.shape[1]:
             raise InputDataError(
                 f"`prior_precision` has size {precision.shape[0]} but `X` has "
                 f"{X.shape[1]} columns."
             )
-        if y is not None:
-            y = check_float_tensor("y", y, ndim=1, dtype=X.dtype)
-            if y.shape[0] != X.shape[0]:
-                raise InputDataError(
-                    f"`X` has {X.shape[0]} rows but `y` has {y.shape[0]} entries."
-                )
         return (X, y), {}
 
     # -- the generative program ------------------------------------------------

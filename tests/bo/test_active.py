@@ -1,0 +1,49 @@
+"""Transductive active learning and greedy ball coverage (notes AML §7.5)."""
+
+import pytest
+import torch
+
+from aml_ppl.bo.active import TransductiveActiveLearning, greedy_ball_coverage
+from aml_ppl.bo.problems import gp_sample
+
+
+def final_max_std(strategy, seed, budget=12):
+    problem = gp_sample(seed, points_per_axis=20)
+    domain = problem.domain
+    sample_space = domain[domain[:, 0] <= 0.5]
+    target = domain[(domain[:, 0] >= 0.4) & (domain[:, 0] <= 0.7) & (domain[:, 1] <= 0.5)]  # partly outside S
+    learner = TransductiveActiveLearning(sample_space, target, strategy=strategy, seed=seed)
+    generator = torch.Generator().manual_seed(seed)
+    learner.run(lambda x: problem.observe(x[None], generator)[0, 0].item(), budget=budget)
+    return learner.steps[-1].max_std, learner
+
+
+def test_itl_and_vtl_learn_the_target_faster_than_us_and_random():
+    seeds = [0, 1, 2]
+    average = {
+        strategy: sum(final_max_std(strategy, seed)[0] for seed in seeds) / len(seeds)
+        for strategy in ("itl", "vtl", "us", "random")
+    }
+    assert max(average["itl"], average["vtl"]) < min(average["us"], average["random"])
+
+
+def test_steps_report_variance_and_entropy_that_fall():
+    _, learner = final_max_std("itl", seed=0, budget=6)
+    steps = learner.steps
+    assert all(later.total_variance <= earlier.total_variance + 1e-9 for earlier, later in zip(steps, steps[1:]))
+    assert steps[-1].entropy < steps[0].entropy
+    with pytest.raises(ValueError, match="`strategy`"):
+        TransductiveActiveLearning(learner.sample_space, learner.target, strategy="bald")
+    with pytest.raises(ValueError, match="columns"):
+        TransductiveActiveLearning(learner.sample_space, learner.target[:, :1])
+
+
+def test_greedy_ball_coverage_covers_clusters_first():
+    generator = torch.Generator().manual_seed(0)
+    big = torch.randn(60, 2, generator=generator) * 0.1
+    small = torch.randn(10, 2, generator=generator) * 0.1 + 5
+    pool = torch.cat([big, small]).double()
+    chosen = greedy_ball_coverage(pool, budget=2, radius=1.0)
+    assert chosen[0] < 60 and chosen[1] >= 60  # the dense cluster first, then the other one
+    with pytest.raises(ValueError, match="`budget`"):
+        greedy_ball_coverage(pool, budget=0, radius=1.0)
