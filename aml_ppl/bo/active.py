@@ -53,6 +53,7 @@ class TransductiveActiveLearning:
         strategy: ``"itl"``, ``"vtl"``, ``"us"`` or ``"random"``.
         lengthscale: RBF lengthscale; ``noise_variance``: :math:`\rho^2`.
         seed: Seeds the first point (uniform on :math:`S`) and the random strategy.
+        bounds: Optional ``2 x d`` box of the domain; both sets must lie inside it.
     """
 
     def __init__(
@@ -63,6 +64,7 @@ class TransductiveActiveLearning:
         lengthscale: float = 0.2,
         noise_variance: float = 0.01,
         seed: int = 0,
+        bounds: Tensor | None = None,
     ) -> None:
         self.sample_space = check_float_tensor("sample_space", sample_space, ndim=2, dtype=torch.float64)
         self.target = check_float_tensor("target", target, ndim=2, dtype=torch.float64)
@@ -70,6 +72,14 @@ class TransductiveActiveLearning:
             raise InputDataError(
                 f"`target` has {self.target.shape[1]} columns but `sample_space` has {self.sample_space.shape[1]}."
             )
+        if bounds is not None:
+            bounds = torch.as_tensor(bounds, dtype=torch.float64)
+            for name, points in (("sample_space", self.sample_space), ("target", self.target)):
+                outside = ((points < bounds[0]) | (points > bounds[1])).any(1)
+                if outside.any():
+                    raise InputDataError(
+                        f"`{name}` has {int(outside.sum())} point(s) outside the domain `bounds`."
+                    )
         if strategy not in STRATEGIES:
             raise InputDataError(f"`strategy` must be one of {STRATEGIES}; got {strategy!r}.")
         self.strategy = strategy

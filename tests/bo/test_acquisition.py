@@ -102,6 +102,11 @@ def test_problems_match_their_definitions():
     assert origin[0, 1].item() == pytest.approx(100 / (2 * math.pi) - 2.5)
     assert not island.safe_mask(torch.tensor([[2.0, 2.0]], dtype=torch.float64)).item()
     assert gp_sample(3).values(gp_sample(3).domain).std() > 0.3
+    from aml_ppl.bo.problems import branin, hartmann6
+
+    # BoTorch's optima, negated for maximisation: Branin -0.397887, Hartmann6 3.32237.
+    assert branin(points=5000).safe_optimum() <= -0.397887 + 1e-6
+    assert hartmann6(points=500).domain.shape == (500, 6) and hartmann6(points=500).safe_optimum() < 3.32237
 
 
 def test_bad_acquisition_input(gp):

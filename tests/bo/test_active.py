@@ -36,6 +36,8 @@ def test_steps_report_variance_and_entropy_that_fall():
         TransductiveActiveLearning(learner.sample_space, learner.target, strategy="bald")
     with pytest.raises(ValueError, match="columns"):
         TransductiveActiveLearning(learner.sample_space, learner.target[:, :1])
+    with pytest.raises(ValueError, match="`target` has .* outside"):
+        TransductiveActiveLearning(learner.sample_space, learner.target + 2.0, bounds=torch.tensor([[0.0, 0.0], [1.0, 1.0]]))
 
 
 def test_greedy_ball_coverage_covers_clusters_first():
