@@ -237,7 +237,7 @@ class GaussianProcess(_GaussianProcessBase):
     def model(self, X: torch.Tensor, y: torch.Tensor | None = None) -> None:
         values = self._sample_hyperparameters()
         mean, covariance = self._module_call(values, X)
-        covariance = covariance + self._noise(values) * torch.eye(X.shape[0], dtype=X.dtype, device=X.device)
+        covariance = _plus_noise(covariance, self._noise(values))
         pyro.sample("obs", dist.MultivariateNormal(mean, scale_tril=robust_cholesky(covariance)), obs=y)
 
     def guide(self, X: torch.Tensor, y: torch.Tensor | None = None) -> None:
@@ -274,8 +274,7 @@ class GaussianProcess(_GaussianProcessBase):
             ``(log_marginal_likelihood, cholesky, weights)``, weights :math:`(K+\sigma^2I)^{-1} r`.
         """
         mean, covariance = self._module_call(values, X)
-        eye = torch.eye(X.shape[0], dtype=X.dtype, device=X.device)
-        return self._log_density(mean, covariance + self._noise(values) * eye, y)
+        return self._log_density(mean, _plus_noise(covariance, self._noise(values)), y)
 
     @staticmethod
     def _log_density(
@@ -309,10 +308,15 @@ class GaussianProcess(_GaussianProcessBase):
         mean, covariance = self._module_call(values, X)
         noise = self._noise(values)
         with torch.no_grad():
-            eye = torch.eye(X.shape[0], dtype=X.dtype, device=X.device)
-            value, cholesky, weights = self._log_density(mean, covariance + noise * eye, y)
-            sensitivity = 0.5 * (torch.outer(weights, weights) - torch.cholesky_inverse(cholesky))
-        surrogate = (sensitivity * covariance).sum() + noise * sensitivity.trace() + weights @ mean
+            value, cholesky, weights = self._log_density(mean, _plus_noise(covariance, noise), y)
+            # ½(ααᵀ − A⁻¹) built in place in A⁻¹'s storage: no further n x n temporaries.
+            sensitivity = torch.cholesky_inverse(cholesky).mul_(-0.5).addr_(weights, weights, alpha=0.5)
+            del cholesky
+        surrogate = (
+            torch.vdot(sensitivity.flatten(), covariance.flatten())
+            + noise * sensitivity.trace()
+            + weights @ mean
+        )
         return value, surrogate
 
     def exact_posterior(
@@ -540,6 +544,13 @@ class SparseGaussianProcess(_GaussianProcessBase):
             constraint=dist.constraints.lower_cholesky,
         )
         pyro.sample("inducing_values", dist.MultivariateNormal(loc, scale_tril=scale_tril))
+
+
+def _plus_noise(covariance: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+    r""":math:`K + \sigma^2 I` without building :math:`I` (one n x n copy; autograd-safe)."""
+    noisy = covariance.clone()
+    noisy.diagonal().add_(noise.to(covariance).reshape(()))
+    return noisy
 
 
 def _constrained(raw: torch.Tensor, constraint: Any) -> torch.Tensor:
