@@ -29,6 +29,10 @@ test-slow: install
 bench: install
 	$(PY) benchmarks/bench_blr.py
 	$(PY) benchmarks/bench_svi_step.py
+	$(PY) benchmarks/bench_em.py
+	$(PY) benchmarks/bench_em.py --memory-table
+	$(PY) benchmarks/bench_gp.py
+	$(PY) benchmarks/bench_safe_bo.py
 
 clean:
 	rm -rf $(VENV) out .pytest_cache

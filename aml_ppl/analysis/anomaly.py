@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-import aml_ppl
+from aml_ppl import api
 from aml_ppl._data import check_float_tensor
 from aml_ppl.errors import AmlPplError, InputDataError
 from aml_ppl.inference.em import EM, MixturePosterior
@@ -99,7 +99,7 @@ class AnomalyDetector:
     def fit(self, X: Any) -> "AnomalyDetector":
         X = check_float_tensor("X", X, ndim=2)
         projected = self.projection.fit(X).transform(X) if self.projection else X
-        self.posterior: MixturePosterior = aml_ppl.fit(self.mixture, projected, engine=self.engine)
+        self.posterior: MixturePosterior = api.fit(self.mixture, projected, engine=self.engine)
         scores = self.posterior.log_prob(projected)
         self.threshold = torch.quantile(scores, self.false_positive_rate).item()
         return self

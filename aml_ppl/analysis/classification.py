@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-import aml_ppl
+from aml_ppl import api
 from aml_ppl._data import check_float_tensor, to_tensor
 from aml_ppl.errors import AmlPplError, InputDataError
 from aml_ppl.inference.em import EM
@@ -75,7 +75,7 @@ class GaussianMixtureClassifier:
     def _class_params(self, mixture: GaussianMixture, X: torch.Tensor) -> dict[str, torch.Tensor]:
         if self.n_components == 1:  # the closed-form maximum-likelihood Gaussian (IML §13.2-13.3)
             return mixture.em_m_step(X, X.new_ones(X.shape[0], 1))
-        return aml_ppl.fit(mixture, X, engine=self.engine).params
+        return api.fit(mixture, X, engine=self.engine).params
 
     def _pooled_params(self, X: torch.Tensor, y: torch.Tensor) -> list[dict[str, torch.Tensor]]:
         r"""LDA: class means, one covariance :math:`\frac1n\sum_i (x_i-\mu_{y_i})(x_i-\mu_{y_i})^\top`."""

@@ -12,8 +12,8 @@ from botorch.optim import optimize_acqf_discrete
 from torch import Tensor
 from tqdm.auto import tqdm
 
-import aml_ppl
 from aml_ppl._data import check_count, check_float_tensor
+from aml_ppl.api import fit
 from aml_ppl.bo.acquisition import ITL, VTL, UncertaintySampling
 from aml_ppl.errors import InputDataError
 from aml_ppl.inference.exact import Exact
@@ -94,7 +94,7 @@ class TransductiveActiveLearning:
         kernel = gpytorch.kernels.RBFKernel().double()
         kernel.lengthscale = torch.tensor(self.lengthscale, dtype=torch.float64)
         model = GaussianProcess(kernel, mean="zero", noise=self.noise_variance)
-        return aml_ppl.fit(model, self.X, self.y, engine=Exact(learn=False))
+        return fit(model, self.X, self.y, engine=Exact(learn=False))
 
     def suggest(self) -> Tensor:
         r"""The next point of the sample space (``d``)."""

@@ -14,7 +14,7 @@ from botorch.optim import optimize_acqf_discrete
 from torch import Tensor
 from tqdm.auto import tqdm
 
-import aml_ppl
+from aml_ppl.api import fit
 from aml_ppl.bo.acquisition import ITL, VTL, UncertaintySampling
 from aml_ppl.bo.journal import EvaluationRecord, Journal
 from aml_ppl.bo.problems import SafeProblem
@@ -152,7 +152,7 @@ class SafeBayesianOptimization:
             kernel.lengthscale = torch.tensor(self.lengthscale, dtype=torch.float64)
             model = GaussianProcess(kernel, mean="zero", noise=self.noise_variance)
             engine = Exact(learn=self.fit_hyperparameters)
-            posteriors.append(aml_ppl.fit(model, X, Y[:, column], engine=engine))
+            posteriors.append(fit(model, X, Y[:, column], engine=engine))
         return posteriors
 
     def _sets(self, posteriors: list) -> dict[str, Tensor]:

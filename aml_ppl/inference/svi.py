@@ -11,13 +11,13 @@ import pyro.optim
 import torch
 from pyro import poutine
 from pyro.infer import Predictive, Trace_ELBO, TraceEnum_ELBO
-from pyro.infer.autoguide import init_to_value
 from pyro.infer.autoguide import (
     AutoDelta,
     AutoLaplaceApproximation,
     AutoLowRankMultivariateNormal,
     AutoMultivariateNormal,
     AutoNormal,
+    init_to_value,
 )
 from pyro.infer.util import zero_grads
 from tqdm.auto import tqdm
@@ -37,8 +37,8 @@ from aml_ppl.inference.base import (
     isolated_param_store,
     max_plate_nesting,
     register_engine,
-    structure_trace,
     register_posterior,
+    structure_trace,
 )
 
 AUTOGUIDES: dict[str, type] = {

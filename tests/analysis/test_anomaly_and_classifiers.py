@@ -4,7 +4,13 @@ import numpy as np
 import pytest
 import torch
 
-from aml_ppl.analysis import PCA, AnomalyDetector, GaussianMixtureClassifier, auroc, roc_curve
+from aml_ppl.analysis import (
+    PCA,
+    AnomalyDetector,
+    GaussianMixtureClassifier,
+    auroc,
+    roc_curve,
+)
 
 
 def planted_anomalies(seed=0):

@@ -1,12 +1,17 @@
 """Gaussian processes against closed forms, BLR, scikit-learn and BoTorch (notes AML §6)."""
 
-import math
 
-import gpytorch
 import numpy as np
 import pytest
 import torch
-from gpytorch.kernels import LinearKernel, MaternKernel, PeriodicKernel, PolynomialKernel, RBFKernel, ScaleKernel
+from gpytorch.kernels import (
+    LinearKernel,
+    MaternKernel,
+    PeriodicKernel,
+    PolynomialKernel,
+    RBFKernel,
+    ScaleKernel,
+)
 
 import aml_ppl as aml
 from aml_ppl.inference import NUTS, Exact
