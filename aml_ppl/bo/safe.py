@@ -22,7 +22,7 @@ from aml_ppl.errors import InputDataError
 from aml_ppl.inference.exact import Exact
 from aml_ppl.models.gp import GaussianProcess
 
-ACQUISITIONS = ("itl", "vtl", "us", "unsafe_ei")
+ACQUISITIONS = ("itl", "vtl", "us", "safeopt", "unsafe_ei")
 
 
 class SafeBayesianOptimization:
@@ -43,8 +43,12 @@ class SafeBayesianOptimization:
 
     The next point maximises the acquisition over the pessimistic safe set
     :math:`S_n` targeting :math:`A_n`: ``"itl"``, ``"vtl"``, ``"us"`` (uncertainty
-    sampling on :math:`S_n`), or ``"unsafe_ei"`` (expected improvement on the whole
-    domain, ignoring safety: a baseline). The recommendation is
+    sampling on :math:`S_n`), ``"safeopt"`` (the SafeOpt rule with GP-based expanders,
+    Berkenkamp et al. 2016: among the maximisers :math:`M_n = \{x \in S_n : u_f(x) \ge
+    \max_{S_n} l_f\}` and the expanders :math:`G_n` - safe points where an optimistic
+    observation :math:`u_g(x)` would make an unsafe point safe - the widest
+    :math:`u - l`), or ``"unsafe_ei"`` (expected improvement on the whole domain,
+    ignoring safety: a baseline). The recommendation is
     :math:`\arg\max_{S_n} l_f`; the certificate :math:`\max_{\hat S_n} u_f - \max_{S_n}
     l_f` bounds its regret while the bounds hold.
 
@@ -195,6 +199,8 @@ class SafeBayesianOptimization:
             sample_space = allowed
         if not sample_space.any():
             raise InputDataError("the pessimistic safe set is empty: no point is known to be safe.")
+        if self.acquisition == "safeopt":
+            return self._safeopt_choice(posteriors, sets, sample_space), sets
         models = [posterior.to_botorch() for posterior in posteriors]
         target_mask = sets["area_of_interest"] if sets["area_of_interest"].any() else sample_space
         target = self.domain[target_mask]
@@ -207,6 +213,33 @@ class SafeBayesianOptimization:
         }[self.acquisition]()
         choice, _ = optimize_acqf_discrete(acquisition, q=1, choices=self.domain[sample_space])
         return choice[0], sets
+
+    def _safeopt_choice(self, posteriors: list, sets: dict[str, Tensor], sample_space: Tensor) -> Tensor:
+        r"""SafeOpt's rule: the widest confidence interval among maximisers and expanders."""
+        beta = self.beta(len(self.records)) if callable(self.beta) else self.beta
+        lower, upper = sets["lower"], sets["upper"]
+        best_lower = lower[0][sample_space].max()
+        maximisers = sample_space & (upper[0] >= best_lower)
+        constraint_rows = [0] if self.problem.objective_is_constraint else list(range(1, lower.shape[0]))
+        expanders = torch.zeros_like(sample_space)
+        unsafe = ~sets["safe_set_pessimistic"]
+        candidates = torch.nonzero(sample_space).flatten()
+        for row in constraint_rows:
+            model = posteriors[row].to_botorch()
+            posterior = model.posterior(self.domain, observation_noise=False)
+            covariance = posterior.distribution.covariance_matrix
+            mean, variance = posterior.mean[:, 0], covariance.diagonal().clamp_min(0)
+            # Observing y = u_g(x) at candidate x, the rank-one update at every point z:
+            # μ'(z) = μ(z) + Σ_zx (u_g(x) - μ(x)) / (σ²_x + ρ²), σ'²(z) = σ²(z) - Σ_zx² / (σ²_x + ρ²).
+            cross = covariance[candidates][:, unsafe]
+            denominator = (variance[candidates] + model.likelihood.noise.mean())[:, None]
+            gain = (upper[row][candidates] - mean[candidates])[:, None]
+            new_mean = mean[unsafe] + cross * gain / denominator
+            new_sd = (variance[unsafe] - cross.square() / denominator).clamp_min(0).sqrt()
+            expanders[candidates] |= ((new_mean - beta * new_sd) >= 0).any(1)
+        pool = maximisers | expanders
+        width = (upper - lower).max(0).values.masked_fill(~pool, -math.inf)
+        return self.domain[width.argmax()]
 
     def observe(self, x: Tensor, values: Tensor | None, sets: dict[str, Tensor], seconds: float, message: str = "") -> EvaluationRecord:
         r"""Record the evaluation of ``x``: ``values`` (``1 + c``) or ``None``/NaN for a failure."""

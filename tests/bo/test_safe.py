@@ -27,6 +27,14 @@ def unsafe_evaluations(problem, loop):
     return int((~problem.safe_mask(X)).sum())
 
 
+def test_the_safeopt_rule_stays_safe_and_expands():
+    problem = one_d_hard()
+    loop, objective = seeded_loop(problem, seed=0, acquisition="safeopt")
+    loop.run(objective, budget=40, progress_bar=False)
+    assert unsafe_evaluations(problem, loop) == 0
+    assert loop.records[-1].safe_set_size > loop.records[8].safe_set_size
+
+
 def test_itl_stays_safe_where_unsafe_ei_does_not():
     problem = one_d_hard()
     itl, objective = seeded_loop(problem, seed=0)
