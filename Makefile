@@ -6,7 +6,7 @@ PY      = $(VENV)/bin/python
 # `torch>=` range in pyproject.toml is already met and pip pulls no CUDA build.
 TORCH_CPU ?= torch==2.13.0
 
-.PHONY: install demo test test-slow bench clean
+.PHONY: install demo test bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,9 +22,6 @@ demo: install
 
 test: install
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q
-
-test-slow: install
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m slow
 
 bench: install
 	$(PY) benchmarks/bench_blr.py
