@@ -20,6 +20,12 @@ import aml_ppl as aml  # noqa: E402
 from aml_ppl.inference import EM, NUTS, SVI  # noqa: E402
 
 
+def save(figure, path: Path, what: str) -> None:
+    figure.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(figure)
+    print(f"saved {what} to {path}")
+
+
 def features(x: torch.Tensor) -> torch.Tensor:
     """A cubic basis [1, x, x², x³]: BLR is linear in β, not in x."""
     return torch.stack([x**0, x, x**2, x**3], dim=-1)
@@ -55,10 +61,7 @@ def blr_tour(out: Path, smoke: bool) -> None:
     axis.scatter(x, y, s=12, c="k", label="data")
     axis.set(xlabel="x", ylabel="y", title="Bayesian linear regression on a cubic basis")
     axis.legend(fontsize=8)
-    path = out / "blr_predictive.png"
-    figure.savefig(path, dpi=120, bbox_inches="tight")
-    plt.close(figure)
-    print(f"saved the predictive with its 95 % band to {path}")
+    save(figure, out / "blr_predictive.png", "the predictive with its 95 % band")
 
 
 def mixture_tour(out: Path, smoke: bool) -> None:
@@ -102,10 +105,7 @@ def mixture_tour(out: Path, smoke: bool) -> None:
     axis.plot([0, 1], [0, 1], "k:", label="chance")
     axis.set(xlabel="false-positive rate", ylabel="true-positive rate", title="Malignant cells as anomalies")
     axis.legend(loc="lower right", fontsize=8)
-    path = out / "anomaly_roc.png"
-    figure.savefig(path, dpi=120, bbox_inches="tight")
-    plt.close(figure)
-    print(f"saved the ROC curve to {path}")
+    save(figure, out / "anomaly_roc.png", "the ROC curve")
 
 
 def gp_tour(out: Path, smoke: bool) -> None:
@@ -138,12 +138,10 @@ def gp_tour(out: Path, smoke: bool) -> None:
     figure, axis = plt.subplots(figsize=(8, 4))
     aml.analysis.plot_predictive_1d(post, grid, ax=axis)
     axis.set(xlabel="years since 1958", ylabel="CO2 (ppm)", title="GP with a composite kernel, 95 % band (cf. AML Figure 6.1)")
-    path = out / "gp_co2.png"
-    figure.savefig(path, dpi=120, bbox_inches="tight")
-    plt.close(figure)
     forecast = post.predict(torch.tensor([[50.0]], dtype=torch.float64))
     lower, upper = forecast.interval(0.95)
-    print(f"forecast for 2008: {forecast.mean.item():.1f} ppm (95 %: {lower.item():.1f} to {upper.item():.1f}); saved {path}")
+    print(f"forecast for 2008: {forecast.mean.item():.1f} ppm (95 %: {lower.item():.1f} to {upper.item():.1f})")
+    save(figure, out / "gp_co2.png", "the GP's predictive")
 
 
 def safe_bo_tour(out: Path, smoke: bool) -> None:
@@ -179,10 +177,7 @@ def safe_bo_tour(out: Path, smoke: bool) -> None:
     plot_safe_bo_1d(resumed, top, problem)
     top.set_title("Safe BO on 1d_hard (cf. AML Figure 7.2)")
     plot_progress(resumed, problem, bottom)
-    path = out / "safe_bo_1d_hard.png"
-    figure.savefig(path, dpi=120, bbox_inches="tight")
-    plt.close(figure)
-    print(f"saved {path}")
+    save(figure, out / "safe_bo_1d_hard.png", "the safe-BO figure")
 
 
 def main(argv: list[str] | None = None) -> None:
