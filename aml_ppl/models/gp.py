@@ -158,15 +158,17 @@ class _GaussianProcessBase(Model):
 
 
     def _sample_hyperparameters(self) -> dict[str, torch.Tensor]:
+        sites = self.hyperparameters()
         return {
-            site: pyro.sample(site, self._prior(site, value, self.hyperparameters()[site][1]))
+            site: pyro.sample(site, self._prior(site, value, sites[site][1]))
             for site, value in self.current_values().items()
         }
 
     def _hyperparameter_points(self) -> None:
         r"""Guide part: a point mass per hyperparameter, started at its current value."""
+        sites = self.hyperparameters()
         for site, value in self.current_values().items():
-            support = constraints_for(self.hyperparameters()[site][1])
+            support = constraints_for(sites[site][1])
             point = pyro.param(f"{type(self).__name__}.{site}", value.clone(), constraint=support)
             pyro.sample(site, dist.Delta(point, event_dim=value.dim()))
 
@@ -346,15 +348,15 @@ class GaussianProcess(_GaussianProcessBase):
         stats = self._transforms(X, y, self.normalize_inputs, self.standardize_outputs)
         X_in = (X - stats["x_offset"]) / stats["x_scale"]
         y_in = (y - stats["y_offset"]) / stats["y_scale"]
-        start = self.current_values()
+        sites = self.hyperparameters()
         raw = {
-            site: _unconstrained(value, self.hyperparameters()[site][1]).clone().requires_grad_(True)
-            for site, value in start.items()
+            site: _unconstrained(value, sites[site][1]).clone().requires_grad_(True)
+            for site, value in self.current_values().items()
         }
         history: list[float] = []
 
         def values() -> dict[str, torch.Tensor]:
-            return {site: _constrained(v, self.hyperparameters()[site][1]) for site, v in raw.items()}
+            return {site: _constrained(v, sites[site][1]) for site, v in raw.items()}
 
         if learn and raw:
             if optimizer == "lbfgs":
