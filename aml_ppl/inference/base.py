@@ -188,6 +188,12 @@ class Posterior(ABC):
             "history": tensors["_history"],
         }
 
+    @staticmethod
+    def _stored(tensors: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
+        r"""The saved tensors whose keys start with ``prefix:``, keyed by the rest."""
+        marker = f"{prefix}:"
+        return {k[len(marker):]: v for k, v in tensors.items() if k.startswith(marker)}
+
     @classmethod
     @abstractmethod
     def _from_state(

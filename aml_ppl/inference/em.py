@@ -153,15 +153,12 @@ class MixturePosterior(Posterior):
 
     @classmethod
     def _from_state(cls, model, args, kwargs, tensors, meta, guide):
-        def group(prefix: str) -> dict[str, torch.Tensor]:
-            return {k.split(":", 1)[1]: v for k, v in tensors.items() if k.startswith(prefix)}
-
         return cls(
             model,
             args,
             kwargs,
-            params=group("param:"),
-            replicates=group("replicate:") or None,
+            params=cls._stored(tensors, "param"),
+            replicates=cls._stored(tensors, "replicate") or None,
             converged=meta["converged"],
             **cls._recorded(tensors, meta),
         )

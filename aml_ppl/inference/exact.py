@@ -123,17 +123,14 @@ class GaussianPosterior(Posterior):
 
     @classmethod
     def _from_state(cls, model, args, kwargs, tensors, meta, guide):
-        def group(prefix: str) -> dict[str, torch.Tensor]:
-            return {k.split(":", 1)[1]: v for k, v in tensors.items() if k.startswith(prefix)}
-
         recorded = cls._recorded(tensors, meta)
         latents = GaussianLatents(
-            loc=group("loc:"),
-            covariance=group("covariance:"),
-            fixed=group("fixed:"),
+            loc=cls._stored(tensors, "loc"),
+            covariance=cls._stored(tensors, "covariance"),
+            fixed=cls._stored(tensors, "fixed"),
             log_marginal_likelihood=tensors.get("log_marginal_likelihood"),
             history=recorded["history"].tolist(),
-            statistics=group("statistic:"),
+            statistics=cls._stored(tensors, "statistic"),
         )
         return cls(model, args, kwargs, latents=latents, **recorded)
 

@@ -70,7 +70,7 @@ class SamplePosterior(Posterior):
 
     @classmethod
     def _from_state(cls, model, args, kwargs, tensors, meta, guide):
-        samples = {k.split(":", 1)[1]: v for k, v in tensors.items() if k.startswith("sample:")}
+        samples = cls._stored(tensors, "sample")
         return cls(
             model,
             args,

@@ -143,10 +143,7 @@ class GuidePosterior(Posterior):
             guide = make_autoguide("mvn" if spec == "laplace" else spec, model, args, kwargs)
             with isolated_param_store(), poutine.block():
                 guide(*args, **kwargs)
-        def group(prefix: str) -> dict[str, torch.Tensor]:
-            return {k.split(":", 1)[1]: v for k, v in tensors.items() if k.startswith(prefix)}
-
-        state = group("guide:")
+        state = cls._stored(tensors, "guide")
         if state:
             if spec == "laplace":
                 for name in ("loc", "scale", "scale_tril"):
@@ -160,8 +157,8 @@ class GuidePosterior(Posterior):
             kwargs,
             guide=guide,
             guide_spec=spec,
-            model_params=group("model_param:"),
-            guide_params=group("guide_param:"),
+            model_params=cls._stored(tensors, "model_param"),
+            guide_params=cls._stored(tensors, "guide_param"),
             **cls._recorded(tensors, meta),
         )
 
