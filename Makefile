@@ -13,6 +13,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	if ! command -v nvidia-smi >/dev/null 2>&1; then $(PY) -m pip install -q "$(TORCH_CPU)"; fi
 	$(PY) -m pip install -q -e ".[test,demo]"
+	$(PY) -m pip install -q --no-deps safeopt==0.16
 	touch $@
 
 install: $(VENV)/.installed

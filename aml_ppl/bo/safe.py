@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 import gpytorch
 import torch
@@ -32,8 +32,8 @@ class SafeBayesianOptimization:
     hyperparameters by default or refitted by the exact engine). With confidence
     bounds :math:`l = \mu - \beta\sigma`, :math:`u = \mu + \beta\sigma` (``beta``
     multiplies the standard deviation: the notes' 95 % interval is :math:`\beta = 1.96`,
-    which BoTorch's UCB writes as ``beta=3.84``), optionally intersected over time
-    (AML §7.5):
+    which BoTorch's UCB writes as ``beta=3.84``), intersected over time unless
+    ``intersect_bounds=False`` (AML §7.5 defines them per step):
 
     .. math::
 
@@ -43,14 +43,16 @@ class SafeBayesianOptimization:
 
     The next point maximises the acquisition over the pessimistic safe set
     :math:`S_n` targeting :math:`A_n`: ``"itl"``, ``"vtl"``, ``"us"`` (uncertainty
-    sampling on :math:`S_n`), ``"safeopt"`` (the SafeOpt rule with GP-based expanders,
+    sampling on :math:`S_n`), ``"safeopt"`` (the SafeOpt rule, Sui et al. 2015 and
     Berkenkamp et al. 2016: among the maximisers :math:`M_n = \{x \in S_n : u_f(x) \ge
-    \max_{S_n} l_f\}` and the expanders :math:`G_n` - safe points where an optimistic
-    observation :math:`u_g(x)` would make an unsafe point safe - the widest
-    :math:`u - l`), or ``"unsafe_ei"`` (expected improvement on the whole domain,
-    ignoring safety: a baseline). The recommendation is
-    :math:`\arg\max_{S_n} l_f`; the certificate :math:`\max_{\hat S_n} u_f - \max_{S_n}
-    l_f` bounds its regret while the bounds hold.
+    \max_{S_n} l_f\}` and the expanders :math:`G_n` the widest :math:`u - l`; an expander
+    is a safe :math:`x` after which some :math:`x' \notin S_n` would satisfy every
+    constraint: with ``lipschitz`` constants :math:`L_i`, :math:`u_{g_i}(x) - L_i
+    \lVert x - x' \rVert \ge 0`; without, the GP's lower bound at :math:`x'` after an
+    optimistic observation :math:`u_{g_i}(x)` at :math:`x`), or ``"unsafe_ei"``
+    (expected improvement on the whole domain, ignoring safety: a baseline). The
+    recommendation is :math:`\arg\max_{S_n} l_f`; the certificate
+    :math:`\max_{\hat S_n} u_f - \max_{S_n} l_f` bounds its regret while the bounds hold.
 
     Every evaluation (seed points included) is committed to the journal before the
     next suggestion; :meth:`resume` rebuilds a loop from its journal. An objective
@@ -60,11 +62,15 @@ class SafeBayesianOptimization:
     Args:
         problem: The domain and, for bookkeeping, its name and noise.
         beta: :math:`\beta`, a number or a function of the iteration :math:`t`.
-        acquisition: One of ``"itl"``, ``"vtl"``, ``"us"``, ``"unsafe_ei"``.
+        acquisition: One of ``"itl"``, ``"vtl"``, ``"us"``, ``"safeopt"``, ``"unsafe_ei"``.
         lengthscale: RBF lengthscale of every GP (fixed unless ``fit_hyperparameters``).
         noise_variance: Observation noise variance :math:`\rho^2` of every GP.
         fit_hyperparameters: Refit each GP's hyperparameters by type-II ML every step.
-        intersect_bounds: Intersect confidence bounds over time.
+        intersect_bounds: Intersect the confidence bounds over time, as the reference
+            experiments of Hübotter et al. (2024) do (the default); ``False`` gives the
+            notes' per-step bounds. :meth:`resume` rebuilds the intersection from the journal.
+        lipschitz: For ``"safeopt"`` only: Lipschitz constants of the constraints (one
+            number for all, or one per constraint); ``None`` for GP-based expanders.
         journal: Path of the SQLite journal, or ``None`` for none.
         device: Where tensors live (``"cuda"`` when there is one).
     """
@@ -77,12 +83,19 @@ class SafeBayesianOptimization:
         lengthscale: float | None = None,
         noise_variance: float | None = None,
         fit_hyperparameters: bool = False,
-        intersect_bounds: bool = False,
+        intersect_bounds: bool = True,
+        lipschitz: float | Sequence[float] | None = None,
         journal: str | Path | None = None,
         device: str | torch.device = "cpu",
     ) -> None:
         if acquisition not in ACQUISITIONS:
             raise InputDataError(f"`acquisition` must be one of {ACQUISITIONS}; got {acquisition!r}.")
+        if lipschitz is not None:
+            lipschitz = torch.as_tensor(lipschitz, dtype=torch.float64).reshape(-1)
+            if acquisition != "safeopt":
+                raise InputDataError(f"`lipschitz` is used by acquisition='safeopt' only; got {acquisition!r}.")
+            if lipschitz.numel() == 0 or not (torch.isfinite(lipschitz) & (lipschitz > 0)).all():
+                raise InputDataError(f"`lipschitz` must be positive and finite; got {lipschitz.tolist()}.")
         self.problem = problem
         self.device = torch.device(device)
         self.domain = problem.domain.to(self.device)
@@ -92,15 +105,18 @@ class SafeBayesianOptimization:
         self.noise_variance = noise_variance if noise_variance is not None else max(problem.noise_std, 1e-3) ** 2
         self.fit_hyperparameters = fit_hyperparameters
         self.intersect_bounds = intersect_bounds
+        self.lipschitz = None if lipschitz is None else lipschitz.to(self.device)
         config = {
             "problem": problem.name, "acquisition": acquisition, "lengthscale": self.lengthscale,
             "noise_variance": self.noise_variance, "fit_hyperparameters": fit_hyperparameters,
             "intersect_bounds": intersect_bounds,
+            "lipschitz": None if lipschitz is None else lipschitz.tolist(),
             "beta": self.beta if not callable(self.beta) else getattr(self.beta, "__name__", "schedule"),
         }
         self.journal = Journal(journal, config) if journal is not None else None
         self.records: list[EvaluationRecord] = self.journal.records() if self.journal else []
-        self._bounds: tuple[Tensor, Tensor] | None = None
+        self._bounds: tuple[Tensor, Tensor] | None = None  # intersected over time, after
+        self._bounds_count = 0  # this many records
 
     # -- data ------------------------------------------------------------------------------
 
@@ -114,7 +130,10 @@ class SafeBayesianOptimization:
     @property
     def observations(self) -> tuple[Tensor, Tensor]:
         r"""``(X, Y)`` of the successful evaluations: ``n x d`` and ``n x (1 + c)``."""
-        good = [record for record in self.records if record.values is not None]
+        return self._observations(self.records)
+
+    def _observations(self, records: list[EvaluationRecord]) -> tuple[Tensor, Tensor]:
+        good = [record for record in records if record.values is not None]
         X = torch.tensor([record.x for record in good], dtype=torch.float64, device=self.device)
         Y = torch.tensor([record.values for record in good], dtype=torch.float64, device=self.device)
         return X.reshape(-1, self.domain.shape[1]), Y.reshape(len(good), -1)
@@ -146,8 +165,8 @@ class SafeBayesianOptimization:
 
     # -- the model and the sets ------------------------------------------------------------
 
-    def _posteriors(self) -> list:
-        X, Y = self.observations
+    def _posteriors(self, records: list[EvaluationRecord] | None = None) -> list:
+        X, Y = self._observations(self.records if records is None else records)
         if X.shape[0] == 0:
             raise InputDataError("add safe seed points (`add_seed`) before asking for suggestions.")
         posteriors = []
@@ -159,15 +178,39 @@ class SafeBayesianOptimization:
             posteriors.append(fit(model, X, Y[:, column], engine=engine))
         return posteriors
 
-    def _sets(self, posteriors: list) -> dict[str, Tensor]:
-        beta = self.beta(len(self.records)) if callable(self.beta) else self.beta
+    def _beta_at(self, count: int) -> float:
+        return self.beta(count) if callable(self.beta) else self.beta
+
+    def _confidence_bounds(self, posteriors: list, count: int) -> tuple[Tensor, Tensor]:
+        beta = self._beta_at(count)
         # Only the Gaussian moments are used: one predictive draw, not a thousand.
         predictions = [posterior.predict(self.domain, site="f", num_samples=1) for posterior in posteriors]
         lower = torch.stack([p.mean - beta * p.stddev for p in predictions])
         upper = torch.stack([p.mean + beta * p.stddev for p in predictions])
-        if self.intersect_bounds and self._bounds is not None:
+        return lower, upper
+
+    def _intersected(self, lower: Tensor, upper: Tensor) -> tuple[Tensor, Tensor]:
+        r"""Intersect ``[lower, upper]`` with the bounds after every earlier number of
+        evaluations since the first seeds, so the result depends on the journal alone: in a
+        running loop only the newest bounds are new; after :meth:`resume` the earlier ones are
+        recomputed once (one GP fit per evaluation)."""
+        first = next((i for i, record in enumerate(self.records) if record.status != "seed"), len(self.records))
+        start = first if self._bounds is None else self._bounds_count + 1
+        for count in range(start, len(self.records)):
+            earlier_lower, earlier_upper = self._confidence_bounds(self._posteriors(self.records[:count]), count)
+            if self._bounds is not None:
+                earlier_lower = torch.maximum(earlier_lower, self._bounds[0])
+                earlier_upper = torch.minimum(earlier_upper, self._bounds[1])
+            self._bounds = (earlier_lower, earlier_upper)
+        if self._bounds is not None:
             lower, upper = torch.maximum(lower, self._bounds[0]), torch.minimum(upper, self._bounds[1])
-        self._bounds = (lower, upper)
+        self._bounds, self._bounds_count = (lower, upper), len(self.records)
+        return lower, upper
+
+    def _sets(self, posteriors: list) -> dict[str, Tensor]:
+        lower, upper = self._confidence_bounds(posteriors, len(self.records))
+        if self.intersect_bounds:
+            lower, upper = self._intersected(lower, upper)
         constraint_rows = slice(0, 1) if self.problem.objective_is_constraint else slice(1, None)
         if lower[constraint_rows].shape[0] == 0:  # unconstrained: everything is safe
             safe = optimistic = torch.ones(self.domain.shape[0], dtype=torch.bool, device=self.device)
@@ -215,16 +258,34 @@ class SafeBayesianOptimization:
         return choice[0], sets
 
     def _safeopt_choice(self, posteriors: list, sets: dict[str, Tensor], sample_space: Tensor) -> Tensor:
-        r"""SafeOpt's rule: the widest confidence interval among maximisers and expanders."""
-        beta = self.beta(len(self.records)) if callable(self.beta) else self.beta
+        r"""SafeOpt's rule: the widest confidence interval among maximisers and expanders
+        (added to ``sets`` as ``"maximisers"`` and ``"expanders"``)."""
         lower, upper = sets["lower"], sets["upper"]
-        best_lower = lower[0][sample_space].max()
-        maximisers = sample_space & (upper[0] >= best_lower)
-        constraint_rows = [0] if self.problem.objective_is_constraint else list(range(1, lower.shape[0]))
-        expanders = torch.zeros_like(sample_space)
-        unsafe = ~sets["safe_set_pessimistic"]
+        sets["maximisers"] = sample_space & (upper[0] >= lower[0][sample_space].max())
+        sets["expanders"] = self._expanders(posteriors, sets, sample_space)
+        width = (upper - lower).max(0).values.masked_fill(~(sets["maximisers"] | sets["expanders"]), -math.inf)
+        return self.domain[width.argmax()]
+
+    def _expanders(self, posteriors: list, sets: dict[str, Tensor], sample_space: Tensor) -> Tensor:
+        r"""Safe points after which some point outside :math:`S_n` would satisfy every
+        constraint, judged by optimistic Lipschitz cones or by the GP after an optimistic
+        observation (the rank-one update below)."""
+        beta = self._beta_at(len(self.records))
+        upper = sets["upper"]
+        constraint_rows = [0] if self.problem.objective_is_constraint else list(range(1, upper.shape[0]))
+        if self.lipschitz is not None and self.lipschitz.numel() not in (1, len(constraint_rows)):
+            raise InputDataError(
+                f"`lipschitz` has {self.lipschitz.numel()} constants for {len(constraint_rows)} constraints."
+            )
         candidates = torch.nonzero(sample_space).flatten()
-        for row in constraint_rows:
+        unsafe = ~sets["safe_set_pessimistic"]
+        becomes_safe = torch.ones(candidates.numel(), int(unsafe.sum()), dtype=torch.bool, device=self.device)
+        for number, row in enumerate(constraint_rows):
+            if self.lipschitz is not None:
+                distance = torch.cdist(self.domain[candidates], self.domain[unsafe])
+                constant = self.lipschitz[number if self.lipschitz.numel() > 1 else 0]
+                becomes_safe &= upper[row][candidates, None] - constant * distance >= 0
+                continue
             model = posteriors[row].to_botorch()
             posterior = model.posterior(self.domain, observation_noise=False)
             covariance = posterior.distribution.covariance_matrix
@@ -236,10 +297,10 @@ class SafeBayesianOptimization:
             gain = (upper[row][candidates] - mean[candidates])[:, None]
             new_mean = mean[unsafe] + cross * gain / denominator
             new_sd = (variance[unsafe] - cross.square() / denominator).clamp_min(0).sqrt()
-            expanders[candidates] |= ((new_mean - beta * new_sd) >= 0).any(1)
-        pool = maximisers | expanders
-        width = (upper - lower).max(0).values.masked_fill(~pool, -math.inf)
-        return self.domain[width.argmax()]
+            becomes_safe &= new_mean - beta * new_sd >= 0
+        expanders = torch.zeros_like(sample_space)
+        expanders[candidates] = becomes_safe.any(1)
+        return expanders
 
     def observe(self, x: Tensor, values: Tensor | None, sets: dict[str, Tensor], seconds: float, message: str = "") -> EvaluationRecord:
         r"""Record the evaluation of ``x``: ``values`` (``1 + c``) or ``None``/NaN for a failure."""
