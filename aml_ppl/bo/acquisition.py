@@ -115,9 +115,10 @@ class ITL(_JointPosteriorAcquisition):
             if cross is None:
                 total = total + 0.5 * torch.log1p(variance / noise)
                 continue
-            eye = torch.eye(target_covariance.shape[0], dtype=X.dtype, device=X.device)
             scale = target_covariance.diagonal().mean().clamp_min(1e-12)
-            chol = torch.linalg.cholesky(target_covariance + self.jitter * scale * eye)
+            jittered = target_covariance.clone()  # jitter on the diagonal without an m x m eye
+            jittered.diagonal().add_(self.jitter * scale)
+            chol = torch.linalg.cholesky(jittered)
             explained = torch.linalg.solve_triangular(chol, cross.T, upper=False).square().sum(0)
             conditional = (variance - explained).clamp_min(0)
             total = total + 0.5 * torch.log((variance + noise) / (conditional + noise))
