@@ -50,13 +50,9 @@ LIPSCHITZ = {"1d_hard": [2.50495534], "2d_island": [63.15282346, 80.97604292]}
 METHODS = ["itl", "vtl", "us", "safeopt", "safeopt-gp", "package-safeopt", "package-safeopt-gp"]
 
 
-def regret(problem, x) -> float:
-    return problem.safe_optimum() - problem.values(x.reshape(1, -1))[0, 0].item()
-
-
 def seed_data(problem, seed: int):
     generator = torch.Generator().manual_seed(seed)
-    seeds = problem.seed_points(8 if problem.name == "1d_hard" else 1, generator)
+    seeds = problem.seed_points(generator=generator)
     return generator, seeds, problem.observe(seeds, generator)
 
 
@@ -72,12 +68,12 @@ def run_ours(problem, method: str, seed: int, budget: int, threshold: float | No
     start, reached = time.perf_counter(), None
     for done in range(5, budget + 1, 5) if threshold is not None else [budget]:
         loop.run(lambda x: problem.observe(x[None], generator)[0], budget=done, progress_bar=False)
-        if threshold is not None and regret(problem, loop.recommendation()) < threshold:
+        if threshold is not None and problem.simple_regret(loop.recommendation()) < threshold:
             reached = done
             break
     seconds = (time.perf_counter() - start) / max(len(loop.records) - seeds.shape[0], 1)
     X = torch.tensor([record.x for record in loop.records])
-    return reached, int((~problem.safe_mask(X)).sum()), regret(problem, loop.recommendation()), seconds
+    return reached, int((~problem.safe_mask(X)).sum()), problem.simple_regret(loop.recommendation()), seconds
 
 
 def import_safeopt():
@@ -118,12 +114,12 @@ def run_package(problem, method: str, seed: int, budget: int, threshold: float |
         y = problem.observe(torch.tensor(x, dtype=torch.float64).reshape(1, -1), generator)
         optimiser.add_new_data_point(x, y.numpy())
         if threshold is not None and step % 5 == 0:
-            if regret(problem, torch.tensor(optimiser.get_maximum()[0])) < threshold:
+            if problem.simple_regret(torch.tensor(optimiser.get_maximum()[0])) < threshold:
                 reached = step
                 break
     seconds = (time.perf_counter() - start) / step
     X = torch.tensor(optimiser.x, dtype=torch.float64)
-    final = regret(problem, torch.tensor(optimiser.get_maximum()[0]))
+    final = problem.simple_regret(torch.tensor(optimiser.get_maximum()[0]))
     return reached, int((~problem.safe_mask(X)).sum()), final, seconds
 
 

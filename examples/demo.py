@@ -156,7 +156,7 @@ def safe_bo_tour(out: Path, smoke: bool) -> None:
     generator = torch.Generator().manual_seed(0)
     journal = Path(tempfile.mkdtemp()) / "journal.sqlite"
     loop = SafeBayesianOptimization(problem, journal=journal)
-    seeds = problem.seed_points(8, generator)
+    seeds = problem.seed_points(generator=generator)
     loop.add_seed(seeds, problem.observe(seeds, generator))
 
     def objective(x: torch.Tensor) -> torch.Tensor:
@@ -169,7 +169,7 @@ def safe_bo_tour(out: Path, smoke: bool) -> None:
     print(f"  resumed with {len(resumed.records)} records (8 seeds + {first}); continuing to {total}")
     resumed.run(objective, budget=total, progress_bar=False)
     recommendation = resumed.recommendation()
-    regret = problem.safe_optimum() - problem.values(recommendation[None])[0, 0].item()
+    regret = problem.simple_regret(recommendation)
     X = torch.tensor([record.x for record in resumed.records])
     print(f"recommendation x = {recommendation.item():.2f}, simple regret {regret:.4f}, "
           f"unsafe evaluations {int((~problem.safe_mask(X)).sum())}")

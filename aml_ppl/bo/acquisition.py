@@ -20,6 +20,7 @@ from botorch.models.model import Model
 from torch import Tensor
 
 from aml_ppl.errors import InputDataError
+from aml_ppl.models.gp import plus_diagonal
 
 
 class _JointPosteriorAcquisition(AcquisitionFunction):
@@ -116,9 +117,7 @@ class ITL(_JointPosteriorAcquisition):
                 total = total + 0.5 * torch.log1p(variance / noise)
                 continue
             scale = target_covariance.diagonal().mean().clamp_min(1e-12)
-            jittered = target_covariance.clone()  # jitter on the diagonal without an m x m eye
-            jittered.diagonal().add_(self.jitter * scale)
-            chol = torch.linalg.cholesky(jittered)
+            chol = torch.linalg.cholesky(plus_diagonal(target_covariance, self.jitter * scale))
             explained = torch.linalg.solve_triangular(chol, cross.T, upper=False).square().sum(0)
             conditional = (variance - explained).clamp_min(0)
             total = total + 0.5 * torch.log((variance + noise) / (conditional + noise))

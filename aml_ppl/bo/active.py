@@ -17,7 +17,7 @@ from aml_ppl.api import fit
 from aml_ppl.bo.acquisition import ITL, VTL, UncertaintySampling
 from aml_ppl.errors import InputDataError
 from aml_ppl.inference.exact import Exact
-from aml_ppl.models.gp import GaussianProcess
+from aml_ppl.models.gp import GaussianProcess, plus_diagonal
 
 STRATEGIES = ("itl", "vtl", "us", "random")
 
@@ -115,8 +115,7 @@ class TransductiveActiveLearning:
         self.y = torch.cat([self.y, self.y.new_tensor([float(y)])])
         covariance = self._posterior().to_botorch().posterior(self.target).distribution.covariance_matrix
         variance = covariance.diagonal().clamp_min(0)
-        eye = torch.eye(covariance.shape[0], dtype=covariance.dtype)
-        log_det = torch.linalg.slogdet(covariance + 1e-9 * eye).logabsdet
+        log_det = torch.linalg.slogdet(plus_diagonal(covariance, 1e-9)).logabsdet
         step = ActiveLearningStep(
             x=x.tolist(), y=float(y), max_std=variance.max().sqrt().item(), total_variance=variance.sum().item(),
             entropy=0.5 * (log_det.item() + covariance.shape[0] * math.log(2 * math.pi * math.e)),

@@ -21,7 +21,7 @@ def plot_safe_bo_1d(loop: SafeBayesianOptimization, ax: Any = None, problem: Saf
         raise InputDataError("plot_safe_bo_1d needs a one-dimensional domain.")
     if ax is None:
         ax = plt.subplots(figsize=(8, 4))[1]
-    sets = loop._sets(loop._posteriors())
+    sets = loop.current_sets()
     x = loop.domain[:, 0].cpu()
     lower, upper = sets["lower"][0].cpu(), sets["upper"][0].cpu()
     ax.fill_between(x, lower, upper, alpha=0.2, label="objective: confidence band")
@@ -29,14 +29,12 @@ def plot_safe_bo_1d(loop: SafeBayesianOptimization, ax: Any = None, problem: Saf
         ax.plot(x, problem.values(problem.domain)[:, 0], "k", lw=1, label="true objective")
     ax.axhline(0, color="grey", lw=0.8)
     bottom = float(lower.min())
-    for name, level, colour in (
-        ("safe_set_optimistic", 0.06, "tab:orange"),
-        ("safe_set_pessimistic", 0.03, "tab:green"),
-        ("area_of_interest", 0.0, "tab:purple"),
+    for name, label, level, colour in (
+        ("safe_set_optimistic", "Ŝ_n (maybe safe)", 0.06, "tab:orange"),
+        ("safe_set_pessimistic", "S_n (safe)", 0.03, "tab:green"),
+        ("area_of_interest", "A_n (area of interest)", 0.0, "tab:purple"),
     ):
         mask = sets[name].cpu()
-        label = {"safe_set_pessimistic": "S_n (safe)", "safe_set_optimistic": "Ŝ_n (maybe safe)",
-                 "area_of_interest": "A_n (area of interest)"}[name]
         height = bottom - level * (float(upper.max()) - bottom)
         ax.scatter(x[mask], torch.full((int(mask.sum()),), height), s=4, color=colour, label=label)
     X, Y = loop.observations

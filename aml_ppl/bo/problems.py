@@ -29,6 +29,7 @@ class SafeProblem:
         seed_region: ``N`` boolean mask of the domain where seed points are drawn.
         objective_is_constraint: The objective is also the (only) constraint.
         lengthscale: RBF lengthscale of the reference prior (GPyTorch convention).
+        num_seeds: How many seed points the reference experiments draw.
     """
 
     name: str
@@ -39,6 +40,7 @@ class SafeProblem:
     seed_region: Tensor
     objective_is_constraint: bool = False
     lengthscale: float = 1.0
+    num_seeds: int = 1
 
     def observe(self, X: Tensor, generator: torch.Generator | None = None) -> Tensor:
         r"""Noisy values at ``X`` (``n x d``): ``n x (1 + c)``."""
@@ -56,8 +58,14 @@ class SafeProblem:
         r"""The largest objective value over the truly safe part of the domain."""
         return self.values(self.domain)[self.safe_mask(), 0].max().item()
 
-    def seed_points(self, count: int, generator: torch.Generator | None = None) -> Tensor:
-        r"""``count`` distinct domain points from the seed region, uniformly."""
+    def simple_regret(self, x: Tensor) -> float:
+        r"""The safe optimum minus the true objective at the point ``x`` (``d``)."""
+        return self.safe_optimum() - self.values(x.reshape(1, -1))[0, 0].item()
+
+    def seed_points(self, count: int | None = None, generator: torch.Generator | None = None) -> Tensor:
+        r"""``count`` (by default ``num_seeds``) distinct domain points from the seed region,
+        uniformly."""
+        count = self.num_seeds if count is None else count
         region = self.domain[self.seed_region]
         if count > region.shape[0]:
             raise InputDataError(f"`count` = {count} exceeds the {region.shape[0]} seed-region points.")
@@ -86,7 +94,9 @@ def one_d_hard() -> SafeProblem:
         return f[:, None]
 
     seed_region = (domain[:, 0] > 4.5) & (domain[:, 0] < 6)
-    return SafeProblem("1d_hard", domain, values, 0.1, 5.0, seed_region, objective_is_constraint=True)
+    return SafeProblem(
+        "1d_hard", domain, values, 0.1, 5.0, seed_region, objective_is_constraint=True, num_seeds=8
+    )
 
 
 def _gaussian_density_2d(X: Tensor, mean: Tensor, covariance: Tensor) -> Tensor:
@@ -171,7 +181,6 @@ def candidate_domain(bounds: Tensor, num_points: int, seed: int = 0) -> Tensor:
     if d <= 2:
         per_axis = max(2, round(num_points ** (1 / d)))
         axes = [torch.linspace(low, high, per_axis, dtype=torch.float64) for low, high in bounds.T]
-        unit_free = torch.cartesian_prod(*axes) if d == 2 else axes[0][:, None]
-        return unit_free
+        return torch.cartesian_prod(*axes) if d == 2 else axes[0][:, None]
     sobol = torch.quasirandom.SobolEngine(d, scramble=True, seed=seed).draw(num_points, dtype=torch.float64)
     return bounds[0] + (bounds[1] - bounds[0]) * sobol

@@ -2,6 +2,7 @@ r"""Safe Bayesian optimisation with transductive acquisitions (notes AML §7.5).
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from pathlib import Path
@@ -196,14 +197,12 @@ class SafeBayesianOptimization:
         recomputed once (one GP fit per evaluation)."""
         first = next((i for i, record in enumerate(self.records) if record.status != "seed"), len(self.records))
         start = first if self._bounds is None else self._bounds_count + 1
-        for count in range(start, len(self.records)):
-            earlier_lower, earlier_upper = self._confidence_bounds(self._posteriors(self.records[:count]), count)
-            if self._bounds is not None:
-                earlier_lower = torch.maximum(earlier_lower, self._bounds[0])
-                earlier_upper = torch.minimum(earlier_upper, self._bounds[1])
-            self._bounds = (earlier_lower, earlier_upper)
-        if self._bounds is not None:
-            lower, upper = torch.maximum(lower, self._bounds[0]), torch.minimum(upper, self._bounds[1])
+        missed = (
+            self._confidence_bounds(self._posteriors(self.records[:count]), count)
+            for count in range(start, len(self.records))
+        )
+        for earlier_lower, earlier_upper in itertools.chain([self._bounds] if self._bounds else [], missed):
+            lower, upper = torch.maximum(lower, earlier_lower), torch.minimum(upper, earlier_upper)
         self._bounds, self._bounds_count = (lower, upper), len(self.records)
         return lower, upper
 
@@ -343,8 +342,14 @@ class SafeBayesianOptimization:
                 raise RuntimeError(f"evaluation {record.step} at {record.x} failed: {record.message}")
         return self.records
 
+    def current_sets(self) -> dict[str, Tensor]:
+        r"""The sets after every evaluation so far: ``safe_set_pessimistic``,
+        ``safe_set_optimistic`` and ``area_of_interest`` (``N`` masks of the domain), the
+        bounds ``lower`` and ``upper`` (``(1 + c) x N``) and the ``certificate``."""
+        return self._sets(self._posteriors())
+
     def recommendation(self) -> Tensor:
         r""":math:`\arg\max_{S_n} l_f`: the best point known to be safe."""
-        sets = self._sets(self._posteriors())
+        sets = self.current_sets()
         lower = sets["lower"][0].masked_fill(~sets["safe_set_pessimistic"], -math.inf)
         return self.domain[lower.argmax()]

@@ -239,7 +239,7 @@ class GaussianProcess(_GaussianProcessBase):
     def model(self, X: torch.Tensor, y: torch.Tensor | None = None) -> None:
         values = self._sample_hyperparameters()
         mean, covariance = self._module_call(values, X)
-        covariance = _plus_noise(covariance, self._noise(values))
+        covariance = plus_diagonal(covariance, self._noise(values))
         pyro.sample("obs", dist.MultivariateNormal(mean, scale_tril=robust_cholesky(covariance)), obs=y)
 
     def guide(self, X: torch.Tensor, y: torch.Tensor | None = None) -> None:
@@ -276,7 +276,7 @@ class GaussianProcess(_GaussianProcessBase):
             ``(log_marginal_likelihood, cholesky, weights)``, weights :math:`(K+\sigma^2I)^{-1} r`.
         """
         mean, covariance = self._module_call(values, X)
-        return self._log_density(mean, _plus_noise(covariance, self._noise(values)), y)
+        return self._log_density(mean, plus_diagonal(covariance, self._noise(values)), y)
 
     @staticmethod
     def _log_density(
@@ -310,7 +310,7 @@ class GaussianProcess(_GaussianProcessBase):
         mean, covariance = self._module_call(values, X)
         noise = self._noise(values)
         with torch.no_grad():
-            value, cholesky, weights = self._log_density(mean, _plus_noise(covariance, noise), y)
+            value, cholesky, weights = self._log_density(mean, plus_diagonal(covariance, noise), y)
             # ½(ααᵀ − A⁻¹) built in place in A⁻¹'s storage: no further n x n temporaries.
             sensitivity = torch.cholesky_inverse(cholesky).mul_(-0.5).addr_(weights, weights, alpha=0.5)
             del cholesky
@@ -548,11 +548,12 @@ class SparseGaussianProcess(_GaussianProcessBase):
         pyro.sample("inducing_values", dist.MultivariateNormal(loc, scale_tril=scale_tril))
 
 
-def _plus_noise(covariance: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
-    r""":math:`K + \sigma^2 I` without building :math:`I` (one n x n copy; autograd-safe)."""
-    noisy = covariance.clone()
-    noisy.diagonal().add_(noise.to(covariance).reshape(()))
-    return noisy
+def plus_diagonal(matrix: torch.Tensor, value: torch.Tensor | float) -> torch.Tensor:
+    r""":math:`K + cI` (a noise variance, a jitter) without building :math:`I`: one n x n
+    copy, autograd-safe."""
+    shifted = matrix.clone()
+    shifted.diagonal().add_(torch.as_tensor(value).to(matrix).reshape(()))
+    return shifted
 
 
 def _constrained(raw: torch.Tensor, constraint: Any) -> torch.Tensor:
@@ -584,12 +585,11 @@ def robust_cholesky(matrix: torch.Tensor, what: str = "K(X, X) + noise I") -> to
     if info.item() == 0:
         return chol
     scale = matrix.diagonal().mean().abs().clamp_min(1e-12)
-    eye = torch.eye(matrix.shape[-1], dtype=matrix.dtype, device=matrix.device)
     tried = []
     for attempt in range(JITTER_TRIES):
         jitter = JITTER_START * 10**attempt * scale
         tried.append(f"{jitter.item():.1e}")
-        chol, info = torch.linalg.cholesky_ex(matrix + jitter * eye)
+        chol, info = torch.linalg.cholesky_ex(plus_diagonal(matrix, jitter))
         if info.item() == 0:
             return chol
     raise ModelFittingError(

@@ -17,7 +17,7 @@ from aml_ppl.bo.problems import candidate_domain, one_d_hard, two_d_island
 def seeded_loop(problem, seed, **settings):
     generator = torch.Generator().manual_seed(seed)
     loop = SafeBayesianOptimization(problem, **settings)
-    seeds = problem.seed_points(8 if problem.name == "1d_hard" else 1, generator)
+    seeds = problem.seed_points(generator=generator)
     loop.add_seed(seeds, problem.observe(seeds, generator))
     return loop, lambda x: problem.observe(x[None], generator)[0]
 
@@ -28,7 +28,7 @@ def unsafe_evaluations(problem, loop):
 
 
 def simple_regret(problem, loop):
-    return problem.safe_optimum() - problem.values(loop.recommendation()[None])[0, 0].item()
+    return problem.simple_regret(loop.recommendation())
 
 
 def test_safeopt_with_lipschitz_expanders_crosses_the_gap_gp_expanders_cannot():
@@ -89,7 +89,7 @@ from aml_ppl.bo.problems import one_d_hard
 problem = one_d_hard()
 generator = torch.Generator().manual_seed(0)
 loop = SafeBayesianOptimization(problem, journal=sys.argv[1])
-seeds = problem.seed_points(8, generator)
+seeds = problem.seed_points(generator=generator)
 loop.add_seed(seeds, problem.observe(seeds, generator))
 def objective(x):
     time.sleep(0.05)
@@ -139,7 +139,7 @@ def test_intersected_bounds_are_rebuilt_exactly_on_resume(tmp_path):
     running, objective = seeded_loop(problem, seed=3, intersect_bounds=True, journal=tmp_path / "j.sqlite")
     running.run(objective, budget=12, progress_bar=False)
     resumed = SafeBayesianOptimization.resume(tmp_path / "j.sqlite", problem, intersect_bounds=True)
-    running_sets, resumed_sets = (loop._sets(loop._posteriors()) for loop in (running, resumed))
+    running_sets, resumed_sets = (loop.current_sets() for loop in (running, resumed))
     for key in ("lower", "upper"):
         torch.testing.assert_close(resumed_sets[key], running_sets[key], rtol=0, atol=1e-12)
     own_lower, own_upper = running._confidence_bounds(running._posteriors(), len(running.records))

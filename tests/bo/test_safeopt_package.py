@@ -39,7 +39,7 @@ def test_our_safeopt_rule_picks_the_packages_points(safeopt_package, lipschitz, 
     GPy, safeopt = safeopt_package
     problem = one_d_hard()
     generator = torch.Generator().manual_seed(4)
-    seeds = problem.seed_points(8, generator)
+    seeds = problem.seed_points(generator=generator)
     values = problem.observe(seeds, generator)
     ours = SafeBayesianOptimization(problem, acquisition="safeopt", lipschitz=lipschitz, intersect_bounds=False)
     ours.add_seed(seeds, values)
