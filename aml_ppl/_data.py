@@ -6,6 +6,7 @@ boundary works on tensors and trusts their shape.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -88,6 +89,16 @@ def check_count(name: str, value: Any, minimum: int = 1) -> int:
     return value
 
 
+def check_positive(name: str, value: Any, allow_zero: bool = False) -> float:
+    r"""Return ``value`` if it is a finite number above zero (or at least zero); else raise."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise InputDataError(f"`{name}` must be a finite number; got {value!r}.")
+    if value < 0 or (value == 0 and not allow_zero):
+        bound = ">= 0" if allow_zero else "> 0"
+        raise InputDataError(f"`{name}` must be {bound}; got {value!r}.")
+    return float(value)
+
+
 def check_regression_data(
     X: Any, y: Any, dtype: torch.dtype | None = None
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -100,3 +111,34 @@ def check_regression_data(
     if y.shape[0] != X.shape[0]:
         raise InputDataError(f"`X` has {X.shape[0]} rows but `y` has {y.shape[0]} entries.")
     return X, y
+
+
+def check_finite_arguments(args: tuple, kwargs: dict) -> None:
+    r"""Raise, naming the argument (by position or keyword), where a floating tensor among
+    a model's arguments holds NaN or inf: before inference starts, not deep inside it."""
+    named = [(f"positional argument {index}", value) for index, value in enumerate(args)]
+    named += [(f"keyword argument {key!r}", value) for key, value in kwargs.items()]
+    for name, value in named:
+        if isinstance(value, torch.Tensor) and value.is_floating_point() and not torch.isfinite(value.sum()):
+            bad = int((~torch.isfinite(value)).sum())
+            if bad:
+                raise InputDataError(
+                    f"the model's {name} has {bad} NaN or infinite value(s) (shape "
+                    f"{tuple(value.shape)}); remove or impute them before fitting."
+                )
+
+
+def check_new_arguments(args: tuple, kwargs: dict, fitted_args: tuple, fitted_kwargs: dict) -> None:
+    r"""Raise where a new tensor argument disagrees with the fitting data's in its number of
+    dimensions or in any size past the first (the columns of an ``n x d`` input)."""
+    pairs = [(f"positional argument {i}", new, old) for i, (new, old) in enumerate(zip(args, fitted_args))]
+    pairs += [(f"keyword argument {k!r}", v, fitted_kwargs[k]) for k, v in kwargs.items() if k in fitted_kwargs]
+    for name, new, old in pairs:
+        if not (isinstance(new, torch.Tensor) and isinstance(old, torch.Tensor)) or old.dim() == 0:
+            continue
+        if new.dim() != old.dim() or new.shape[1:] != old.shape[1:]:
+            expected = "n x " + " x ".join(str(size) for size in old.shape[1:]) if old.dim() > 1 else "n"
+            raise InputDataError(
+                f"{name} must be shaped {expected} like the fitting data's; got shape "
+                f"{tuple(new.shape)}. Pass inputs with the columns the model was fitted on."
+            )

@@ -6,7 +6,7 @@ from typing import Any, Callable
 
 import pyro
 
-from aml_ppl._data import convert_arguments
+from aml_ppl._data import check_finite_arguments, convert_arguments
 from aml_ppl.errors import InputDataError
 from aml_ppl.inference.base import ENGINES, Engine, Posterior
 from aml_ppl.models.base import Model
@@ -50,8 +50,9 @@ def fit(
         )
     engine = _resolve_engine(engine, model)
     args, kwargs = convert_arguments(args, kwargs)
-    if isinstance(model, Model):
+    if isinstance(model, Model):  # its own checks name the argument (`X`, `y`)
         args, kwargs = model.validate(*args, **kwargs)
+    check_finite_arguments(args, kwargs)
     if seed is not None:
         pyro.set_rng_seed(seed)
     return engine.fit(model, *args, **kwargs)

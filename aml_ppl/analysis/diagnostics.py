@@ -1,14 +1,20 @@
-r"""ArviZ summaries and leave-one-out cross-validation for any engine's posterior."""
+r"""ArviZ summaries, leave-one-out cross-validation and model comparison for any engine."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from aml_ppl.errors import AmlPplError
 from aml_ppl.inference.base import Posterior
 
 
+class PointEstimateError(AmlPplError, ValueError):
+    r"""A point estimate was given where a posterior distribution is needed (LOO, compare)."""
+
+
 def summary(posterior: Posterior, *args: Any, num_samples: int = 1000, **kwargs: Any) -> Any:
-    r"""``arviz.summary`` of the latent sites (mean, sd, HDI, ESS, R-hat) as a DataFrame.
+    r"""``arviz.summary`` of the latent sites (mean, sd, HDI, ESS, R-hat) as a DataFrame;
+    for a point estimate (MAP, a delta guide, an EM estimate), the ``value`` of each site.
 
     Args:
         posterior: A fitted posterior from any engine.
@@ -17,7 +23,10 @@ def summary(posterior: Posterior, *args: Any, num_samples: int = 1000, **kwargs:
     """
     import arviz as az
 
-    return az.summary(posterior.to_arviz(*args, num_samples=num_samples, **kwargs))
+    idata = posterior.to_arviz(*args, num_samples=num_samples, **kwargs)
+    if posterior.is_point_estimate:
+        return az.summary(idata, stat_funcs={"value": lambda draws: draws.mean()}, extend=False)
+    return az.summary(idata)
 
 
 def loo(posterior: Posterior, *args: Any, num_samples: int = 1000, **kwargs: Any) -> Any:
@@ -26,10 +35,45 @@ def loo(posterior: Posterior, *args: Any, num_samples: int = 1000, **kwargs: Any
     .. math:: \mathrm{elpd}_{\mathrm{loo}} = \sum_i \log p(y_i \mid y_{-i})
 
     Args:
-        posterior: A fitted posterior from any engine.
+        posterior: A fitted posterior (not a point estimate).
         *args: The model's arguments with observations; none means the fitting data.
         num_samples: Draws for non-MCMC engines.
+
+    Raises:
+        PointEstimateError: For a point estimate, whose in-sample density would be
+            reported as out-of-sample (an optimistic elpd that outranks real posteriors).
     """
     import arviz as az
 
+    _refuse_point_estimate(posterior)
     return az.loo(posterior.to_arviz(*args, num_samples=num_samples, **kwargs), pointwise=True)
+
+
+def compare(posteriors: dict[str, Posterior], num_samples: int = 1000, **options: Any) -> Any:
+    r"""``arviz.compare`` of several fitted posteriors by PSIS-LOO, best first.
+
+    Args:
+        posteriors: Name to fitted posterior (each on the same observations).
+        num_samples: Draws for non-MCMC engines.
+        **options: Passed to ``arviz.compare`` (``ic``, ``method``, ``scale``).
+
+    Raises:
+        PointEstimateError: If any of them is a point estimate: by construction it would
+            rank above every full posterior.
+    """
+    import arviz as az
+
+    for name, posterior in posteriors.items():
+        _refuse_point_estimate(posterior, name)
+    return az.compare({name: post.to_arviz(num_samples=num_samples) for name, post in posteriors.items()}, **options)
+
+
+def _refuse_point_estimate(posterior: Posterior, name: str | None = None) -> None:
+    if posterior.is_point_estimate:
+        which = f" {name!r}" if name else ""
+        raise PointEstimateError(
+            f"the posterior{which} is a point estimate ({posterior.engine}); its leave-one-out "
+            "density would be optimistic and rank it above every full posterior. Fit a "
+            "distribution instead: MAP(laplace=True), SVI with a non-delta guide, NUTS, or EM "
+            "with uncertainty='bootstrap'."
+        )

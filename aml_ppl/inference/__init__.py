@@ -5,9 +5,10 @@ from aml_ppl.inference.base import (
     Engine,
     Posterior,
     Prediction,
-    load,
+    capable_engines,
     register_engine,
 )
+from aml_ppl.inference.io import load
 from aml_ppl.inference.em import EM, MixturePosterior
 from aml_ppl.inference.exact import Exact, GaussianPosterior
 from aml_ppl.inference.map import MAP
@@ -26,6 +27,7 @@ __all__ = [
     "NUTS",
     "Posterior",
     "Prediction",
+    "capable_engines",
     "SVI",
     "SamplePosterior",
     "load",

@@ -1,17 +1,18 @@
-r"""The engine contract, the posterior surface every engine returns, and the registry.
+r"""The engine contract, the posterior surface every engine returns, and the registries.
 
 An :class:`Engine` needs one method, ``fit(model, *args, **kwargs) -> Posterior``
-(as BoTorch's ``AcquisitionFunction`` needs only ``forward``). A
-:class:`Posterior` draws latent values with ``_draw``; predictions, pointwise
-log-likelihoods and the ArviZ export are built once here, by replaying the
-model under those draws, so every engine gets all of them.
+(as BoTorch's ``AcquisitionFunction`` needs only ``forward``), and says through
+:meth:`Engine.incompatibility` why it cannot run a model, if it cannot. A
+:class:`Posterior` is a record of what the engine produced (draws, a guide, a
+closed form) plus the surface; the replay behind ``predict``, ``log_prob`` and
+``to_arviz`` lives in :mod:`~aml_ppl.inference.replay`, the ArviZ conversion in
+:mod:`~aml_ppl.inference.export`, saving and loading in :mod:`~aml_ppl.inference.io`.
 """
 
 from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from collections import defaultdict
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,16 +21,15 @@ from typing import Any, Callable, ClassVar, Iterator
 import numpy as np
 import pyro
 import torch
-from pyro import poutine
-from pyro.poutine.util import site_is_subsample
 
-from aml_ppl._data import check_count, convert_arguments
-from aml_ppl.errors import AmlPplError, IncompatibleEngineError, InputDataError
+from aml_ppl._data import check_count, check_finite_arguments, check_new_arguments, convert_arguments
+from aml_ppl.errors import IncompatibleEngineError, InputDataError
+from aml_ppl.inference.replay import Replayed, Structure, inspect_model, replay
 from aml_ppl.models.base import Model
+from aml_ppl.models.protocols import ConditionalPredictive, PointwiseLikelihood
 
 ENGINES: dict[str, type["Engine"]] = {}
 POSTERIORS: dict[str, type["Posterior"]] = {}
-FORMAT = "aml_ppl.posterior/1"
 
 
 def register_engine(cls: type["Engine"]) -> type["Engine"]:
@@ -49,20 +49,29 @@ class Engine(ABC):
 
     name: ClassVar[str]
 
-    @classmethod
-    def supports(cls, model: Callable) -> bool:
-        r"""Whether this engine can run ``model``; any Pyro program by default."""
-        return callable(model)
+    def incompatibility(self, model: Callable, args: tuple, kwargs: dict) -> str | None:
+        r"""Why this engine, with these options, cannot run ``model`` on these arguments;
+        ``None`` if it can. Any Pyro program by default."""
+        return None if callable(model) else "it is not callable"
 
     @abstractmethod
     def fit(self, model: Callable, *args: Any, **kwargs: Any) -> "Posterior":
         r"""Condition ``model`` on its arguments (observed sites carry ``obs=``)."""
 
-    def check_supports(self, model: Callable) -> None:
+    def check_supports(self, model: Callable, args: tuple, kwargs: dict) -> None:
         r"""Raise :class:`IncompatibleEngineError` naming the engines that can run ``model``."""
-        if not self.supports(model):
-            capable = [name for name, engine in ENGINES.items() if engine.supports(model)]
-            raise IncompatibleEngineError(self.name, model, capable)
+        reason = self.incompatibility(model, args, kwargs)
+        if reason is not None:
+            raise IncompatibleEngineError(self.name, model, capable_engines(model, args, kwargs), reason)
+
+
+def capable_engines(model: Callable, args: tuple, kwargs: dict) -> list[str]:
+    r"""The registered engines whose default configuration can run ``model`` on ``args``."""
+    return [
+        name
+        for name, engine in ENGINES.items()
+        if engine().incompatibility(model, args, kwargs) is None
+    ]
 
 
 @dataclass(frozen=True)
@@ -98,6 +107,11 @@ class Prediction:
         lower, upper = torch.quantile(self.samples.to(quantiles), quantiles, dim=0)
         return lower, upper
 
+    @classmethod
+    def from_samples(cls, samples: torch.Tensor) -> "Prediction":
+        r"""Moments and intervals of ``num_samples x ...`` draws."""
+        return cls(mean=samples.mean(0), variance=samples.var(0, correction=0), samples=samples)
+
 
 @contextmanager
 def isolated_param_store() -> Iterator[None]:
@@ -129,12 +143,9 @@ class Posterior(ABC):
         engine: The engine's name.
         history: The objective per iteration (see ``objective``).
         objective: What ``history`` holds, e.g. ``"elbo_loss"``.
-        observed_sites: The sites that carried ``obs=`` in the fitting data.
-        latent_sites: The sites that were sampled.
-        latent_shapes: Their shapes in one draw.
-        enumerated_sites: Discrete sites marked for parallel enumeration; they are
-            summed out of densities rather than drawn.
-        max_plate_nesting: The depth of the deepest plate.
+        structure: The model's sites by kind (:class:`~aml_ppl.inference.replay.Structure`).
+        param_sites: Learned values of the model's ``pyro.param`` sites (exported to
+            ArviZ's ``constant_data`` group); empty when there are none.
     """
 
     kind: ClassVar[str]
@@ -155,19 +166,7 @@ class Posterior(ABC):
         self.engine = engine
         self.history = torch.as_tensor(history, dtype=torch.float64)
         self.objective = objective
-        with evaluation_mode(model):
-            trace = structure_trace(self._evaluation_model(), args, kwargs)
-        self.observed_sites = [
-            name for name, site in trace.nodes.items() if _is_observation(site)
-        ]
-        self.latent_shapes = {
-            name: site["value"].shape for name, site in trace.nodes.items() if is_latent(site)
-        }
-        self.latent_sites = list(self.latent_shapes)
-        self.enumerated_sites = [
-            name for name, site in trace.nodes.items() if is_enumerated(site)
-        ]
-        self.max_plate_nesting = max_plate_nesting(trace)
+        self.structure: Structure = self._inspect(args, kwargs)
 
     # -- what an engine provides -------------------------------------------------
 
@@ -178,21 +177,6 @@ class Posterior(ABC):
     @abstractmethod
     def _state(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         r"""Tensors and JSON-compatible metadata from which :meth:`_from_state` rebuilds."""
-
-    @staticmethod
-    def _recorded(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> dict[str, Any]:
-        r"""The keyword arguments of :class:`Posterior` as :meth:`save` stored them."""
-        return {
-            "engine": meta["engine"],
-            "objective": meta["objective"],
-            "history": tensors["_history"],
-        }
-
-    @staticmethod
-    def _stored(tensors: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
-        r"""The saved tensors whose keys start with ``prefix:``, keyed by the rest."""
-        marker = f"{prefix}:"
-        return {k[len(marker):]: v for k, v in tensors.items() if k.startswith(marker)}
 
     @classmethod
     @abstractmethod
@@ -207,17 +191,48 @@ class Posterior(ABC):
     ) -> "Posterior":
         r"""Rebuild a posterior saved by :meth:`save`."""
 
+    @property
+    def param_sites(self) -> dict[str, torch.Tensor]:
+        return {}
+
+    @property
+    def is_point_estimate(self) -> bool:
+        r"""Whether this posterior is a point mass (MAP, a delta guide, an EM estimate).
+        ArviZ then gets one draw and ``attrs["point_estimate"] = 1``, and
+        :func:`aml_ppl.analysis.loo` and ``compare`` refuse it."""
+        return False
+
     def _draw_by_chain(self, num_samples: int) -> dict[str, torch.Tensor]:
         r"""Draws shaped ``chain x draw x ...``; one chain unless the engine has several."""
-        return {name: value.unsqueeze(0) for name, value in self.sample(num_samples).items()}
+        count = 1 if self.is_point_estimate else num_samples
+        return {name: value.unsqueeze(0) for name, value in self.sample(count).items()}
 
     def _evaluation_model(self) -> Callable:
-        r"""The model as it is replayed (engines with learned ``pyro.param`` substitute them)."""
-        return self.model
+        r"""The model as it is replayed: learned ``pyro.param`` values substituted."""
+        params = self.param_sites
+        return pyro.poutine.substitute(self.model, data=params) if params else self.model
 
     def _sample_stats(self) -> dict[str, np.ndarray]:
         r"""ArviZ ``sample_stats`` (MCMC diagnostics); none by default."""
         return {}
+
+    # -- the structure, for the surface ---------------------------------------------
+
+    @property
+    def observed_sites(self) -> list[str]:
+        return list(self.structure.observed)
+
+    @property
+    def latent_sites(self) -> list[str]:
+        return list(self.structure.latent)
+
+    @property
+    def latent_shapes(self) -> dict[str, torch.Size]:
+        return self.structure.latent_shapes
+
+    @property
+    def enumerated_sites(self) -> list[str]:
+        return list(self.structure.enumerated)
 
     # -- the surface ---------------------------------------------------------------
 
@@ -234,32 +249,31 @@ class Posterior(ABC):
     def predict(
         self, *args: Any, num_samples: int = 1000, site: str | None = None, **kwargs: Any
     ) -> Prediction:
-        r"""The posterior predictive of an observed site at new arguments.
+        r"""The posterior predictive of an observed (or deterministic) site at new arguments.
 
         Args:
             *args: The model's arguments (new inputs; observations may be left out).
-                None means the fitting data.
+                None means the fitting data. Plates are sized from these arguments.
             num_samples: Posterior draws to average over.
-            site: The observed site to predict; needed only when there are several.
-            **kwargs: The model's keyword arguments.
+            site: The observed site to predict (or a ``pyro.deterministic`` site);
+                needed only when there are several observed sites.
+            **kwargs: The model's keyword arguments; keyword options of the fit that
+                are not tensors (a batch size, say) are kept unless given again.
         """
         check_count("num_samples", num_samples)
         args, kwargs = self._arguments(args, kwargs)
-        conditionals = self._conditional_predictives(num_samples, site, args, kwargs)
-        if conditionals is not None:  # a mixture of Gaussians, one per posterior draw
+        if isinstance(self.model, ConditionalPredictive):  # a mixture of Gaussians, one per draw
+            conditionals = self._conditional_predictives(num_samples, site, args, kwargs)
             means = torch.stack([normal.mean for normal in conditionals])
             variances = torch.stack([normal.variance for normal in conditionals])
             samples = torch.stack([normal.sample() for normal in conditionals])
             return Prediction(
-                mean=means.mean(0),
-                variance=variances.mean(0) + means.var(0, correction=0),
-                samples=samples,
+                mean=means.mean(0), variance=variances.mean(0) + means.var(0, correction=0), samples=samples
             )
+        if site is not None and site in self.structure.deterministic:
+            return Prediction.from_samples(self._replay(num_samples, args, kwargs).deterministic[site])
         site = self._observed_site(site)
-        samples = self._replay(self.sample(num_samples), args, kwargs, num_samples)[0][site]
-        return Prediction(
-            mean=samples.mean(0), variance=samples.var(0, correction=0), samples=samples
-        )
+        return Prediction.from_samples(self._replay(num_samples, args, kwargs).predictive[site])
 
     def log_prob(
         self, *args: Any, num_samples: int = 1000, site: str | None = None, **kwargs: Any
@@ -269,40 +283,30 @@ class Posterior(ABC):
         .. math:: \log p(y_i \mid \mathcal{D}) \approx
             \log \frac{1}{S} \sum_{s=1}^{S} p(y_i \mid \theta_s), \quad \theta_s \sim p(\theta \mid \mathcal{D})
 
+        Plate-local enumerated sites are summed out of each term; a point estimate
+        uses its one draw.
+
         Returns:
-            A tensor shaped like the observed site (ArviZ's ``log_likelihood``
+            A tensor shaped like the observed site's batch (ArviZ's ``log_likelihood``
             holds the per-draw terms).
         """
         check_count("num_samples", num_samples)
         args, kwargs = self._arguments(args, kwargs)
         site = self._observed_site(site)
-        replayed = self._replay(self.sample(num_samples), args, kwargs, num_samples)
-        if site not in replayed[2]:
-            raise InputDataError(f"the arguments hold no observations for site {site!r}.")
-        conditionals = self._conditional_predictives(num_samples, site, args, kwargs)
-        if conditionals is not None:
-            observed = replayed[2][site]
-            terms = torch.stack([normal.log_prob(observed) for normal in conditionals])
+        if self.is_point_estimate:
+            num_samples = 1
+        if isinstance(self.model, ConditionalPredictive):
+            observed = self._inspect(args, kwargs)
+            if site not in observed.observations:
+                raise InputDataError(f"the arguments hold no observations for site {site!r}.")
+            conditionals = self._conditional_predictives(num_samples, site, args, kwargs)
+            terms = torch.stack([normal.log_prob(observed.observations[site]) for normal in conditionals])
         else:
-            terms = replayed[1][site]
-        return torch.logsumexp(terms, 0) - math.log(num_samples)
-
-    def _conditional_predictives(
-        self, num_samples: int, site: str | None, args: tuple, kwargs: dict
-    ) -> list[Any] | None:
-        r"""Per posterior draw, the model's predictive given that draw and the fitting data,
-        for models with a ``conditional_predictive`` capability (a GP); else ``None``."""
-        conditional = getattr(self.model, "conditional_predictive", None)
-        if not callable(conditional):
-            return None
-        draws = self.sample(num_samples)
-        results = []
-        with torch.no_grad():
-            for index in range(num_samples):
-                values = {name: value[index] for name, value in draws.items()}
-                predictives = conditional(values, self.data_args, *args, **kwargs)
-                results.append(predictives[site if site in predictives else self._observed_site(site)])
-        return results
+            replayed = self._replay(num_samples, args, kwargs)
+            if site not in replayed.log_likelihood:
+                raise InputDataError(f"the arguments hold no observations for site {site!r}.")
+            terms = replayed.log_likelihood[site]
+        return torch.logsumexp(terms, 0) - math.log(terms.shape[0])
 
     def credible_interval(
         self, site: str, level: float = 0.95, num_samples: int = 4000
@@ -310,64 +314,96 @@ class Posterior(ABC):
         r"""Central credible interval of a latent site: ``(lower, upper)``."""
         if site not in self.latent_sites:
             raise InputDataError(f"`site` must be one of {self.latent_sites}; got {site!r}.")
-        draws = self.sample(num_samples)[site]
-        return Prediction(draws.mean(0), draws.var(0), samples=draws).interval(level)
+        return Prediction.from_samples(self.sample(num_samples)[site]).interval(level)
 
     def to_arviz(self, *args: Any, num_samples: int = 1000, **kwargs: Any) -> Any:
         r"""Export to ArviZ ``InferenceData``, for every engine.
 
-        Groups: ``posterior`` (latent draws, ``chain x draw x ...``),
-        ``posterior_predictive`` (replicated observations), pointwise
-        ``log_likelihood`` and ``observed_data`` (when ``args`` hold observations),
-        and ``sample_stats`` for MCMC. Non-MCMC engines export one chain.
+        See :func:`aml_ppl.inference.export.to_inference_data` for the groups.
 
         Args:
             *args: The model's arguments; none means the fitting data.
-            num_samples: Draws per chain (MCMC exports the draws it kept).
+            num_samples: Draws per chain (MCMC exports the draws it kept; a point
+                estimate exports one draw, and ``num_samples`` predictive replicates).
         """
-        import arviz as az
+        from aml_ppl.inference.export import to_inference_data
 
         check_count("num_samples", num_samples)
         args, kwargs = self._arguments(args, kwargs)
-        by_chain = self._draw_by_chain(num_samples)
-        chains, draws = next(iter(by_chain.values())).shape[:2]
-        flat = {name: value.flatten(0, 1) for name, value in by_chain.items()}
-        predictive, log_likelihood, observed = self._replay(flat, args, kwargs, chains * draws)
-
-        def grouped(values: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
-            return {
-                name: value.reshape(chains, draws, *value.shape[1:]).cpu().numpy()
-                for name, value in values.items()
-            }
-
-        return az.from_dict(
-            posterior={name: value.cpu().numpy() for name, value in by_chain.items()},
-            posterior_predictive=grouped(predictive),
-            log_likelihood=grouped(log_likelihood) or None,
-            observed_data={name: value.cpu().numpy() for name, value in observed.items()}
-            or None,
-            sample_stats=self._sample_stats() or None,
-        )
+        return to_inference_data(self, args, kwargs, num_samples)
 
     def save(self, path: str | Path) -> None:
         r"""Write tensors and JSON metadata; :func:`aml_ppl.load` reads them back
         without unpickling arbitrary objects (``torch.load(weights_only=True)``)."""
-        tensors, meta = self._state()
-        model_spec = None
-        if isinstance(self.model, Model) and self.model.get_config() is not None:
-            model_spec = {"class": type(self.model).__name__, "config": self.model.get_config()}
-        payload = {
-            "format": FORMAT,
-            "kind": self.kind,
-            "model": model_spec,
-            "meta": {**meta, "engine": self.engine, "objective": self.objective},
-            "tensors": {**tensors, "_history": self.history},
-            "args": [_storable(f"argument {i}", arg) for i, arg in enumerate(self.data_args)],
-            "kwargs": {k: _storable(f"argument {k!r}", v) for k, v in self.data_kwargs.items()},
-        }
-        torch.save(payload, Path(path))
+        from aml_ppl.inference.io import save
+
+        save(self, path)
 
     # -- the shared machinery --------------------------------------------------------
+
+    def _inspect(self, args: tuple, kwargs: dict) -> Structure:
+        r"""The model's structure for these arguments; the observed sites are the fit's."""
+        with evaluation_mode(self.model):
+            structure = inspect_model(self._evaluation_model(), args, kwargs)
+        fitted = getattr(self, "structure", None)
+        return structure if fitted is None else structure.with_observed(fitted.observed)
+
+    def _replay(self, num_draws: int, args: tuple, kwargs: dict, draws: dict | None = None) -> Replayed:
+        r"""The replay of ``num_draws`` posterior draws (or of ``draws``, if given)."""
+        draws = self.sample(num_draws) if draws is None else draws
+        if isinstance(self.model, PointwiseLikelihood):
+            return self._replay_joint(draws, num_draws, args, kwargs)
+        structure = self._inspect(args, kwargs)
+        with evaluation_mode(self.model):
+            return replay(self._evaluation_model(), draws, num_draws, args, kwargs, structure)
+
+    def _replay_joint(self, draws: dict, num_draws: int, args: tuple, kwargs: dict) -> Replayed:
+        r"""For a model whose observed site is one joint density (a GP): per draw, the
+        exact leave-one-out predictive of each observation given the others (its
+        ``log_likelihood``: the non-factorised LOO of Bürkner et al. 2020, for which
+        ``az.loo`` is valid) and the conditional predictive (its replicates). A point
+        estimate computes both once."""
+        structure = self._inspect(args, kwargs)
+        distinct = 1 if self.is_point_estimate else num_draws
+        terms: dict[str, list[torch.Tensor]] = {site: [] for site in structure.observations}
+        with torch.no_grad():
+            for index in range(distinct):
+                values = {name: value[index] for name, value in draws.items()}
+                held_out = self.model.leave_one_out(values, *args, statistics=self._statistics(), **kwargs)
+                for site, observation in structure.observations.items():
+                    terms[site].append(held_out[site].log_prob(observation))
+            predictive = {
+                site: self._predictive_samples(site, num_draws, args, kwargs, draws) for site in structure.observed
+            }
+        log_likelihood = {
+            site: torch.stack(values).expand(num_draws, -1) if distinct == 1 else torch.stack(values)
+            for site, values in terms.items()
+        }
+        return Replayed(predictive=predictive, log_likelihood=log_likelihood, observed=dict(structure.observations))
+
+    def _statistics(self) -> dict[str, torch.Tensor] | None:
+        r"""Precomputed statistics of a closed-form fit (a GP's transforms), else ``None``."""
+        return None
+
+    def _predictive_samples(self, site: str, num_draws: int, args: tuple, kwargs: dict, draws: dict) -> torch.Tensor:
+        r"""``num_draws`` replicates of ``site`` from the conditional predictive, one per draw
+        (one predictive, sampled ``num_draws`` times, for a point estimate)."""
+        if self.is_point_estimate:
+            return self._conditional_predictives(1, site, args, kwargs, draws)[0].sample((num_draws,))
+        return torch.stack([normal.sample() for normal in self._conditional_predictives(num_draws, site, args, kwargs, draws)])
+
+    def _conditional_predictives(
+        self, num_samples: int, site: str | None, args: tuple, kwargs: dict, draws: dict | None = None
+    ) -> list[Any]:
+        r"""Per posterior draw, the model's predictive given that draw and the fitting data."""
+        draws = self.sample(num_samples) if draws is None else draws
+        results = []
+        with torch.no_grad():
+            for index in range(num_samples):
+                values = {name: value[index] for name, value in draws.items()}
+                predictives = self.model.conditional_predictive(values, self.data_args, *args, **kwargs)
+                results.append(predictives[site if site in predictives else self._observed_site(site)])
+        return results
 
     def _observed_site(self, site: str | None) -> str:
         if site is None:
@@ -381,195 +417,14 @@ class Posterior(ABC):
         return site
 
     def _arguments(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        r"""New arguments, converted and checked against the fitting data's (dimensions,
+        column counts, finiteness); the fit's non-tensor keyword options carried over."""
         if not args and not kwargs:
             return self.data_args, self.data_kwargs
         args, kwargs = convert_arguments(args, kwargs)
         if isinstance(self.model, Model):
             args, kwargs = self.model.validate(*args, **kwargs)
-        return args, kwargs
-
-    def _replay(
-        self, draws: dict[str, torch.Tensor], args: tuple, kwargs: dict, num_draws: int
-    ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-        r"""Run the model once per draw with the latents fixed and observations resampled.
-
-        Returns:
-            ``(predictive, log_likelihood, observed)``: replicated values of each
-            observed site (``S x ...``), the per-draw pointwise log-likelihood of the
-            observations in ``args`` (``S x ...``), and those observations.
-        """
-        model = poutine.uncondition(self._evaluation_model())
-        predictive: dict[str, list] = defaultdict(list)
-        log_likelihood: dict[str, list] = defaultdict(list)
-        observed: dict[str, torch.Tensor] = {}
-        with isolated_param_store(), torch.no_grad(), evaluation_mode(self.model):
-            for index in range(num_draws):
-                values = {name: value[index] for name, value in draws.items()}
-                trace = poutine.trace(poutine.condition(model, values)).get_trace(*args, **kwargs)
-                marginal = (
-                    self._marginal_log_likelihood(values, args, kwargs)
-                    if self.enumerated_sites
-                    else {}
-                )
-                for name in self.observed_sites:
-                    site = trace.nodes.get(name)
-                    if site is None:
-                        continue
-                    predictive[name].append(site["value"])
-                    observation = site["infer"].get("obs")
-                    if observation is not None:
-                        observed[name] = observation
-                        log_likelihood[name].append(
-                            marginal[name] if name in marginal else site["fn"].log_prob(observation)
-                        )
-        stack = lambda values: {name: torch.stack(v) for name, v in values.items()}  # noqa: E731
-        return stack(predictive), stack(log_likelihood), observed
-
-
-    def _marginal_log_likelihood(
-        self, values: dict[str, torch.Tensor], args: tuple, kwargs: dict
-    ) -> dict[str, torch.Tensor]:
-        r"""Pointwise :math:`\log \sum_z p(z)\, p(y_i \mid z)`, the enumerated sites summed out."""
-        terms = enumerated_log_densities(
-            poutine.condition(self._evaluation_model(), values),
-            args,
-            kwargs,
-            self.max_plate_nesting,
-            observed_sites=self.observed_sites,
-        )
-        return {name: sum_out_enumeration(term, self.max_plate_nesting) for name, term in terms.items()}
-
-
-def enumerated_log_densities(
-    model: Callable,
-    args: tuple,
-    kwargs: dict,
-    plate_nesting: int,
-    observed_sites: list[str] | None = None,
-) -> dict[str, torch.Tensor]:
-    r"""Log densities of a model run with its discrete sites enumerated in parallel.
-
-    Shapes are ``enumeration dims x plate dims``. Without ``observed_sites`` the
-    result has ``"global"`` (the sum of terms with no batch dimension) and
-    ``"local"`` (the sum of the rest, broadcast). With ``observed_sites``, each of
-    those sites gets its own term plus the enumerated sites' terms: its joint with
-    the discrete latents.
-    """
-    trace = poutine.trace(
-        poutine.enum(model, first_available_dim=-1 - plate_nesting)
-    ).get_trace(*args, **kwargs)
-    trace.compute_log_prob()
-    sites = [
-        (name, site)
-        for name, site in trace.nodes.items()
-        if site["type"] == "sample" and not site_is_subsample(site)
-    ]
-    if observed_sites is not None:
-        enumerated = sum(site["log_prob"] for _, site in sites if is_enumerated(site))
-        return {name: site["log_prob"] + enumerated for name, site in sites if name in observed_sites}
-    global_term = sum(site["log_prob"] for _, site in sites if site["log_prob"].dim() == 0)
-    local_term = sum(site["log_prob"] for _, site in sites if site["log_prob"].dim() > 0)
-    return {"global": torch.as_tensor(global_term), "local": torch.as_tensor(local_term)}
-
-
-def sum_out_enumeration(log_density: torch.Tensor, plate_nesting: int) -> torch.Tensor:
-    r"""Log-sum-exp over the enumeration dimensions (those left of the plates)."""
-    enumeration_dims = tuple(range(log_density.dim() - plate_nesting))
-    return torch.logsumexp(log_density, dim=enumeration_dims) if enumeration_dims else log_density
-
-
-# Enumeration dimensions in structure traces start this far left, beyond any real plate
-# nesting, so that no plate count is needed before the first trace.
-STRUCTURE_ENUM_DIM = -8
-
-
-def structure_trace(model: Callable, args: tuple, kwargs: dict) -> Any:
-    r"""One run of ``model`` under its prior, for its sites' names, shapes and plates.
-
-    Sites marked for enumeration are enumerated rather than drawn per data point
-    (a mixture's ``z`` stays ``k x 1 x ...``, not ``n`` gathers of its parameters);
-    distribution validation is off (a prior draw may hit a region where the model
-    yields NaN, which says nothing about its structure); nothing touches the
-    caller's param store.
-    """
-    enumerated = poutine.enum(model, first_available_dim=STRUCTURE_ENUM_DIM)
-    with isolated_param_store(), torch.no_grad(), pyro.validation_enabled(False):
-        return poutine.trace(enumerated).get_trace(*args, **kwargs)
-
-
-def max_plate_nesting(trace: Any) -> int:
-    r"""The number of nested plates at the deepest site of a trace."""
-    return max(
-        (len(site["cond_indep_stack"]) for site in trace.nodes.values() if site["type"] == "sample"),
-        default=0,
-    )
-
-
-def is_enumerated(site: dict) -> bool:
-    r"""Whether a trace site is a discrete site marked for parallel enumeration."""
-    return (
-        site["type"] == "sample"
-        and not site["is_observed"]
-        and site["infer"].get("enumerate") == "parallel"
-    )
-
-
-def load(
-    path: str | Path, model: Callable | None = None, guide: Callable | None = None
-) -> Posterior:
-    r"""Read a posterior written by :meth:`Posterior.save`.
-
-    Args:
-        path: The file.
-        model: Needed for a plain Pyro model function; built-in models are rebuilt
-            from the file.
-        guide: Needed when the fit used a guide of the user's own.
-    """
-    import aml_ppl.models as models
-
-    payload = torch.load(Path(path), weights_only=True)
-    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
-        raise InputDataError(f"{path} is not a posterior saved by aml_ppl.")
-    if model is None:
-        spec = payload["model"]
-        if spec is None:
-            raise InputDataError(
-                "this posterior's model cannot be rebuilt from the file (a plain model "
-                "function, or a model holding objects such as a GPyTorch kernel); pass it as `model=`."
-            )
-        model = getattr(models, spec["class"])(**spec["config"])
-    posterior = POSTERIORS[payload["kind"]]._from_state(
-        model,
-        tuple(payload["args"]),
-        dict(payload["kwargs"]),
-        payload["tensors"],
-        payload["meta"],
-        guide,
-    )
-    return posterior
-
-
-def _storable(what: str, value: Any) -> Any:
-    if value is None or isinstance(value, (torch.Tensor, bool, int, float, str)):
-        return value
-    raise AmlPplError(f"cannot save {what} of type {type(value).__name__}; pass tensors.")
-
-
-def _is_observation(site: dict) -> bool:
-    return (
-        site["type"] == "sample"
-        and site["is_observed"]
-        and not site["infer"].get("_deterministic", False)
-    )
-
-
-def is_latent(site: dict) -> bool:
-    r"""Whether a trace site is a latent variable that posteriors draw (not observed,
-    enumerated, auxiliary or a plate's subsample)."""
-    return (
-        site["type"] == "sample"
-        and not site["is_observed"]
-        and not site_is_subsample(site)
-        and not site["infer"].get("is_auxiliary", False)
-        and not is_enumerated(site)
-    )
+        check_finite_arguments(args, kwargs)
+        check_new_arguments(args, kwargs, self.data_args, self.data_kwargs)
+        options = {k: v for k, v in self.data_kwargs.items() if not isinstance(v, torch.Tensor)}
+        return args, {**options, **kwargs}

@@ -8,31 +8,22 @@ from typing import Any, Callable, ClassVar
 
 import torch
 from pyro import poutine
+from pyro.poutine.util import site_is_subsample
 from torch.distributions import biject_to
 from tqdm.auto import tqdm
 
 from aml_ppl._data import check_count
-from aml_ppl.errors import (
-    AmlPplError,
-    AmlPplWarning,
-    IncompatibleEngineError,
-    InputDataError,
-    ModelFittingError,
-)
+from aml_ppl.errors import AmlPplError, AmlPplWarning, InputDataError, ModelFittingError
 from aml_ppl.inference.base import (
-    ENGINES,
     Engine,
     Posterior,
-    enumerated_log_densities,
-    is_enumerated,
-    is_latent,
     isolated_param_store,
-    max_plate_nesting,
     register_engine,
     register_posterior,
-    structure_trace,
-    sum_out_enumeration,
 )
+from aml_ppl.inference.io import recorded, stored
+from aml_ppl.inference.replay import inspect_model, is_enumerated, structure_trace
+from aml_ppl.models.protocols import CheckedOnce, ClosedFormEM, Relabelable
 
 
 @register_posterior
@@ -70,12 +61,15 @@ class MixturePosterior(Posterior):
 
     @property
     def _closed_form(self) -> bool:
-        return _has_closed_form(self.model)
+        return isinstance(self.model, ClosedFormEM)
 
-    def _evaluation_model(self) -> Callable:
-        if self._closed_form:
-            return self.model
-        return poutine.substitute(self.model, data=self.params)
+    @property
+    def param_sites(self) -> dict[str, torch.Tensor]:
+        return {} if self._closed_form else self.params
+
+    @property
+    def is_point_estimate(self) -> bool:
+        return self.replicates is None
 
     def _draw(self, num_samples: int) -> dict[str, torch.Tensor]:
         if not self._closed_form:
@@ -86,14 +80,6 @@ class MixturePosterior(Posterior):
         total = next(iter(self.replicates.values())).shape[0]
         index = torch.randint(total, (num_samples,))
         return {name: value[index] for name, value in self.replicates.items()}
-
-    def _draw_by_chain(self, num_samples: int) -> dict[str, torch.Tensor]:
-        draws = super()._draw_by_chain(num_samples)
-        if not self._closed_form:
-            draws.update(
-                {name: value.expand(1, num_samples, *value.shape) for name, value in self.params.items()}
-            )
-        return draws
 
     # -- mixture extras (closed-form models) --------------------------------------------
 
@@ -157,10 +143,10 @@ class MixturePosterior(Posterior):
             model,
             args,
             kwargs,
-            params=cls._stored(tensors, "param"),
-            replicates=cls._stored(tensors, "replicate") or None,
+            params=stored(tensors, "param"),
+            replicates=stored(tensors, "replicate") or None,
             converged=meta["converged"],
-            **cls._recorded(tensors, meta),
+            **recorded(tensors, meta),
         )
 
 
@@ -234,9 +220,39 @@ class EM(Engine):
         self.m_step_iterations = check_count("m_step_iterations", m_step_iterations)
         self.progress_bar = progress_bar
 
+    def incompatibility(self, model: Callable, args: tuple, kwargs: dict) -> str | None:
+        if isinstance(model, ClosedFormEM):
+            return None
+        if not callable(model):
+            return "it is not callable"
+        structure = inspect_model(model, args, kwargs)
+        if structure.latent:
+            return (
+                "generic EM needs pyro.param for every continuous unknown, and "
+                f"{list(structure.latent)} are sampled"
+            )
+        if not structure.enumerated:
+            return "generic EM needs discrete sites marked infer={'enumerate': 'parallel'}, and none is"
+        options = [
+            name
+            for name, value, default in (
+                ("hard", self.hard, False),
+                ("n_init", self.n_init, 1),
+                ("init", self.init, "kmeans++"),
+                ("uncertainty", self.uncertainty, "point"),
+            )
+            if value != default
+        ]
+        if options:
+            return (
+                f"the options {options} need closed-form EM steps (such as GaussianMixture's); "
+                "generic EM runs one soft run from the model's pyro.param initial values"
+            )
+        return None
+
     def fit(self, model: Callable, *args: Any, **kwargs: Any) -> MixturePosterior:
-        self.check_supports(model)
-        if _has_closed_form(model):
+        self.check_supports(model, args, kwargs)
+        if isinstance(model, ClosedFormEM):
             return self._fit_closed_form(model, args, kwargs)
         return self._fit_generic(model, args, kwargs)
 
@@ -258,7 +274,7 @@ class EM(Engine):
         if best is None:
             raise ModelFittingError(f"every EM restart failed; the first: {failures[0]}")
         params, history, converged = best
-        if callable(getattr(model, "em_check", None)):
+        if isinstance(model, CheckedOnce):
             model.em_check(params)
         replicates = {
             "point": lambda: None,
@@ -305,7 +321,8 @@ class EM(Engine):
         n = X.shape[0]
         for _ in range(self.num_replicates):
             resample = X[torch.randint(n, (n,), device=X.device)]
-            fitted = model.em_relabel(self._run(model, resample, params)[0])
+            fitted = self._run(model, resample, params)[0]
+            fitted = model.em_relabel(fitted) if isinstance(model, Relabelable) else fitted
             for name, value in model.em_sites(fitted).items():
                 replicates.setdefault(name, []).append(value)
         return {name: torch.stack(values) for name, values in replicates.items()}
@@ -320,7 +337,7 @@ class EM(Engine):
         pieces = {name: transforms[name].inv(value) for name, value in sites.items()}
         shapes = {name: piece.shape for name, piece in pieces.items()}
         estimate = torch.cat([piece.flatten() for piece in pieces.values()])
-        plates = max_plate_nesting(trace)
+        plates = inspect_model(model, (X,), {}).max_plate_nesting
 
         def unpack(vector: torch.Tensor) -> dict[str, torch.Tensor]:
             values, start = {}, 0
@@ -352,21 +369,8 @@ class EM(Engine):
     # -- generic ---------------------------------------------------------------------------
 
     def _fit_generic(self, model: Callable, args: tuple, kwargs: dict) -> MixturePosterior:
-        trace = structure_trace(model, args, kwargs)
+        plates = inspect_model(model, args, kwargs).max_plate_nesting
         with isolated_param_store():
-            continuous = [name for name, site in trace.nodes.items() if is_latent(site)]
-            enumerated = [name for name, site in trace.nodes.items() if is_enumerated(site)]
-            if continuous or not enumerated:
-                capable = [name for name, engine in ENGINES.items() if name != self.name and engine.supports(model)]
-                raise IncompatibleEngineError(
-                    self.name,
-                    model,
-                    capable,
-                    reason="generic EM needs discrete sites marked for parallel enumeration and "
-                    "pyro.param for every continuous unknown; "
-                    + (f"{continuous} are sampled" if continuous else "no site is enumerated"),
-                )
-            plates = max_plate_nesting(trace)
             with poutine.trace(param_only=True) as capture:
                 model(*args, **kwargs)
             names = list(capture.trace.nodes)
@@ -420,8 +424,42 @@ class EM(Engine):
         )
 
 
-def _has_closed_form(model: Any) -> bool:
-    return all(callable(getattr(model, hook, None)) for hook in ("em_e_step", "em_m_step", "em_initial_params"))
+def enumerated_log_densities(
+    model: Callable,
+    args: tuple,
+    kwargs: dict,
+    plate_nesting: int,
+    observed_sites: list[str] | None = None,
+) -> dict[str, torch.Tensor]:
+    r"""Log densities of a model run with its discrete sites enumerated in parallel.
+
+    Shapes are ``enumeration dims x plate dims``. Without ``observed_sites`` the
+    result has ``"global"`` (the sum of terms with no batch dimension) and
+    ``"local"`` (the sum of the rest, broadcast). With ``observed_sites``, each of
+    those sites gets its own term plus the enumerated sites' terms: its joint with
+    the discrete latents.
+    """
+    trace = poutine.trace(
+        poutine.enum(model, first_available_dim=-1 - plate_nesting)
+    ).get_trace(*args, **kwargs)
+    trace.compute_log_prob()
+    sites = [
+        (name, site)
+        for name, site in trace.nodes.items()
+        if site["type"] == "sample" and not site_is_subsample(site)
+    ]
+    if observed_sites is not None:
+        enumerated = sum(site["log_prob"] for _, site in sites if is_enumerated(site))
+        return {name: site["log_prob"] + enumerated for name, site in sites if name in observed_sites}
+    global_term = sum(site["log_prob"] for _, site in sites if site["log_prob"].dim() == 0)
+    local_term = sum(site["log_prob"] for _, site in sites if site["log_prob"].dim() > 0)
+    return {"global": torch.as_tensor(global_term), "local": torch.as_tensor(local_term)}
+
+
+def sum_out_enumeration(log_density: torch.Tensor, plate_nesting: int) -> torch.Tensor:
+    r"""Log-sum-exp over the enumeration dimensions (those left of the plates)."""
+    enumeration_dims = tuple(range(log_density.dim() - plate_nesting))
+    return torch.logsumexp(log_density, dim=enumeration_dims) if enumeration_dims else log_density
 
 
 def _full_covariances(kind: str, covariances: torch.Tensor, k: int, d: int) -> torch.Tensor:

@@ -15,7 +15,8 @@ from aml_ppl.inference.base import (
     register_engine,
     register_posterior,
 )
-from aml_ppl.models.base import GaussianLatents
+from aml_ppl.inference.io import recorded, stored
+from aml_ppl.models.protocols import BoTorchExportable, ExactGaussian, GaussianLatents
 
 
 @register_posterior
@@ -45,6 +46,19 @@ class GaussianPosterior(Posterior):
         super().__init__(
             model, args, kwargs, engine=engine, history=history, objective=objective
         )
+
+    @property
+    def is_point_estimate(self) -> bool:
+        r"""True when every latent is fixed by type-II maximum likelihood (an exact GP's
+        hyperparameters); BLR's coefficients have a Gaussian posterior."""
+        return not self.latents.loc
+
+    def _statistics(self) -> dict[str, torch.Tensor]:
+        return self.latents.statistics
+
+    def _predictive_samples(self, site: str, num_draws: int, args: tuple, kwargs: dict, draws: dict) -> torch.Tensor:
+        r"""Replicates from the closed-form predictive, computed once."""
+        return self._predictive(site, args, kwargs)[1].sample((num_draws,))
 
     def _draw(self, num_samples: int) -> dict[str, torch.Tensor]:
         draws = {
@@ -85,7 +99,7 @@ class GaussianPosterior(Posterior):
     ) -> torch.Tensor:
         r"""The exact pointwise log predictive density :math:`\log \mathcal{N}(y_i; m_i, v_i)`."""
         site, predictive, args, kwargs = self._predictive(site, args, kwargs)
-        observed = self._replay(self.sample(1), args, kwargs, 1)[2]
+        observed = self._inspect(args, kwargs).observations
         if site not in observed:
             raise InputDataError(f"the arguments hold no observations for site {site!r}.")
         return predictive.log_prob(observed[site].to(predictive.mean))
@@ -97,7 +111,7 @@ class GaussianPosterior(Posterior):
         Raises:
             AmlPplError: If the model offers no BoTorch form.
         """
-        if not callable(getattr(self.model, "botorch_model", None)):
+        if not isinstance(self.model, BoTorchExportable):
             raise AmlPplError(f"{type(self.model).__name__} has no BoTorch form.")
         return self.model.botorch_model(self.latents, *self.data_args, **self.data_kwargs)
 
@@ -123,16 +137,16 @@ class GaussianPosterior(Posterior):
 
     @classmethod
     def _from_state(cls, model, args, kwargs, tensors, meta, guide):
-        recorded = cls._recorded(tensors, meta)
+        record = recorded(tensors, meta)
         latents = GaussianLatents(
-            loc=cls._stored(tensors, "loc"),
-            covariance=cls._stored(tensors, "covariance"),
-            fixed=cls._stored(tensors, "fixed"),
+            loc=stored(tensors, "loc"),
+            covariance=stored(tensors, "covariance"),
+            fixed=stored(tensors, "fixed"),
             log_marginal_likelihood=tensors.get("log_marginal_likelihood"),
-            history=recorded["history"].tolist(),
-            statistics=cls._stored(tensors, "statistic"),
+            history=record["history"].tolist(),
+            statistics=stored(tensors, "statistic"),
         )
-        return cls(model, args, kwargs, latents=latents, **recorded)
+        return cls(model, args, kwargs, latents=latents, **record)
 
 
 @register_engine
@@ -160,12 +174,13 @@ class Exact(Engine):
     def __init__(self, **options: Any) -> None:
         self.options = options
 
-    @classmethod
-    def supports(cls, model: Callable) -> bool:
-        return callable(getattr(model, "exact_posterior", None))
+    def incompatibility(self, model: Callable, args: tuple, kwargs: dict) -> str | None:
+        if isinstance(model, ExactGaussian):
+            return None
+        return "it offers no closed-form Gaussian posterior (exact_posterior, exact_predictive)"
 
     def fit(self, model: Callable, *args: Any, **kwargs: Any) -> GaussianPosterior:
-        self.check_supports(model)
+        self.check_supports(model, args, kwargs)
         latents = model.exact_posterior(*args, **kwargs, **self.options)
         return GaussianPosterior(
             model,

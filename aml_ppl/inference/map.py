@@ -9,6 +9,7 @@ from pyro import poutine
 
 from aml_ppl.errors import InputDataError
 from aml_ppl.inference.base import register_engine
+from aml_ppl.inference.replay import inspect_model
 from aml_ppl.inference.svi import SVI, finite_or_nan
 
 
@@ -65,6 +66,17 @@ class MAP(SVI):
             progress_bar=progress_bar,
         )
         self.optimizer = optimizer
+
+    def incompatibility(self, model: Callable, args: tuple, kwargs: dict) -> str | None:
+        reason = super().incompatibility(model, args, kwargs)
+        if reason is None and self.optimizer == "lbfgs":
+            subsampled = sorted(inspect_model(model, args, kwargs).subsampled)
+            if subsampled:
+                return (
+                    f"L-BFGS needs a deterministic objective, and the plates {subsampled} "
+                    "subsample the data; use MAP(optimizer='adam') or drop subsample_size"
+                )
+        return reason
 
     def _optimise(
         self, model: Callable, guide: Callable, loss: Any, args: tuple, kwargs: dict

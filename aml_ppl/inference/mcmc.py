@@ -7,9 +7,9 @@ from typing import Any, Callable, ClassVar
 import numpy as np
 import pyro.infer
 import torch
-from pyro import poutine
 
-from aml_ppl._data import check_count
+from aml_ppl._data import check_count, check_positive
+from aml_ppl.errors import InputDataError
 from aml_ppl.inference.base import (
     Engine,
     Posterior,
@@ -17,6 +17,11 @@ from aml_ppl.inference.base import (
     register_engine,
     register_posterior,
 )
+from aml_ppl.inference.io import recorded, stored
+from aml_ppl.inference.replay import inspect_model
+
+# ArviZ's names for the per-draw statistics a NUTS chain records.
+SAMPLE_STATS = ("diverging", "energy", "lp", "step_size", "tree_depth", "acceptance_rate", "n_steps")
 
 
 @register_posterior
@@ -25,7 +30,9 @@ class SamplePosterior(Posterior):
 
     Attributes:
         samples: Site name to a ``num_chains x num_draws x ...`` tensor.
-        diverging: A ``num_chains x num_draws`` boolean tensor of divergent transitions.
+        stats: ArviZ ``sample_stats`` name to a ``num_chains x num_draws`` tensor
+            (``diverging``, ``energy``, ``lp``, ``step_size``, ``tree_depth``,
+            ``acceptance_rate``, ``n_steps``).
     """
 
     kind: ClassVar[str] = "samples"
@@ -37,16 +44,19 @@ class SamplePosterior(Posterior):
         kwargs: dict,
         *,
         samples: dict[str, torch.Tensor],
-        diverging: torch.Tensor,
+        stats: dict[str, torch.Tensor],
         engine: str,
         history: list[float] | torch.Tensor,
         objective: str,
     ) -> None:
         self.samples = samples
-        self.diverging = diverging
-        super().__init__(
-            model, args, kwargs, engine=engine, history=history, objective=objective
-        )
+        self.stats = stats
+        super().__init__(model, args, kwargs, engine=engine, history=history, objective=objective)
+
+    @property
+    def diverging(self) -> torch.Tensor:
+        r"""``num_chains x num_draws`` flags of divergent transitions."""
+        return self.stats["diverging"]
 
     def _draw(self, num_samples: int) -> dict[str, torch.Tensor]:
         r"""Kept draws, evenly thinned; with replacement if more are asked than were kept."""
@@ -62,23 +72,69 @@ class SamplePosterior(Posterior):
         return self.samples
 
     def _sample_stats(self) -> dict[str, np.ndarray]:
-        return {"diverging": self.diverging.cpu().numpy()}
+        return {name: value.cpu().numpy() for name, value in self.stats.items()}
 
     def _state(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         tensors = {f"sample:{name}": value for name, value in self.samples.items()}
-        return {**tensors, "diverging": self.diverging}, {}
+        tensors.update({f"stat:{name}": value for name, value in self.stats.items()})
+        return tensors, {}
 
     @classmethod
     def _from_state(cls, model, args, kwargs, tensors, meta, guide):
-        samples = cls._stored(tensors, "sample")
         return cls(
             model,
             args,
             kwargs,
-            samples=samples,
-            diverging=tensors["diverging"],
-            **cls._recorded(tensors, meta),
+            samples=stored(tensors, "sample"),
+            stats=stored(tensors, "stat"),
+            **recorded(tensors, meta),
         )
+
+
+class _RecordingNUTS(pyro.infer.NUTS):
+    r"""Pyro's NUTS kernel, recording ArviZ's per-draw statistics of each transition.
+
+    ``energy`` is the Hamiltonian at the start of the transition (fresh momentum at
+    the current position), ``lp`` the log density of the new state in the sampler's
+    unconstrained space (``-potential_energy``), ``acceptance_rate`` the mean
+    acceptance probability over the trajectory, ``tree_depth`` the number of doublings.
+    """
+
+    def setup(self, warmup_steps: int, *args: Any, **kwargs: Any) -> None:
+        super().setup(warmup_steps, *args, **kwargs)
+        self.records: dict[str, list[float]] = {name: [] for name in SAMPLE_STATS}
+
+    def _sample_r(self, name: str) -> Any:
+        r, r_unscaled = super()._sample_r(name)
+        self._energy = float(self._kinetic_energy(r_unscaled) + self._fetch_from_cache()[1])
+        return r, r_unscaled
+
+    def _build_basetree(self, *args: Any, **kwargs: Any) -> Any:
+        self._leapfrogs += 1
+        return super()._build_basetree(*args, **kwargs)
+
+    def _build_tree(self, z, r, z_grads, log_slice, direction, tree_depth, energy_current):
+        self._depth = max(self._depth, tree_depth + 1)
+        return super()._build_tree(z, r, z_grads, log_slice, direction, tree_depth, energy_current)
+
+    def sample(self, params: dict) -> dict:
+        self._leapfrogs, self._depth, self._energy = 0, 0, float("nan")
+        warming = self._t < self._warmup_steps
+        divergences, mean_accept = len(self._divergences), self._mean_accept_prob
+        step_size = self.step_size
+        new = super().sample(params)
+        if warming or not new:
+            return new
+        count = self._t - self._warmup_steps  # the running mean's n after this step
+        record = self.records
+        record["acceptance_rate"].append(mean_accept + count * (self._mean_accept_prob - mean_accept))
+        record["diverging"].append(len(self._divergences) > divergences)
+        record["energy"].append(self._energy)
+        record["lp"].append(-float(self._fetch_from_cache()[1]))
+        record["step_size"].append(step_size)
+        record["tree_depth"].append(self._depth)
+        record["n_steps"].append(self._leapfrogs)
+        return new
 
 
 @register_engine
@@ -87,8 +143,13 @@ class NUTS(Engine):
 
     Chains run one after another in this process (each with its own warm-up),
     which is robust where Pyro's multiprocessing chains are not; R-hat and ESS
-    come from ArviZ on :meth:`~aml_ppl.inference.base.Posterior.to_arviz`.
-    ``history`` holds the log joint density of each kept draw.
+    come from ArviZ on :meth:`~aml_ppl.inference.base.Posterior.to_arviz`, whose
+    ``sample_stats`` hold ArviZ's usual diagnostics (``az.bfmi``, ``az.plot_energy``).
+    ``history`` holds ``lp`` of each kept draw, chain after chain.
+
+    ``pyro.param`` sites are refused: NUTS samples ``pyro.sample`` sites only, and
+    holding parameters at their initial values would make the posterior silently
+    wrong. Give them a prior with ``pyro.sample``, or fit them by MAP or SVI.
 
     Args:
         num_samples: Draws kept per chain.
@@ -125,53 +186,56 @@ class NUTS(Engine):
         self.num_samples = check_count("num_samples", num_samples)
         self.warmup_steps = check_count("warmup_steps", warmup_steps, minimum=0)
         self.num_chains = check_count("num_chains", num_chains)
+        if not 0 < check_positive("target_accept_prob", target_accept_prob) < 1:
+            raise InputDataError(f"`target_accept_prob` must lie in (0, 1); got {target_accept_prob}.")
         self.kernel_options = {
             "target_accept_prob": target_accept_prob,
-            "max_tree_depth": max_tree_depth,
+            "max_tree_depth": check_count("max_tree_depth", max_tree_depth),
             "full_mass": full_mass,
             "jit_compile": jit_compile,
             "ignore_jit_warnings": True,
         }
         self.progress_bar = progress_bar
 
+    def incompatibility(self, model: Callable, args: tuple, kwargs: dict) -> str | None:
+        if not callable(model):
+            return "it is not callable"
+        params = inspect_model(model, args, kwargs).params
+        if params:
+            return (
+                f"NUTS samples pyro.sample sites only, and the model has pyro.param sites "
+                f"{list(params)} that it would hold at their initial values; give them a prior "
+                "with pyro.sample, or fit them by 'map' or 'svi'"
+            )
+        return None
+
     def fit(self, model: Callable, *args: Any, **kwargs: Any) -> SamplePosterior:
-        self.check_supports(model)
-        chains, diverging = [], []
+        self.check_supports(model, args, kwargs)
+        chains, stats = [], []
         with isolated_param_store():
             for _ in range(self.num_chains):
+                kernel = _RecordingNUTS(model, **self.kernel_options)
                 mcmc = pyro.infer.MCMC(
-                    pyro.infer.NUTS(model, **self.kernel_options),
+                    kernel,
                     num_samples=self.num_samples,
                     warmup_steps=self.warmup_steps,
                     disable_progbar=not self.progress_bar,
                 )
                 mcmc.run(*args, **kwargs)
                 chains.append(mcmc.get_samples())
-                flags = torch.zeros(self.num_samples, dtype=torch.bool)
-                flags[mcmc.diagnostics()["divergences"]["chain 0"]] = True
-                diverging.append(flags)
+                stats.append(kernel.records)
         samples = {name: torch.stack([chain[name] for chain in chains]) for name in chains[0]}
+        stats = {
+            name: torch.tensor([chain[name] for chain in stats], dtype=torch.bool if name == "diverging" else None)
+            for name in SAMPLE_STATS
+        }
         return SamplePosterior(
             model,
             args,
             kwargs,
             samples=samples,
-            diverging=torch.stack(diverging),
+            stats=stats,
             engine=self.name,
-            history=_log_joint(model, samples, args, kwargs),
-            objective="log_joint",
+            history=stats["lp"].flatten(),
+            objective="lp",
         )
-
-
-def _log_joint(
-    model: Callable, samples: dict[str, torch.Tensor], args: tuple, kwargs: dict
-) -> list[float]:
-    r"""The log joint density :math:`\log p(\theta_s, \mathcal{D})` of each kept draw."""
-    flat = {name: value.flatten(0, 1) for name, value in samples.items()}
-    total = next(iter(flat.values())).shape[0]
-    values = []
-    with isolated_param_store(), torch.no_grad():
-        for index in range(total):
-            conditioned = poutine.condition(model, {k: v[index] for k, v in flat.items()})
-            values.append(float(poutine.trace(conditioned).get_trace(*args, **kwargs).log_prob_sum()))
-    return values

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import copy
 import math
+import warnings
 from typing import Any, Callable, ClassVar
 
 import pyro
+import pyro.distributions as dist
 import pyro.optim
 import torch
 from pyro import poutine
@@ -22,24 +24,22 @@ from pyro.infer.autoguide import (
 from pyro.infer.util import zero_grads
 from tqdm.auto import tqdm
 
-from aml_ppl._data import check_count
-from aml_ppl.errors import (
-    IncompatibleEngineError,
-    InputDataError,
-    ModelFittingError,
-    NonFiniteLossError,
-)
+from aml_ppl._data import check_count, check_positive
+from aml_ppl.errors import AmlPplWarning, InputDataError, ModelFittingError, NonFiniteLossError
 from aml_ppl.inference.base import (
-    ENGINES,
     Engine,
     Posterior,
-    is_enumerated,
     isolated_param_store,
-    max_plate_nesting,
     register_engine,
     register_posterior,
-    structure_trace,
 )
+from aml_ppl.inference.io import recorded, stored
+from aml_ppl.inference.replay import inspect_model, is_enumerated
+from aml_ppl.models.protocols import InitialValues
+
+class BoundaryWarning(AmlPplWarning):
+    r"""A Laplace approximation was taken at a mode on the boundary of a site's support."""
+
 
 AUTOGUIDES: dict[str, type] = {
     "normal": AutoNormal,
@@ -91,12 +91,18 @@ class GuidePosterior(Posterior):
         self.guide_spec = guide_spec
         self.model_params = model_params
         self.guide_params = guide_params
+        self._point_estimate = _is_delta_guide(_substituted(guide, guide_params), args, kwargs)
         super().__init__(
             model, args, kwargs, engine=engine, history=history, objective=objective
         )
 
-    def _evaluation_model(self) -> Callable:
-        return _substituted(self.model, self.model_params)
+    @property
+    def param_sites(self) -> dict[str, torch.Tensor]:
+        return self.model_params
+
+    @property
+    def is_point_estimate(self) -> bool:
+        return self._point_estimate
 
     def _draw(self, num_samples: int) -> dict[str, torch.Tensor]:
         r"""Draw in one vectorised pass when the guide broadcasts (autoguides do),
@@ -104,11 +110,11 @@ class GuidePosterior(Posterior):
         guide = _substituted(self.guide, self.guide_params)
         args, kwargs = self.data_args, self.data_kwargs
         with isolated_param_store(), torch.no_grad():
-            try:
+            try:  # a guide that does not broadcast over a draws plate raises or misshapes
                 vectorised = Predictive(
                     guide, num_samples=num_samples, parallel=True, return_sites=self.latent_sites
                 )(*args, **kwargs)
-            except Exception:  # a guide that does not broadcast over a draws plate
+            except Exception:
                 vectorised = {}
             if all(
                 name in vectorised and vectorised[name].shape == (num_samples, *shape)
@@ -143,7 +149,7 @@ class GuidePosterior(Posterior):
             guide = make_autoguide("mvn" if spec == "laplace" else spec, model, args, kwargs)
             with isolated_param_store(), poutine.block():
                 guide(*args, **kwargs)
-        state = cls._stored(tensors, "guide")
+        state = stored(tensors, "guide")
         if state:
             if spec == "laplace":
                 for name in ("loc", "scale", "scale_tril"):
@@ -157,9 +163,9 @@ class GuidePosterior(Posterior):
             kwargs,
             guide=guide,
             guide_spec=spec,
-            model_params=cls._stored(tensors, "model_param"),
-            guide_params=cls._stored(tensors, "guide_param"),
-            **cls._recorded(tensors, meta),
+            model_params=stored(tensors, "model_param"),
+            guide_params=stored(tensors, "guide_param"),
+            **recorded(tensors, meta),
         )
 
 
@@ -176,9 +182,10 @@ class SVI(Engine):
     Args:
         num_steps: Optimisation steps at most.
         lr: Learning rate.
-        guide: ``None`` (the model's own ``guide`` if it has one, else
-            ``"normal"``), an autoguide name (``"normal"``, ``"mvn"``,
-            ``"lowrank"``, ``"delta"``, ``"laplace"``), or a guide of your own.
+        guide: ``None`` (the model's own ``guide`` method if it has one, else
+            ``AutoNormal``), an autoguide name (``"normal"``, ``"mvn"``,
+            ``"lowrank"``, ``"delta"``, ``"laplace"``), or a guide of your own
+            (a function or a module such as ``AutoIAFNormal(model)``).
         loss: A Pyro ELBO. By default ``Trace_ELBO(num_particles)``, or
             ``TraceEnum_ELBO`` when the model marks discrete sites for parallel
             enumeration (they are then summed out exactly).
@@ -216,6 +223,8 @@ class SVI(Engine):
     ) -> None:
         check_count("num_steps", num_steps)
         check_count("num_particles", num_particles)
+        check_positive("lr", lr)
+        check_positive("tolerance", tolerance, allow_zero=True)
         if isinstance(guide, str) and guide not in AUTOGUIDES:
             raise InputDataError(f"`guide` must be one of {sorted(AUTOGUIDES)}; got {guide!r}.")
         if isinstance(optim, str) and optim not in OPTIMIZERS:
@@ -232,19 +241,21 @@ class SVI(Engine):
         self.tolerance = tolerance
         self.progress_bar = progress_bar
 
+    def incompatibility(self, model: Callable, args: tuple, kwargs: dict) -> str | None:
+        if not callable(model):
+            return "it is not callable"
+        if self.guide == "laplace" and inspect_model(model, args, kwargs).enumerated:
+            return (
+                "Pyro's Laplace approximation does not sum out enumerated sites; use it "
+                "without laplace=True, or EM with bootstrap"
+            )
+        return None
+
     def fit(self, model: Callable, *args: Any, **kwargs: Any) -> GuidePosterior:
-        self.check_supports(model)
+        self.check_supports(model, args, kwargs)
         guide, spec = self._make_guide(model, args, kwargs)
         with isolated_param_store():
             loss = self.loss if self.loss is not None else self._default_loss(model, args, kwargs)
-            if spec == "laplace" and isinstance(loss, TraceEnum_ELBO):
-                raise IncompatibleEngineError(
-                    self.name,
-                    model,
-                    [name for name, engine in ENGINES.items() if engine.supports(model)],
-                    reason="Pyro's Laplace approximation does not sum out enumerated sites; "
-                    "use it without laplace=True, or EM with bootstrap",
-                )
             history, failed_step = self._optimise(model, guide, loss, args, kwargs)
             posterior = self._freeze(model, guide, spec, args, kwargs, history)
         if failed_step is not None:
@@ -268,10 +279,10 @@ class SVI(Engine):
         return self.guide, "custom"
 
     def _default_loss(self, model: Callable, args: tuple, kwargs: dict) -> Any:
-        trace = structure_trace(model, args, kwargs)
-        if any(is_enumerated(site) for site in trace.nodes.values()):
+        structure = inspect_model(model, args, kwargs)
+        if structure.enumerated:
             return TraceEnum_ELBO(
-                num_particles=self.num_particles, max_plate_nesting=max_plate_nesting(trace)
+                num_particles=self.num_particles, max_plate_nesting=structure.max_plate_nesting
             )
         return Trace_ELBO(num_particles=self.num_particles)
 
@@ -326,6 +337,7 @@ class SVI(Engine):
     ) -> GuidePosterior:
         r"""Copy the trained guide and parameter values into an immutable posterior."""
         if isinstance(guide, AutoLaplaceApproximation):
+            warn_if_on_boundary(guide)
             try:
                 guide, spec = guide.laplace_approximation(*args, **kwargs), "laplace"
             except torch.linalg.LinAlgError as error:
@@ -339,7 +351,7 @@ class SVI(Engine):
             model,
             args,
             kwargs,
-            guide=copy.deepcopy(guide) if module_guide else guide,
+            guide=frozen_copy(guide) if module_guide else guide,
             guide_spec=spec,
             model_params=_param_values(model, args, kwargs),
             guide_params={} if module_guide else _param_values(guide, args, kwargs),
@@ -357,12 +369,62 @@ def make_autoguide(name: str, model: Callable, args: tuple, kwargs: dict) -> Cal
     point (a mixture starts from k-means++ rather than from its prior's median).
     """
     blocked = poutine.block(model, hide_fn=is_enumerated)
-    init_values = getattr(model, "init_values", None)
-    if not callable(init_values):
+    if not isinstance(model, InitialValues):
         return AUTOGUIDES[name](blocked)
     with torch.no_grad():
-        start = init_values(*args, **kwargs)
+        start = model.init_values(*args, **kwargs)
     return AUTOGUIDES[name](blocked, init_loc_fn=init_to_value(values=start))
+
+
+# An unconstrained coordinate this large puts a constrained value within e^-20 (relative) of
+# its support's boundary: the mode is on the boundary for every practical purpose.
+BOUNDARY_UNCONSTRAINED = 20.0
+
+
+def warn_if_on_boundary(guide: AutoLaplaceApproximation) -> None:
+    r"""Warn, naming the sites, where the mode of a Laplace approximation lies on the
+    boundary of a constrained site's support: the log density is not locally
+    quadratic there, so :math:`\mathcal{N}(\hat\theta, H^{-1})` misstates the posterior."""
+    on_boundary = [
+        site["name"]
+        for site, value in guide._unpack_latent(guide.loc.detach())
+        if site["fn"].support is not dist.constraints.real
+        and bool((value.abs() > BOUNDARY_UNCONSTRAINED).any())
+    ]
+    if on_boundary:
+        warnings.warn(
+            f"the mode lies on the boundary of the support of {on_boundary}, where a Laplace "
+            "approximation is unreliable; use NUTS or SVI for these sites.",
+            BoundaryWarning,
+            stacklevel=4,
+        )
+
+
+def frozen_copy(module: torch.nn.Module) -> torch.nn.Module:
+    r"""A deep copy of a trained guide module. Tensors a module caches from its last call
+    (a flow's ``_cached_x_y``) still carry autograd history, which ``deepcopy`` refuses;
+    they are detached first, in place (the values stay)."""
+    for submodule in module.modules():
+        for key, value in list(vars(submodule).items()):
+            if isinstance(value, torch.Tensor) and value.grad_fn is not None:
+                vars(submodule)[key] = value.detach()
+            elif isinstance(value, tuple) and any(isinstance(v, torch.Tensor) for v in value):
+                vars(submodule)[key] = tuple(v.detach() if isinstance(v, torch.Tensor) else v for v in value)
+    return copy.deepcopy(module)
+
+
+def _is_delta_guide(guide: Callable, args: tuple, kwargs: dict) -> bool:
+    r"""Whether every latent site of ``guide`` is a point mass (a MAP or delta guide)."""
+    with isolated_param_store(), torch.no_grad():
+        trace = poutine.trace(guide).get_trace(*args, **kwargs)
+    sites = [site for site in trace.nodes.values() if site["type"] == "sample" and not site["is_observed"]]
+    return bool(sites) and all(isinstance(_base(site["fn"]), dist.Delta) for site in sites)
+
+
+def _base(fn: Any) -> Any:
+    while hasattr(fn, "base_dist"):
+        fn = fn.base_dist
+    return fn
 
 
 def _param_values(program: Callable, args: tuple, kwargs: dict) -> dict[str, torch.Tensor]:

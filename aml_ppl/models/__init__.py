@@ -1,6 +1,7 @@
 r"""What we believe generated the data: Pyro generative models with guides."""
 
-from aml_ppl.models.base import GaussianLatents, Model
+from aml_ppl.models import protocols
+from aml_ppl.models.base import GaussianLatents, Model, register_model
 from aml_ppl.models.gp import GaussianProcess, SparseGaussianProcess
 from aml_ppl.models.kernels import SigmoidKernel
 from aml_ppl.models.linear import BayesianLinearRegression
@@ -13,6 +14,8 @@ __all__ = [
     "GaussianMixture",
     "GaussianProcess",
     "Model",
+    "protocols",
+    "register_model",
     "SigmoidKernel",
     "SparseGaussianProcess",
 ]

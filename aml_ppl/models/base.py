@@ -1,60 +1,59 @@
-r"""The base class of aml_ppl's models and the records their capabilities return.
+r"""The base class of aml_ppl's models and the registry ``load`` rebuilds them from.
 
-A model says *what* generated the data; it never imports an engine. Engines look
-for small capability methods instead of classes (``../shared/ARCHITECTURE.md``):
-
-- ``model(*args, **kwargs)`` and ``guide(*args, **kwargs)``: Pyro programs, for
-  SVI, MAP and NUTS;
-- ``init_values(*args, **kwargs) -> dict[str, Tensor]``: a data-driven starting
-  point for autoguides (optional);
-- ``em_initial_params``, ``em_e_step``, ``em_m_step`` (and optionally ``em_check``,
-  called once on the result): closed-form EM steps, for the ``"em"`` engine (see
-  :class:`~aml_ppl.models.GaussianMixture`);
-- ``exact_posterior(*args, **kwargs) -> GaussianLatents`` and
-  ``exact_predictive(latents, *args, **kwargs) -> dict[str, Normal]``: a
-  closed-form Gaussian posterior, for the ``"exact"`` engine.
+A model says *what* generated the data; it never imports an engine. What an engine
+may use beyond the Pyro program is declared as protocols in
+:mod:`aml_ppl.models.protocols` (closed-form EM steps, an exact Gaussian posterior,
+a conditional predictive, a BoTorch form, ...).
 """
 
 from __future__ import annotations
 
 from abc import abstractmethod
-from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
-import torch
 from pyro.nn import PyroModule
 
+from aml_ppl.errors import InputDataError
+from aml_ppl.models.protocols import GaussianLatents
 
-@dataclass(frozen=True)
-class GaussianLatents:
-    r"""A closed-form Gaussian posterior over latent sites.
+__all__ = ["GaussianLatents", "MODELS", "Model", "model_class", "register_model"]
 
-    Attributes:
-        loc: Site name to posterior mean (a ``d`` tensor).
-        covariance: Site name to posterior covariance (a ``d x d`` tensor).
-        fixed: Site name to a value fixed by type-II maximum likelihood
-            (hyperparameters such as a learned noise precision).
-        log_marginal_likelihood: ``log p(y | X, fixed)`` at the returned values.
-        history: The log marginal likelihood per evidence-maximisation iteration
-            (one entry when nothing was learned).
-        statistics: Whatever else the model's predictive needs, precomputed (a GP's
-            training inputs, Cholesky factor and weights).
+MODELS: dict[str, type["Model"]] = {}
+ModelType = TypeVar("ModelType", bound=type["Model"])
+
+
+def register_model(cls: ModelType) -> ModelType:
+    r"""Class decorator: let :func:`aml_ppl.load` rebuild saved posteriors of this model
+    from its ``get_config()``. Built-in models are registered; register your own
+    :class:`Model` subclass the same way (``load`` never imports a name read from a file).
+
+    Example:
+        >>> import aml_ppl as aml
+        >>> aml.models.register_model(aml.models.BayesianLinearRegression).__name__
+        'BayesianLinearRegression'
     """
+    MODELS[cls.__name__] = cls
+    return cls
 
-    loc: dict[str, torch.Tensor]
-    covariance: dict[str, torch.Tensor]
-    fixed: dict[str, torch.Tensor] = field(default_factory=dict)
-    log_marginal_likelihood: torch.Tensor | None = None
-    history: list[float] = field(default_factory=list)
-    statistics: dict[str, torch.Tensor] = field(default_factory=dict)
+
+def model_class(name: str) -> type["Model"]:
+    r"""The registered model class called ``name``."""
+    if name not in MODELS:
+        raise InputDataError(
+            f"the file was saved from model class {name!r}, which is not registered; decorate it "
+            "with @aml_ppl.models.register_model before loading, or pass the model as `model=`."
+        )
+    return MODELS[name]
 
 
 class Model(PyroModule):
     r"""Base class of aml_ppl's built-in models.
 
-    Subclasses write the generative program in :meth:`model` and a variational
-    family in :meth:`guide`; calling the object runs :meth:`model`, so it can be
-    handed to any Pyro inference algorithm as it is.
+    Subclasses write the generative program in :meth:`model`; calling the object
+    runs it, so it can be handed to any Pyro inference algorithm as it is. A
+    subclass that defines ``guide(*args, **kwargs)`` gets it used by SVI; one that
+    does not gets an explicit autoguide (``AutoNormal``, SVI's documented default),
+    never a silent no-op guide.
     """
 
     default_engine: ClassVar[str] = "svi"
@@ -62,10 +61,6 @@ class Model(PyroModule):
     @abstractmethod
     def model(self, *args: Any, **kwargs: Any) -> None:
         r"""The generative program: ``pyro.sample`` statements, observed sites via ``obs=``."""
-
-    @abstractmethod
-    def guide(self, *args: Any, **kwargs: Any) -> None:
-        r"""A variational family over the latent sites of :meth:`model`."""
 
     @abstractmethod
     def get_config(self) -> dict[str, Any] | None:

@@ -15,7 +15,8 @@ from torch.func import functional_call
 
 from aml_ppl._data import check_count, check_regression_data
 from aml_ppl.errors import InputDataError, ModelFittingError
-from aml_ppl.models.base import GaussianLatents, Model
+from aml_ppl.models.base import Model, register_model
+from aml_ppl.models.protocols import GaussianLatents
 
 # Jitter added to the diagonal on a failed Cholesky, relative to its mean (AML §6.2 needs
 # K + σ²I to be positive definite); each try multiplies it by 10.
@@ -173,6 +174,7 @@ class _GaussianProcessBase(Model):
             pyro.sample(site, dist.Delta(point, event_dim=value.dim()))
 
 
+@register_model
 class GaussianProcess(_GaussianProcessBase):
     r"""A Gaussian-process regression model (notes AML §6).
 
@@ -409,6 +411,34 @@ class GaussianProcess(_GaussianProcessBase):
         identity = self._transforms(X_train, y_train, normalize=False, standardize=False)
         return self.exact_predictive(self._conditioned(values, X_train, y_train, identity, []), X)
 
+    def leave_one_out(
+        self,
+        values: dict[str, torch.Tensor],
+        X: torch.Tensor,
+        y: torch.Tensor,
+        statistics: dict[str, torch.Tensor] | None = None,
+    ) -> dict[str, dist.Normal]:
+        r"""The exact leave-one-out predictive of each :math:`y_i` given the others
+        (Rasmussen & Williams §5.4.2), at hyperparameters ``values``:
+
+        .. math::
+
+            y_i \mid y_{-i} \sim \mathcal{N}\big(y_i - \alpha_i / [A^{-1}]_{ii},\; 1 / [A^{-1}]_{ii}\big),
+            \qquad A = K + \sigma^2 I,\ \alpha = A^{-1}(y - m).
+
+        One Cholesky of :math:`A`, no refit per point; in ``y``'s own units (with the
+        exact engine's ``statistics``, its transforms are applied first). This is the
+        GP's pointwise log-likelihood in ArviZ.
+        """
+        stats = statistics or self._transforms(X, y, normalize=False, standardize=False)
+        X_in = (X.to(stats["x_scale"]) - stats["x_offset"]) / stats["x_scale"]
+        y_in = (y.to(stats["y_scale"]) - stats["y_offset"]) / stats["y_scale"]
+        cholesky, weights = self.log_marginal_likelihood(values, X_in, y_in)[1:]
+        precision_diagonal = torch.cholesky_inverse(cholesky).diagonal()
+        mean = y_in - weights / precision_diagonal
+        scale = stats["y_scale"]
+        return {"obs": dist.Normal(mean * scale + stats["y_offset"], precision_diagonal.rsqrt() * scale)}
+
     def exact_predictive(
         self, latents: GaussianLatents, X: torch.Tensor, y: torch.Tensor | None = None
     ) -> dict[str, dist.Normal]:
@@ -456,6 +486,7 @@ class GaussianProcess(_GaussianProcessBase):
         return model
 
 
+@register_model
 class SparseGaussianProcess(_GaussianProcessBase):
     r"""A sparse variational GP with inducing points, for SVI on large ``n``.
 

@@ -12,9 +12,11 @@ from pyro.distributions import constraints
 
 from aml_ppl._data import check_regression_data
 from aml_ppl.errors import InputDataError, ModelFittingError
-from aml_ppl.models.base import GaussianLatents, Model
+from aml_ppl.models.base import Model, register_model
+from aml_ppl.models.protocols import GaussianLatents
 
 
+@register_model
 class BayesianLinearRegression(Model):
     r"""Bayesian linear regression with a Gaussian prior on the coefficients.
 
@@ -136,8 +138,10 @@ class BayesianLinearRegression(Model):
             noise_scale = pyro.sample("noise_precision", self._gamma(X)).rsqrt()
         else:
             noise_scale = X.new_tensor(self.noise_scale)
+        # Xβ; a batch of draws of β (S x 1 x d, the 1 in the data plate's slot) broadcasts.
+        linear = X @ beta if beta.dim() == 1 else (X * beta).sum(-1)
         with pyro.plate("data", n):
-            pyro.sample("obs", dist.Normal(X @ beta, noise_scale), obs=y)
+            pyro.sample("obs", dist.Normal(linear, noise_scale), obs=y)
 
     def guide(self, X: torch.Tensor, y: torch.Tensor | None = None) -> None:
         r"""A full-rank Gaussian over ``beta``, log-normals over learned precisions."""

@@ -10,10 +10,11 @@ import pyro
 import pyro.distributions as dist
 import torch
 from pyro.distributions import constraints
+from pyro.ops.indexing import Vindex
 
 from aml_ppl._data import check_float_tensor
 from aml_ppl.errors import AmlPplWarning, InputDataError, ModelFittingError
-from aml_ppl.models.base import Model
+from aml_ppl.models.base import Model, register_model
 
 COVARIANCE_TYPES = ("full", "tied", "diag", "spherical")
 # Elements of the rows x (k d) temporaries per block in the E- and M-steps: about 8 MiB
@@ -30,6 +31,7 @@ class CollapsedComponentWarning(AmlPplWarning):
     r"""A mixture component's covariance collapsed and is held up by ``reg_covar`` alone."""
 
 
+@register_model
 class GaussianMixture(Model):
     r"""A mixture of ``n_components`` Gaussians as a Pyro program.
 
@@ -168,16 +170,24 @@ class GaussianMixture(Model):
             assignment = pyro.sample(
                 "assignment", dist.Categorical(weights), infer={"enumerate": "parallel"}
             )
+
+            def chosen(values: torch.Tensor, event_dims: int) -> torch.Tensor:
+                # The component of each point, for any batch of draws left of the components
+                # dim (Vindex; the unsqueeze keeps a slot for the data plate's dim).
+                index = (..., assignment) + (slice(None),) * event_dims
+                return Vindex(values.unsqueeze(-2 - event_dims))[index]
+
+            locs_chosen = chosen(locs, 1)
             if self.covariance_type == "full":
-                tril = scales[assignment].unsqueeze(-1) * (correlation[assignment] if d > 1 else 1.0)
-                likelihood = dist.MultivariateNormal(locs[assignment], scale_tril=tril)
+                tril = chosen(scales, 1).unsqueeze(-1) * (chosen(correlation, 2) if d > 1 else 1.0)
+                likelihood = dist.MultivariateNormal(locs_chosen, scale_tril=tril)
             elif self.covariance_type == "tied":
                 tril = scales.unsqueeze(-1) * (correlation if d > 1 else 1.0)
-                likelihood = dist.MultivariateNormal(locs[assignment], scale_tril=tril)
+                likelihood = dist.MultivariateNormal(locs_chosen, scale_tril=tril)
             elif self.covariance_type == "diag":
-                likelihood = dist.Normal(locs[assignment], scales[assignment]).to_event(1)
+                likelihood = dist.Normal(locs_chosen, chosen(scales, 1)).to_event(1)
             else:
-                likelihood = dist.Normal(locs[assignment], scales[assignment].unsqueeze(-1)).to_event(1)
+                likelihood = dist.Normal(locs_chosen, chosen(scales, 0).unsqueeze(-1)).to_event(1)
             pyro.sample("obs", likelihood, obs=X)
 
     def init_values(self, X: torch.Tensor) -> dict[str, torch.Tensor]:

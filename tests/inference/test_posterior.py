@@ -1,6 +1,5 @@
 """The Posterior surface: ArviZ export, save/load, predictions, for every engine."""
 
-import arviz as az
 import pytest
 import torch
 
@@ -28,13 +27,18 @@ def test_to_arviz_has_every_group_and_passes_summary_and_loo(posterior, regressi
     idata = posterior.to_arviz(num_samples=200)
     for group in ("posterior", "posterior_predictive", "log_likelihood", "observed_data"):
         assert group in idata.groups()
-    summary = az.summary(idata)
+    summary = aml.analysis.summary(posterior, num_samples=200)
     assert {"beta[0]", "beta[1]", "beta[2]", "noise_precision"} <= set(summary.index)
-    loo = az.loo(idata, pointwise=True)
-    assert loo.n_data_points == 60 and loo.loo_i.shape == (60,)
     chains = 2 if posterior.engine == "nuts" else 1
     assert idata.posterior.sizes["chain"] == chains
     assert idata.log_likelihood["obs"].shape[:2] == idata.posterior["beta"].shape[:2]
+    if posterior.is_point_estimate:  # MAP: one draw; LOO refused with advice
+        assert idata.posterior.sizes["draw"] == 1 and idata.attrs["point_estimate"] == 1
+        with pytest.raises(aml.analysis.PointEstimateError, match="laplace=True"):
+            aml.analysis.loo(posterior)
+        return
+    loo = aml.analysis.loo(posterior, num_samples=200)
+    assert loo.n_data_points == 60 and loo.loo_i.shape == (60,)
 
 
 def test_save_load_round_trip_gives_the_same_predictions(posterior, regression_data, tmp_path):

@@ -159,8 +159,38 @@ def test_nuts_over_hyperparameters_runs_and_exports(gp_data):
         "covar_module.outputscale", "covar_module.base_kernel.lengthscale",
     }
     idata = post.to_arviz()
-    assert idata.log_likelihood["obs"].shape == (1, 30)  # one joint MVN observation per draw
+    assert idata.log_likelihood["obs"].shape == (1, 30, 20)  # pointwise: leave-one-out per draw
     assert "covar_module.outputscale" in aml.analysis.summary(post).index
+    assert aml.analysis.loo(post).n_data_points == 20
+
+
+def test_exported_log_likelihood_is_the_exact_leave_one_out_predictive(gp_data):
+    """R&W §5.4.2: the closed form equals conditioning on the other n − 1 points, for
+    fixed hyperparameters and through the exact engine's output standardisation."""
+    X, y = gp_data
+    y = 10 * y + 3  # not standardised: the transform must be undone
+    kernel = ScaleKernel(RBFKernel()).double()
+    kernel.base_kernel.lengthscale = torch.tensor(0.8, dtype=torch.float64)
+    model = GaussianProcess(kernel, standardize_outputs=True)
+    post = aml.fit(model, X, y)
+    idata = post.to_arviz(num_samples=40)
+    assert idata.attrs["point_estimate"] == 1 and idata.posterior_predictive["obs"].shape == (1, 40, 40)
+    exported = idata.log_likelihood["obs"].values[0, 0]
+    for i in (0, 17, 39):
+        # The GP at the fitted hyperparameters conditioned on the other points, in the
+        # fit's standardised units (AML §6.2), then back in y's.
+        keep = torch.arange(40) != i
+        values, stats = post.latents.fixed, post.latents.statistics
+        y_in = (y[keep] - stats["y_offset"]) / stats["y_scale"]
+        _, cholesky, weights = model.log_marginal_likelihood(values, X[keep], y_in)
+        mean, prior_variance = model._module_call(values, X[i : i + 1], diag=True)
+        cross = model._module_call(values, X[keep], X[i : i + 1])[1]
+        solved = torch.linalg.solve_triangular(cholesky, cross, upper=False)
+        scale = stats["y_scale"]
+        loc = (mean + cross.T @ weights) * scale + stats["y_offset"]
+        variance = (prior_variance - solved.square().sum(0) + values["likelihood.noise_covar.noise"]) * scale**2
+        expected = torch.distributions.Normal(loc, variance.sqrt()).log_prob(y[i : i + 1])
+        assert exported[i] == pytest.approx(expected.item(), abs=1e-8)
 
 
 def test_save_and_load_need_the_model(gp_data, tmp_path):

@@ -1,0 +1,93 @@
+r"""Saving and loading posteriors: tensors and JSON metadata, no pickled objects.
+
+``load`` rebuilds a built-in model, or a user's own :class:`~aml_ppl.models.Model`
+subclass registered with :func:`~aml_ppl.models.register_model`, from its
+``get_config()``; it never imports a name read from the file.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+import torch
+
+from aml_ppl.errors import AmlPplError, InputDataError
+from aml_ppl.models.base import Model, model_class
+
+if TYPE_CHECKING:
+    from aml_ppl.inference.base import Posterior
+
+FORMAT = "aml_ppl.posterior/1"
+
+
+def save(posterior: "Posterior", path: str | Path) -> None:
+    r"""Write ``posterior`` to ``path`` (read back by :func:`load`)."""
+    tensors, meta = posterior._state()
+    model = posterior.model
+    model_spec = None
+    if isinstance(model, Model) and model.get_config() is not None:
+        model_spec = {"class": type(model).__name__, "config": model.get_config()}
+    payload = {
+        "format": FORMAT,
+        "kind": posterior.kind,
+        "model": model_spec,
+        "meta": {**meta, "engine": posterior.engine, "objective": posterior.objective},
+        "tensors": {**tensors, "_history": posterior.history},
+        "args": [_storable(f"argument {i}", arg) for i, arg in enumerate(posterior.data_args)],
+        "kwargs": {k: _storable(f"argument {k!r}", v) for k, v in posterior.data_kwargs.items()},
+    }
+    torch.save(payload, Path(path))
+
+
+def load(path: str | Path, model: Callable | None = None, guide: Callable | None = None) -> "Posterior":
+    r"""Read a posterior written by :meth:`Posterior.save`.
+
+    Args:
+        path: The file.
+        model: Needed for a plain Pyro model function or a model that cannot be
+            rebuilt from its configuration (one holding a GPyTorch kernel); registered
+            models are rebuilt from the file.
+        guide: Needed when the fit used a guide of the user's own.
+
+    Raises:
+        InputDataError: If the file is not a saved posterior, or the model is needed.
+    """
+    from aml_ppl.inference.base import POSTERIORS
+
+    payload = torch.load(Path(path), weights_only=True)
+    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
+        raise InputDataError(f"{path} is not a posterior saved by aml_ppl.")
+    if model is None:
+        spec = payload["model"]
+        if spec is None:
+            raise InputDataError(
+                "this posterior's model cannot be rebuilt from the file (a plain model "
+                "function, or a model holding objects such as a GPyTorch kernel); pass it as `model=`."
+            )
+        model = model_class(spec["class"])(**spec["config"])
+    return POSTERIORS[payload["kind"]]._from_state(
+        model,
+        tuple(payload["args"]),
+        dict(payload["kwargs"]),
+        payload["tensors"],
+        payload["meta"],
+        guide,
+    )
+
+
+def recorded(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> dict[str, Any]:
+    r"""The keyword arguments every :class:`Posterior` takes, as :func:`save` stored them."""
+    return {"engine": meta["engine"], "objective": meta["objective"], "history": tensors["_history"]}
+
+
+def stored(tensors: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
+    r"""The saved tensors whose keys start with ``prefix:``, keyed by the rest."""
+    marker = f"{prefix}:"
+    return {k[len(marker):]: v for k, v in tensors.items() if k.startswith(marker)}
+
+
+def _storable(what: str, value: Any) -> Any:
+    if value is None or isinstance(value, (torch.Tensor, bool, int, float, str)):
+        return value
+    raise AmlPplError(f"cannot save {what} of type {type(value).__name__}; pass tensors.")

@@ -1,0 +1,460 @@
+r"""The one replay behind ``predict``, ``log_prob`` and ``to_arviz``.
+
+A model is run once with all ``S`` posterior draws on a leading plate, as Pyro's
+``Predictive(..., parallel=True)`` does, and a per-draw loop is the fallback for a
+model that does not broadcast over that plate. Every kind of site is handled:
+
+- observed sites are resampled (posterior predictive) and their observations
+  scored (pointwise log-likelihood); ``pyro.factor`` terms are neither;
+- ``pyro.deterministic`` sites stay deterministic and are returned as values;
+- a plate with ``subsample_size`` is replayed on all of its data, one subsample of
+  indices after another (each pass conditions the plate's index site, so the
+  model sees the batch size it was written for), and the pieces are put in place;
+- discrete sites marked ``infer={"enumerate": "parallel"}`` are drawn from their
+  posterior given each draw (``pyro.infer.infer_discrete``); the log-likelihood
+  sums out those that live in a plate (``log Σ_z p(z) p(y_i | z)``) and conditions
+  on the global ones, which are parameters like any other.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable
+
+import pyro
+import torch
+from pyro import poutine
+from pyro.infer import infer_discrete
+from pyro.poutine.messenger import Messenger
+from pyro.poutine.util import site_is_subsample
+
+from aml_ppl.errors import AmlPplError
+
+DRAWS_PLATE = "_aml_draws"
+# Enumeration dimensions in structure traces start this far left, beyond any real
+# plate nesting, so that no plate count is needed before the first trace.
+STRUCTURE_ENUM_DIM = -8
+
+
+@dataclass(frozen=True)
+class SiteShape:
+    r"""One sample site's shapes and plates in a single draw.
+
+    Attributes:
+        batch_shape: The distribution's batch shape (plate dimensions included).
+        event_shape: Its event shape.
+        plates: ``(plate name, dim)`` of each vectorised plate, ``dim`` counted from
+            the right of the batch shape (``-1`` is its last dimension).
+    """
+
+    batch_shape: torch.Size
+    event_shape: torch.Size
+    plates: tuple[tuple[str, int], ...]
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.batch_shape + self.event_shape
+
+
+@dataclass(frozen=True)
+class Structure:
+    r"""What one run of a model under its prior shows about its sites.
+
+    Attributes:
+        sites: Site name to :class:`SiteShape` for every sample site that is not a
+            plate's index site.
+        observed: Sites with ``obs=`` (not deterministic, not ``pyro.factor``).
+        latent: Continuous (or non-enumerated) sampled sites: what a posterior draws.
+        enumerated: Discrete sites marked for parallel enumeration.
+        local_enumerated: Those of them inside a plate (summed out of densities).
+        deterministic: ``pyro.deterministic`` sites.
+        factors: ``pyro.factor`` sites.
+        params: ``pyro.param`` sites.
+        subsampled: Plate name to ``(size, subsample_size)`` for plates that subsample.
+        max_plate_nesting: The depth of the deepest plate.
+        observations: The values observed at the observed sites in this run.
+    """
+
+    sites: dict[str, SiteShape]
+    observed: tuple[str, ...]
+    latent: tuple[str, ...]
+    enumerated: tuple[str, ...]
+    local_enumerated: tuple[str, ...]
+    deterministic: tuple[str, ...]
+    factors: tuple[str, ...]
+    params: tuple[str, ...]
+    subsampled: dict[str, tuple[int, int]]
+    max_plate_nesting: int
+    observations: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    @property
+    def latent_shapes(self) -> dict[str, torch.Size]:
+        return {name: self.sites[name].shape for name in self.latent}
+
+    def with_observed(self, observed: tuple[str, ...]) -> "Structure":
+        r"""This structure with ``observed`` (a fit's observed sites) as the observed
+        sites, also where these arguments leave them unobserved (``obs=None``)."""
+        latent = tuple(name for name in self.latent if name not in observed)
+        return replace(self, observed=observed, latent=latent)
+
+
+def structure_trace(model: Callable, args: tuple, kwargs: dict) -> Any:
+    r"""One run of ``model`` under its prior, for its sites' names, shapes and plates.
+
+    Sites marked for enumeration are enumerated rather than drawn per data point
+    (a mixture's ``z`` stays ``k x 1 x ...``, not ``n`` gathers of its parameters);
+    distribution validation is off (a prior draw may hit a region where the model
+    yields NaN, which says nothing about its structure); nothing touches the
+    caller's param store.
+    """
+    enumerated = poutine.enum(model, first_available_dim=STRUCTURE_ENUM_DIM)
+    with pyro.get_param_store().scope(), torch.no_grad(), pyro.validation_enabled(False):
+        return poutine.trace(enumerated).get_trace(*args, **kwargs)
+
+
+def inspect_model(model: Callable, args: tuple, kwargs: dict) -> Structure:
+    r"""The :class:`Structure` of ``model`` called with ``args`` and ``kwargs``."""
+    trace = structure_trace(model, args, kwargs)
+    sites: dict[str, SiteShape] = {}
+    kinds: dict[str, list[str]] = {
+        key: [] for key in ("observed", "latent", "enumerated", "local", "deterministic", "factors")
+    }
+    params, subsampled = [], {}
+    for name, site in trace.nodes.items():
+        if site["type"] == "param":
+            params.append(name)
+            continue
+        if site["type"] != "sample":
+            continue
+        if site_is_subsample(site):
+            fn = site["fn"]
+            if fn.subsample_size is not None and fn.subsample_size < fn.size:
+                subsampled[name] = (fn.size, fn.subsample_size)
+            continue
+        fn = site["fn"]
+        plates = tuple(
+            (frame.name, frame.dim) for frame in site["cond_indep_stack"] if frame.vectorized
+        )
+        sites[name] = _site_shape(site, plates)
+        kinds[_kind(site)].append(name)
+        if is_enumerated(site) and plates:
+            kinds["local"].append(name)
+    for name, site in sites.items():
+        nested = [plate for plate, _ in site.plates if plate in subsampled]
+        if len(nested) > 1:
+            raise AmlPplError(
+                f"site {name!r} sits in several subsampled plates {nested}; replaying nested "
+                "subsampled plates on all data is not supported. Give all but one plate "
+                "subsample_size=None when you call predict, log_prob or to_arviz."
+            )
+    return Structure(
+        sites=sites,
+        observed=tuple(kinds["observed"]),
+        latent=tuple(kinds["latent"]),
+        enumerated=tuple(kinds["enumerated"]),
+        local_enumerated=tuple(kinds["local"]),
+        deterministic=tuple(kinds["deterministic"]),
+        factors=tuple(kinds["factors"]),
+        params=tuple(params),
+        subsampled=subsampled,
+        max_plate_nesting=max((-dim for site in sites.values() for _, dim in site.plates), default=0),
+        observations={name: trace.nodes[name]["value"] for name in kinds["observed"]},
+    )
+
+
+def _site_shape(site: dict, plates: tuple[tuple[str, int], ...]) -> SiteShape:
+    r"""Shapes of a site in one draw, without the structure trace's enumeration dims.
+
+    A ``pyro.deterministic`` site's ``Delta`` takes the whole value as its event
+    (``event_dim = value.ndim``) and is then broadcast by its plates; its shape is its
+    value's, with the dimensions its plates cover counted as batch.
+    """
+    if site["infer"].get("_deterministic", False):
+        shape = site["value"].shape
+        batch_ndim = min(len(shape), max((-dim for _, dim in plates), default=0))
+        return SiteShape(shape[:batch_ndim], shape[batch_ndim:], plates)
+    batch_shape = site["fn"].batch_shape
+    if len(batch_shape) >= -STRUCTURE_ENUM_DIM:  # enumerated upstream: keep the plates' dims
+        depth = max((-dim for _, dim in plates), default=0)
+        batch_shape = batch_shape[len(batch_shape) - depth :]
+    return SiteShape(batch_shape, site["fn"].event_shape, plates)
+
+
+def is_enumerated(site: dict) -> bool:
+    r"""Whether a trace site is a discrete site marked for parallel enumeration."""
+    return (
+        site["type"] == "sample"
+        and not site["is_observed"]
+        and site["infer"].get("enumerate") == "parallel"
+    )
+
+
+def _kind(site: dict) -> str:
+    if site["infer"].get("_deterministic", False):
+        return "deterministic"
+    if site["is_observed"]:
+        return "factors" if site["infer"].get("is_auxiliary", False) else "observed"
+    if is_enumerated(site):
+        return "enumerated"
+    return "latent" if not site["infer"].get("is_auxiliary", False) else "factors"
+
+
+@dataclass
+class Replayed:
+    r"""What a replay returns; every tensor has the draws on dim 0 except ``observed``.
+
+    Attributes:
+        predictive: Replicated values of each observed site, ``S x ...``.
+        log_likelihood: Pointwise log-likelihood of each observation, ``S x batch``.
+        observed: The observations (one copy).
+        deterministic: Values of the ``pyro.deterministic`` sites, ``S x ...``.
+        discrete: Posterior draws of the enumerated sites, ``S x ...``.
+    """
+
+    predictive: dict[str, torch.Tensor] = field(default_factory=dict)
+    log_likelihood: dict[str, torch.Tensor] = field(default_factory=dict)
+    observed: dict[str, torch.Tensor] = field(default_factory=dict)
+    deterministic: dict[str, torch.Tensor] = field(default_factory=dict)
+    discrete: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    def groups(self) -> tuple[dict[str, torch.Tensor], ...]:
+        return self.predictive, self.log_likelihood, self.deterministic, self.discrete
+
+
+def replay(
+    model: Callable,
+    draws: dict[str, torch.Tensor],
+    num_draws: int,
+    args: tuple,
+    kwargs: dict,
+    structure: Structure | None = None,
+) -> Replayed:
+    r"""Run ``model`` under ``num_draws`` joint draws of its latent sites.
+
+    Args:
+        model: The model (with learned ``pyro.param`` values already substituted).
+        draws: Site name to a ``num_draws x ...`` tensor; may be empty (a model whose
+            only unknowns are ``pyro.param`` sites).
+        num_draws: ``S``.
+        args: The model's arguments (observations present or not).
+        kwargs: Its keyword arguments.
+        structure: The model's :class:`Structure` for these arguments, if known.
+
+    Returns:
+        The :class:`Replayed` values on all the data.
+    """
+    structure = structure or inspect_model(model, args, kwargs)
+    chunks = _subsample_chunks(structure.subsampled)
+    pieces = []
+    with torch.no_grad(), pyro.get_param_store().scope():
+        for indices in chunks:
+            try:
+                pieces.append(_run(model, draws, num_draws, args, kwargs, structure, indices))
+            except Exception:  # the model does not broadcast over a draws plate
+                single = [
+                    _run(model, {k: v[s] for k, v in draws.items()}, None, args, kwargs, structure, indices)
+                    for s in range(num_draws)
+                ]
+                pieces.append(_stack(single))
+    return _assemble(pieces, chunks, structure)
+
+
+def _subsample_chunks(subsampled: dict[str, tuple[int, int]]) -> list[dict[str, torch.Tensor]]:
+    r"""Index sets that cover every subsampled plate, ``subsample_size`` at a time (the
+    last one shifted back to stay full-sized; overlaps are written twice, alike)."""
+    if not subsampled:
+        return [{}]
+    count = max(math.ceil(size / batch) for size, batch in subsampled.values())
+    return [
+        {
+            plate: torch.arange(min(chunk * batch, size - batch), min(chunk * batch, size - batch) + batch)
+            for plate, (size, batch) in subsampled.items()
+        }
+        for chunk in range(count)
+    ]
+
+
+class _Unobserve(Messenger):
+    r"""Resample the named observed sites, keeping their observations in ``infer["obs"]``
+    (``poutine.uncondition`` would also turn deterministic and factor sites into draws)."""
+
+    def __init__(self, names: tuple[str, ...]) -> None:
+        super().__init__()
+        self.names = set(names)
+
+    def _pyro_sample(self, msg: dict) -> None:
+        if msg["name"] in self.names and msg["is_observed"]:
+            msg["is_observed"] = False
+            msg["infer"]["obs"] = msg["value"]
+            msg["value"] = None
+            msg["done"] = False
+
+
+def _run(
+    model: Callable,
+    values: dict[str, torch.Tensor],
+    num_draws: int | None,
+    args: tuple,
+    kwargs: dict,
+    structure: Structure,
+    indices: dict[str, torch.Tensor],
+) -> Replayed:
+    r"""One pass: all draws on a plate (``num_draws``) or a single unbatched draw (``None``)."""
+    nesting = structure.max_plate_nesting
+    batched = _batched(model, num_draws, nesting)
+    shaped = {name: _padded(value, structure.sites[name], num_draws, nesting) for name, value in values.items()}
+    enum_dim = -nesting - (2 if num_draws else 1)
+    result = Replayed()
+    discrete: dict[str, torch.Tensor] = {}
+    if structure.enumerated:  # z ~ p(z | θ_s, y), then y_rep | θ_s, z
+        conditioned = poutine.condition(batched, {**shaped, **indices})
+        sampler = infer_discrete(conditioned, first_available_dim=enum_dim, strict_enumeration_warning=False)
+        trace = poutine.trace(sampler).get_trace(*args, **kwargs)
+        discrete = {name: trace.nodes[name]["value"] for name in structure.enumerated}
+        result.discrete = _per_draw(discrete, structure, num_draws, nesting)
+    unobserved = _Unobserve(structure.observed)(
+        poutine.condition(batched, {**shaped, **discrete, **indices})
+    )
+    trace = poutine.trace(unobserved).get_trace(*args, **kwargs)
+    observations = {
+        name: trace.nodes[name]["infer"]["obs"]
+        for name in structure.observed
+        if name in trace.nodes and trace.nodes[name]["infer"].get("obs") is not None
+    }
+    result.predictive = _per_draw(
+        {name: trace.nodes[name]["value"] for name in structure.observed if name in trace.nodes},
+        structure, num_draws, nesting,
+    )
+    result.deterministic = _per_draw(
+        {name: trace.nodes[name]["value"] for name in structure.deterministic if name in trace.nodes},
+        structure, num_draws, nesting,
+    )
+    result.observed = {
+        name: obs.expand(structure.sites[name].shape) for name, obs in observations.items()
+    }
+    if structure.local_enumerated and observations:
+        global_discrete = {k: v for k, v in discrete.items() if k not in structure.local_enumerated}
+        log_likelihood = _marginal_log_likelihood(
+            batched, {**shaped, **global_discrete, **indices}, observations, structure, enum_dim, args, kwargs
+        )
+    else:
+        log_likelihood = {
+            name: trace.nodes[name]["fn"].log_prob(obs) for name, obs in observations.items()
+        }
+    result.log_likelihood = _per_draw(log_likelihood, structure, num_draws, nesting, event=False)
+    return result
+
+
+def _marginal_log_likelihood(
+    batched: Callable,
+    data: dict[str, torch.Tensor],
+    observations: dict[str, torch.Tensor],
+    structure: Structure,
+    enum_dim: int,
+    args: tuple,
+    kwargs: dict,
+) -> dict[str, torch.Tensor]:
+    r""":math:`\log \sum_z p(z)\, p(y_i \mid z)` per observation, the plate-local
+    enumerated sites summed out (their enumeration dims are left of ``enum_dim + 1``)."""
+    trace = poutine.trace(
+        poutine.enum(poutine.condition(batched, data), first_available_dim=enum_dim)
+    ).get_trace(*args, **kwargs)
+    enumerated = [trace.nodes[name] for name in structure.local_enumerated]
+    results = {}
+    for name, obs in observations.items():
+        site = trace.nodes[name]
+        plates = {frame.name for frame in site["cond_indep_stack"]}
+        joint = site["fn"].log_prob(obs)
+        for local in enumerated:
+            if {frame.name for frame in local["cond_indep_stack"]} <= plates:
+                joint = joint + local["fn"].log_prob(local["value"])
+        kept = -enum_dim - 1  # the draws plate and the model's plates
+        leading = tuple(range(joint.dim() - kept))
+        results[name] = torch.logsumexp(joint, dim=leading) if leading else joint
+    return results
+
+
+def _batched(model: Callable, num_draws: int | None, nesting: int) -> Callable:
+    if num_draws is None:
+        return model
+
+    def on_a_draws_plate(*args: Any, **kwargs: Any) -> Any:
+        with pyro.plate(DRAWS_PLATE, num_draws, dim=-nesting - 1):
+            return model(*args, **kwargs)
+
+    return on_a_draws_plate
+
+
+def _padded(value: torch.Tensor, site: SiteShape, num_draws: int | None, nesting: int) -> torch.Tensor:
+    r"""A ``S x ...`` draw reshaped so that ``S`` sits on the draws plate's dimension."""
+    if num_draws is None:
+        return value
+    pad = (1,) * (nesting - len(site.batch_shape))
+    return value.reshape((num_draws, *pad, *site.shape))
+
+
+def _per_draw(
+    values: dict[str, torch.Tensor],
+    structure: Structure,
+    num_draws: int | None,
+    nesting: int,
+    event: bool = True,
+) -> dict[str, torch.Tensor]:
+    r"""Values from a pass reshaped to ``S x batch (x event)``; raises ``RuntimeError``
+    where a value does not broadcast to that shape (the model mixed up the draws)."""
+    shaped = {}
+    for name, value in values.items():
+        site = structure.sites[name]
+        tail = site.shape if event else site.batch_shape
+        target = tail if num_draws is None else (num_draws, *(1,) * (nesting - len(site.batch_shape)), *tail)
+        while value.dim() > len(target) and value.shape[0] == 1:  # a one-value enumeration's dims
+            value = value[0]
+        value = value.expand(target)
+        shaped[name] = value.unsqueeze(0) if num_draws is None else value.reshape((num_draws, *tail))
+    return shaped
+
+
+def _stack(singles: list[Replayed]) -> Replayed:
+    stacked = Replayed(observed=singles[0].observed)
+    for target, *sources in zip(stacked.groups(), *(single.groups() for single in singles)):
+        for name in sources[0]:
+            target[name] = torch.cat([source[name] for source in sources])
+    return stacked
+
+
+def _assemble(
+    pieces: list[Replayed], chunks: list[dict[str, torch.Tensor]], structure: Structure
+) -> Replayed:
+    r"""Put each subsample's values at its indices along its plate's dimension."""
+    if len(pieces) == 1:
+        return pieces[0]
+    whole = Replayed()
+    groups = ("predictive", "log_likelihood", "observed", "deterministic", "discrete")
+    for group in groups:
+        with_event = group != "log_likelihood"
+        for name in getattr(pieces[0], group):
+            values = [getattr(piece, group)[name] for piece in pieces]
+            getattr(whole, group)[name] = _scatter(values, chunks, structure, name, with_event)
+    return whole
+
+
+def _scatter(
+    values: list[torch.Tensor],
+    chunks: list[dict[str, torch.Tensor]],
+    structure: Structure,
+    name: str,
+    with_event: bool,
+) -> torch.Tensor:
+    site = structure.sites[name]
+    plate = next(((p, dim) for p, dim in site.plates if p in structure.subsampled), None)
+    if plate is None:  # not in a subsampled plate: every pass gives the same value
+        return values[0]
+    plate_name, dim = plate
+    axis = values[0].dim() + dim - (len(site.event_shape) if with_event else 0)
+    shape = list(values[0].shape)
+    shape[axis] = structure.subsampled[plate_name][0]
+    whole = values[0].new_empty(shape)
+    for value, indices in zip(values, chunks):
+        whole.index_copy_(axis, indices[plate_name].to(value.device), value)
+    return whole

@@ -1,0 +1,114 @@
+r"""The capabilities a model may offer, each declared once as a ``typing.Protocol``.
+
+Engines and posteriors check these (``isinstance(model, ExactGaussian)``), never a
+model class, so a user's own model gains an engine by offering the methods. The
+records the capabilities exchange (:class:`GaussianLatents`) live here too, low
+enough that ``models`` and ``inference`` both import them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+
+
+@dataclass(frozen=True)
+class GaussianLatents:
+    r"""A closed-form Gaussian posterior over latent sites.
+
+    Attributes:
+        loc: Site name to posterior mean (a ``d`` tensor).
+        covariance: Site name to posterior covariance (a ``d x d`` tensor).
+        fixed: Site name to a value fixed by type-II maximum likelihood
+            (hyperparameters such as a learned noise precision).
+        log_marginal_likelihood: ``log p(y | X, fixed)`` at the returned values.
+        history: The log marginal likelihood per evidence-maximisation iteration
+            (one entry when nothing was learned).
+        statistics: Whatever else the model's predictive needs, precomputed (a GP's
+            training inputs, Cholesky factor and weights).
+    """
+
+    loc: dict[str, torch.Tensor]
+    covariance: dict[str, torch.Tensor]
+    fixed: dict[str, torch.Tensor] = field(default_factory=dict)
+    log_marginal_likelihood: torch.Tensor | None = None
+    history: list[float] = field(default_factory=list)
+    statistics: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+@runtime_checkable
+class ClosedFormEM(Protocol):
+    r"""Closed-form EM steps (the ``"em"`` engine's fast path; IML §14.2)."""
+
+    def em_initial_params(self, X: torch.Tensor, init: Any) -> dict[str, torch.Tensor]: ...
+
+    def em_e_step(
+        self, X: torch.Tensor, params: dict[str, torch.Tensor]
+    ) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    def em_m_step(self, X: torch.Tensor, responsibilities: torch.Tensor) -> dict[str, torch.Tensor]: ...
+
+    def em_sites(self, params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]: ...
+
+    def em_num_parameters(self, d: int) -> int: ...
+
+
+@runtime_checkable
+class Relabelable(Protocol):
+    r"""A canonical labelling of EM parameters (bootstrap replicates stay comparable)."""
+
+    def em_relabel(self, params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]: ...
+
+
+@runtime_checkable
+class ExactGaussian(Protocol):
+    r"""A closed-form Gaussian posterior and predictive (the ``"exact"`` engine)."""
+
+    def exact_posterior(self, *args: Any, **kwargs: Any) -> GaussianLatents: ...
+
+    def exact_predictive(self, latents: GaussianLatents, *args: Any, **kwargs: Any) -> dict[str, Any]: ...
+
+
+@runtime_checkable
+class ConditionalPredictive(Protocol):
+    r"""The predictive given one draw of the latent sites *and* the fitting data, for
+    models whose observations are not independent given the latents (a GP: the latent
+    function is integrated out, so new points depend on the old ones)."""
+
+    def conditional_predictive(
+        self, values: dict[str, torch.Tensor], train_args: tuple, *args: Any, **kwargs: Any
+    ) -> dict[str, Any]: ...
+
+
+@runtime_checkable
+class PointwiseLikelihood(Protocol):
+    r"""For a model whose observed site is one joint density (a GP's ``N(m, K + σ²I)``):
+    the exact leave-one-out predictive of each observation given the others, at one draw
+    of the latent sites (``statistics``: a closed-form fit's precomputed transforms)."""
+
+    def leave_one_out(
+        self, values: dict[str, torch.Tensor], *args: Any, statistics: dict | None = None, **kwargs: Any
+    ) -> dict[str, Any]: ...
+
+
+@runtime_checkable
+class BoTorchExportable(Protocol):
+    r"""A BoTorch ``Model`` from a fitted exact posterior."""
+
+    def botorch_model(self, latents: GaussianLatents, *args: Any, **kwargs: Any) -> Any: ...
+
+
+@runtime_checkable
+class InitialValues(Protocol):
+    r"""A data-driven starting point for autoguides."""
+
+    def init_values(self, *args: Any, **kwargs: Any) -> dict[str, torch.Tensor]: ...
+
+
+@runtime_checkable
+class CheckedOnce(Protocol):
+    r"""A check run once on the final EM estimate (a collapsed mixture component)."""
+
+    def em_check(self, params: dict[str, torch.Tensor]) -> None: ...
