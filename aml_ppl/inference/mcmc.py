@@ -200,12 +200,17 @@ class NUTS(Engine):
     def incompatibility(self, model: Callable, args: tuple, kwargs: dict) -> str | None:
         if not callable(model):
             return "it is not callable"
-        params = inspect_model(model, args, kwargs).params
-        if params:
+        structure = inspect_model(model, args, kwargs)
+        if structure.params:
             return (
                 f"NUTS samples pyro.sample sites only, and the model has pyro.param sites "
-                f"{list(params)} that it would hold at their initial values; give them a prior "
-                "with pyro.sample, or fit them by 'map' or 'svi'"
+                f"{list(structure.params)} that it would hold at their initial values; give them "
+                "a prior with pyro.sample, or fit them by 'map' or 'svi'"
+            )
+        if structure.subsampled:
+            return (
+                f"NUTS needs the whole likelihood, and the plates {sorted(structure.subsampled)} "
+                "subsample the data; drop subsample_size, or use 'svi'"
             )
         return None
 

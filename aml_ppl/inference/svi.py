@@ -376,9 +376,10 @@ def make_autoguide(name: str, model: Callable, args: tuple, kwargs: dict) -> Cal
     return AUTOGUIDES[name](blocked, init_loc_fn=init_to_value(values=start))
 
 
-# An unconstrained coordinate this large puts a constrained value within e^-20 (relative) of
-# its support's boundary: the mode is on the boundary for every practical purpose.
-BOUNDARY_UNCONSTRAINED = 20.0
+# An unconstrained coordinate this large puts a constrained value within e^-10 of its
+# support's boundary on the transform's scale (a scale below 5e-5, a probability above
+# 1 - 5e-5): where a mode goes when it is on the boundary (a hierarchical scale collapsing).
+BOUNDARY_UNCONSTRAINED = 10.0
 
 
 def warn_if_on_boundary(guide: AutoLaplaceApproximation) -> None:
@@ -396,7 +397,7 @@ def warn_if_on_boundary(guide: AutoLaplaceApproximation) -> None:
             f"the mode lies on the boundary of the support of {on_boundary}, where a Laplace "
             "approximation is unreliable; use NUTS or SVI for these sites.",
             BoundaryWarning,
-            stacklevel=4,
+            stacklevel=5,  # the caller of aml_ppl.fit
         )
 
 
@@ -418,7 +419,7 @@ def _is_delta_guide(guide: Callable, args: tuple, kwargs: dict) -> bool:
     with isolated_param_store(), torch.no_grad():
         trace = poutine.trace(guide).get_trace(*args, **kwargs)
     sites = [site for site in trace.nodes.values() if site["type"] == "sample" and not site["is_observed"]]
-    return bool(sites) and all(isinstance(_base(site["fn"]), dist.Delta) for site in sites)
+    return all(isinstance(_base(site["fn"]), dist.Delta) for site in sites)  # none: all params
 
 
 def _base(fn: Any) -> Any:

@@ -1,0 +1,242 @@
+"""Small models, written as Pyro's docs write them, that cover every kind of site.
+
+Each case has the model, its data, and an oracle in plain torch: given draws of the
+latent sites (``S x ...``), the pointwise log-likelihood ``S x n`` and the mean of a
+replicated observation ``S x n``. A new model joins the contract by one entry in CASES.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import pyro
+import pyro.distributions as dist
+import torch
+from pyro.distributions import constraints
+from pyro.ops.indexing import Vindex
+
+from aml_ppl.models import BayesianLinearRegression
+
+
+@dataclass
+class Case:
+    name: str
+    model: Callable
+    args: tuple
+    kwargs: dict = field(default_factory=dict)
+    oracle: Callable[[dict, tuple], dict[str, torch.Tensor]] | None = None
+    new_args: tuple | None = None  # new inputs for predict (observations left out)
+    deterministic: tuple[str, ...] = ()
+    discrete: tuple[str, ...] = ()
+    params: tuple[str, ...] = ()
+    factors: tuple[str, ...] = ()
+
+
+def _generator(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+# -- a conjugate normal with a pyro.factor term --------------------------------------------
+
+NORMAL_Y = 1.5 + torch.randn(20, generator=_generator(0))
+
+
+def conjugate_normal(y):
+    mu = pyro.sample("mu", dist.Normal(0.0, 10.0))
+    pyro.factor("shrink", -0.5 * mu**2 / 4.0)  # a second Gaussian factor on mu, not data
+    with pyro.plate("data", y.shape[0]):
+        pyro.sample("obs", dist.Normal(mu, 1.0), obs=y)
+
+
+def conjugate_normal_posterior(y: torch.Tensor) -> tuple[float, float]:
+    """Precisions add: 1/100 (prior) + 1/4 (factor) + n (unit-variance data)."""
+    precision = 1 / 100 + 1 / 4 + y.shape[0]
+    return (y.sum() / precision).item(), precision**-0.5
+
+
+def normal_oracle(draws, args):
+    (y,) = args
+    mu = draws["mu"][:, None]
+    return {"log_likelihood": dist.Normal(mu, 1.0).log_prob(y), "mean": mu.expand(-1, y.shape[0])}
+
+
+# -- Bayesian linear regression (built in) --------------------------------------------------
+
+BLR_X = torch.randn(30, 3, dtype=torch.float64, generator=_generator(1))
+BLR_Y = BLR_X @ torch.tensor([1.0, -2.0, 0.5], dtype=torch.float64) + 0.5 * torch.randn(
+    30, dtype=torch.float64, generator=_generator(2)
+)
+
+
+def blr_oracle(draws, args):
+    X, y = args
+    mean = draws["beta"] @ X.T
+    scale = draws["noise_precision"].rsqrt()[:, None]
+    return {"log_likelihood": dist.Normal(mean, scale).log_prob(y), "mean": mean}
+
+
+# -- eight schools, non-centred, with a deterministic site ----------------------------------
+
+SCHOOLS_Y = torch.tensor([28.0, 8.0, -3.0, 7.0, -1.0, 1.0, 18.0, 12.0])
+SCHOOLS_SIGMA = torch.tensor([15.0, 10.0, 16.0, 11.0, 9.0, 11.0, 10.0, 18.0])
+
+
+def eight_schools(sigma, y=None):
+    mu = pyro.sample("mu", dist.Normal(0.0, 5.0))
+    tau = pyro.sample("tau", dist.HalfCauchy(5.0))
+    with pyro.plate("schools", sigma.shape[0]):
+        theta_tilde = pyro.sample("theta_tilde", dist.Normal(0.0, 1.0))
+        theta = pyro.deterministic("theta", mu + tau * theta_tilde)
+        pyro.sample("obs", dist.Normal(theta, sigma), obs=y)
+
+
+def schools_oracle(draws, args):
+    sigma, y = args
+    theta = draws["mu"][:, None] + draws["tau"][:, None] * draws["theta_tilde"]
+    return {"log_likelihood": dist.Normal(theta, sigma).log_prob(y), "mean": theta}
+
+
+# -- a regression on a subsampled plate -------------------------------------------------------
+
+SUB_X = torch.linspace(-2, 2, 50)
+SUB_Y = 1.0 + 2.0 * SUB_X + 0.5 * torch.randn(50, generator=_generator(3))
+
+
+def subsampled_regression(x, y=None, batch_size=16):
+    intercept = pyro.sample("intercept", dist.Normal(0.0, 10.0))
+    slope = pyro.sample("slope", dist.Normal(0.0, 10.0))
+    with pyro.plate("data", x.shape[0], subsample_size=batch_size) as index:
+        observed = None if y is None else y[index]
+        pyro.sample("obs", dist.Normal(intercept + slope * x[index], 0.5), obs=observed)
+
+
+def subsampled_oracle(draws, args):
+    x, y = args
+    mean = draws["intercept"][:, None] + draws["slope"][:, None] * x
+    return {"log_likelihood": dist.Normal(mean, 0.5).log_prob(y), "mean": mean}
+
+
+# -- a mixture with a plate-local enumerated site -----------------------------------------------
+
+MIX_Y = torch.cat([torch.randn(25, generator=_generator(4)) - 2.5, torch.randn(15, generator=_generator(5)) + 2.5])
+
+
+def enumerated_mixture(y):
+    weights = pyro.sample("weights", dist.Dirichlet(torch.ones(2)))
+    locs = pyro.sample("locs", dist.Normal(0.0, 5.0).expand([2]).to_event(1))
+    with pyro.plate("data", y.shape[0]):
+        z = pyro.sample("z", dist.Categorical(weights), infer={"enumerate": "parallel"})
+        pyro.sample("obs", dist.Normal(Vindex(locs)[..., z], 1.0), obs=y)
+
+
+def mixture_oracle(draws, args):
+    (y,) = args
+    joint = torch.log(draws["weights"])[:, None, :] + dist.Normal(draws["locs"][:, None, :], 1.0).log_prob(y[:, None])
+    log_likelihood = torch.logsumexp(joint, -1)  # z_i summed out
+    responsibilities = (joint - log_likelihood[..., None]).exp()
+    return {"log_likelihood": log_likelihood, "mean": (responsibilities * draws["locs"][:, None, :]).sum(-1)}
+
+
+# -- a change point: a global enumerated site ----------------------------------------------------
+
+COUNTS = torch.cat([torch.poisson(torch.full((12,), 6.0), _generator(6)), torch.poisson(torch.full((18,), 1.5), _generator(7))])
+
+
+def change_point(counts):
+    early = pyro.sample("early", dist.Exponential(0.3))
+    late = pyro.sample("late", dist.Exponential(0.3))
+    switch = pyro.sample(
+        "switch", dist.Categorical(logits=counts.new_zeros(counts.shape[0])), infer={"enumerate": "parallel"}
+    )
+    time = torch.arange(counts.shape[0])
+    with pyro.plate("time", counts.shape[0]):
+        pyro.sample("obs", dist.Poisson(torch.where(time < switch, early, late)), obs=counts)
+
+
+def change_point_oracle(draws, args):
+    (counts,) = args
+    time = torch.arange(counts.shape[0])
+    # rates[s, switch, t] for every possible switch point
+    rates = torch.where(time < time[:, None], draws["early"][:, None, None], draws["late"][:, None, None])
+    by_switch = dist.Poisson(rates).log_prob(counts).sum(-1)  # S x T, flat prior on the switch
+    posterior = (by_switch - by_switch.logsumexp(-1, keepdim=True)).exp()
+    mean = (posterior[..., None] * rates).sum(1)  # E[y_rep | θ] with the switch from p(switch | y, θ)
+    result = {"mean": mean}
+    if "switch" in draws:  # given the exported switch draws: the conditional log-likelihood
+        chosen = rates[torch.arange(rates.shape[0]), draws["switch"].long()]
+        result["log_likelihood"] = dist.Poisson(chosen).log_prob(counts)
+    return result
+
+
+# -- a pyro.param beside a sampled site ------------------------------------------------------------
+
+PARAM_Y = 0.7 + 0.4 * torch.randn(40, generator=_generator(8))
+
+
+def param_and_sample(y):
+    scale = pyro.param("scale", torch.tensor(1.0), constraint=constraints.positive)
+    mu = pyro.sample("mu", dist.Normal(0.0, 10.0))
+    with pyro.plate("data", y.shape[0]):
+        pyro.sample("obs", dist.Normal(mu, scale), obs=y)
+
+
+def param_oracle(draws, args, params):
+    (y,) = args
+    mu = draws["mu"][:, None]
+    return {"log_likelihood": dist.Normal(mu, params["scale"]).log_prob(y), "mean": mu.expand(-1, y.shape[0])}
+
+
+# -- pyro.param unknowns and an enumerated site only (generic EM) -----------------------------------
+
+
+def param_mixture(y):
+    weights = pyro.param("weights", torch.ones(2) / 2, constraint=constraints.simplex)
+    locs = pyro.param("locs", torch.tensor([-1.0, 1.0]))
+    with pyro.plate("data", y.shape[0]):
+        z = pyro.sample("z", dist.Categorical(weights), infer={"enumerate": "parallel"})
+        pyro.sample("obs", dist.Normal(locs[z], 1.0), obs=y)
+
+
+def param_mixture_oracle(draws, args, params):
+    (y,) = args
+    joint = torch.log(params["weights"]) + dist.Normal(params["locs"], 1.0).log_prob(y[:, None])
+    log_likelihood = torch.logsumexp(joint, -1)
+    responsibilities = (joint - log_likelihood[:, None]).exp()
+    return {"log_likelihood": log_likelihood[None], "mean": (responsibilities * params["locs"]).sum(-1)[None]}
+
+
+CASES: list[Case] = [
+    Case("conjugate_normal", conjugate_normal, (NORMAL_Y,), oracle=normal_oracle, factors=("shrink",)),
+    Case(
+        "blr", BayesianLinearRegression(noise_scale=None), (BLR_X, BLR_Y), oracle=blr_oracle,
+        new_args=(BLR_X[:7],),
+    ),
+    Case(
+        "eight_schools", eight_schools, (SCHOOLS_SIGMA, SCHOOLS_Y), oracle=schools_oracle,
+        deterministic=("theta",),
+    ),
+    Case(
+        "subsampled", subsampled_regression, (SUB_X, SUB_Y), oracle=subsampled_oracle,
+        new_args=(torch.linspace(-1, 1, 40),),
+    ),
+    Case("mixture", enumerated_mixture, (MIX_Y,), oracle=mixture_oracle, discrete=("z",)),
+    Case("change_point", change_point, (COUNTS,), oracle=change_point_oracle, discrete=("switch",)),
+    Case("param_and_sample", param_and_sample, (PARAM_Y,), oracle=param_oracle, params=("scale",)),
+    Case("param_mixture", param_mixture, (MIX_Y,), oracle=param_mixture_oracle, params=("weights", "locs"), discrete=("z",)),
+]
+
+# Which registered engine runs which case (the capability checks must agree).
+CAPABLE: dict[str, set[str]] = {
+    "exact": {"blr"},
+    "svi": {case.name for case in CASES},
+    "map": {case.name for case in CASES} - {"subsampled"},
+    "nuts": {case.name for case in CASES} - {"param_and_sample", "param_mixture", "subsampled"},
+    "em": {"param_mixture"},
+}
+
+
+def oracle(case: Case, draws: dict[str, torch.Tensor], params: dict[str, torch.Tensor], args: tuple) -> dict[str, Any]:
+    if case.params:
+        return case.oracle(draws, args, params)
+    return case.oracle(draws, args)

@@ -1,0 +1,163 @@
+"""The bad-input catalogue and the options an engine must refuse, on plain Pyro models."""
+
+from __future__ import annotations
+
+import arviz as az
+import pyro
+import pyro.distributions as dist
+import pytest
+import torch
+from pyro.infer.autoguide import AutoIAFNormal
+
+import aml_ppl as aml
+from aml_ppl.inference import EM, MAP, NUTS, SVI
+from aml_ppl.inference.svi import BoundaryWarning
+from aml_ppl.models import BayesianLinearRegression, GaussianProcess
+from tests.contract.cases import (
+    MIX_Y,
+    SCHOOLS_SIGMA,
+    SCHOOLS_Y,
+    SUB_X,
+    SUB_Y,
+    conjugate_normal,
+    param_mixture,
+    subsampled_regression,
+)
+
+FAST_SVI = SVI(num_steps=50, lr=0.05, progress_bar=False)
+
+
+@pytest.mark.parametrize("engine", [FAST_SVI, MAP(), NUTS(num_samples=5, warmup_steps=5, progress_bar=False)],
+                         ids=["svi", "map", "nuts"])
+def test_nan_in_a_plain_models_data_names_the_argument_before_inference(engine):
+    y = torch.tensor([0.1, float("nan"), 0.3])
+    with pytest.raises(aml.InputDataError, match="positional argument 0 has 1 NaN"):
+        aml.fit(conjugate_normal, y, engine=engine)
+    with pytest.raises(aml.InputDataError, match="keyword argument 'y'"):
+        aml.fit(conjugate_normal, y=torch.tensor([float("inf")]), engine=engine)
+
+
+def test_new_inputs_with_other_columns_are_refused():
+    X = torch.randn(20, 3, dtype=torch.float64)
+    y = X.sum(-1)
+    for model in (BayesianLinearRegression(), GaussianProcess()):
+        post = aml.fit(model, X, y)
+        with pytest.raises(aml.InputDataError, match="n x 3"):
+            post.predict(torch.randn(4, 2, dtype=torch.float64))
+        with pytest.raises(aml.InputDataError, match="NaN"):
+            post.predict(torch.full((4, 3), float("nan"), dtype=torch.float64))
+
+
+@pytest.mark.parametrize(
+    "make, match",
+    [
+        (lambda: SVI(lr=-0.1), "`lr` must be > 0"),
+        (lambda: SVI(lr=float("nan")), "`lr` must be a finite"),
+        (lambda: SVI(num_steps=0), "num_steps"),
+        (lambda: NUTS(target_accept_prob=1.5), "target_accept_prob"),
+        (lambda: NUTS(num_chains=0), "num_chains"),
+        (lambda: EM(tol=-1.0), "tol"),
+    ],
+)
+def test_numeric_options_are_range_checked(make, match):
+    with pytest.raises(aml.InputDataError, match=match):
+        make()
+
+
+def test_generic_em_refuses_options_it_cannot_honour():
+    for options in ({"n_init": 3}, {"hard": True}, {"uncertainty": "bootstrap"}):
+        with pytest.raises(aml.IncompatibleEngineError, match=next(iter(options))):
+            aml.fit(param_mixture, MIX_Y, engine=EM(**options))
+
+
+def test_lbfgs_map_refuses_a_subsampled_model_and_adam_runs_it():
+    with pytest.raises(aml.IncompatibleEngineError, match="subsample"):
+        aml.fit(subsampled_regression, SUB_X, SUB_Y, engine=MAP())
+    post = aml.fit(subsampled_regression, SUB_X, SUB_Y, engine=MAP(optimizer="adam", num_steps=300, lr=0.05, progress_bar=False))
+    assert post.is_point_estimate
+
+
+def test_nuts_refuses_param_sites_by_name():
+    def with_param(y):
+        scale = pyro.param("noise_scale", torch.tensor(1.0), constraint=dist.constraints.positive)
+        mu = pyro.sample("mu", dist.Normal(0.0, 1.0))
+        with pyro.plate("data", y.shape[0]):
+            pyro.sample("obs", dist.Normal(mu, scale), obs=y)
+
+    with pytest.raises(aml.IncompatibleEngineError, match=r"\['noise_scale'\].*pyro.sample"):
+        aml.fit(with_param, torch.zeros(3), engine="nuts")
+
+
+def test_a_laplace_approximation_at_a_boundary_mode_warns():
+    """Centred eight schools: the MAP of the group scale τ collapses to 0."""
+
+    def centred(sigma, y):
+        mu = pyro.sample("mu", dist.Normal(0.0, 5.0))
+        tau = pyro.sample("tau", dist.HalfCauchy(5.0))
+        with pyro.plate("schools", 8):
+            theta = pyro.sample("theta", dist.Normal(mu, tau))
+            pyro.sample("obs", dist.Normal(theta, sigma), obs=y)
+
+    with pytest.warns(BoundaryWarning, match="tau"), pytest.raises(aml.ModelFittingError, match="boundary"):
+        aml.fit(centred, SCHOOLS_SIGMA, SCHOOLS_Y, engine=MAP(laplace=True))
+
+
+def test_a_guide_object_such_as_an_iaf_is_kept_after_training():
+    def line(x, y):
+        intercept = pyro.sample("intercept", dist.Normal(0.0, 10.0))
+        slope = pyro.sample("slope", dist.Normal(0.0, 10.0))
+        with pyro.plate("data", x.shape[0]):
+            pyro.sample("obs", dist.Normal(intercept + slope * x, 0.5), obs=y)
+
+    guide = AutoIAFNormal(line, hidden_dim=[8])
+    post = aml.fit(line, SUB_X, SUB_Y, engine=SVI(num_steps=30, guide=guide, progress_bar=False))
+    assert post.guide is not guide and post.sample(5)["slope"].shape == (5,)
+    assert post.to_arviz(num_samples=20).posterior["slope"].shape == (1, 20)
+
+
+def test_a_model_subclass_without_a_guide_gets_an_autoguide_and_loads_once_registered(tmp_path):
+    class Shift(aml.models.Model):
+        def model(self, y):
+            shift = pyro.sample("shift", dist.Normal(0.0, 10.0))
+            with pyro.plate("data", y.shape[0]):
+                pyro.sample("obs", dist.Normal(shift, 1.0), obs=y)
+
+        def get_config(self):
+            return {}
+
+    post = aml.fit(Shift(), SUB_Y, engine=SVI(num_steps=200, lr=0.05, progress_bar=False), seed=0)
+    assert post.guide_spec == "normal"
+    post.save(tmp_path / "shift.pt")
+    with pytest.raises(aml.InputDataError, match="register_model"):
+        aml.load(tmp_path / "shift.pt")
+    aml.models.register_model(Shift)
+    assert aml.load(tmp_path / "shift.pt").sample(3)["shift"].shape == (3,)
+
+
+def test_a_model_of_params_and_enumerated_sites_exports_under_every_engine_that_runs_it():
+    for engine in ("em", FAST_SVI, MAP()):
+        idata = aml.fit(param_mixture, MIX_Y, engine=engine, seed=0).to_arviz(num_samples=10)
+        assert set(idata.constant_data.data_vars) == {"weights", "locs"}
+        assert idata.posterior["z"].shape == (1, 1, MIX_Y.shape[0])
+
+
+def test_nuts_exports_arvizs_sample_stats():
+    post = aml.fit(conjugate_normal, SUB_Y[:10], engine=NUTS(num_samples=60, warmup_steps=60, progress_bar=False), seed=0)
+    stats = post.to_arviz().sample_stats
+    assert {"diverging", "energy", "lp", "step_size", "tree_depth", "acceptance_rate", "n_steps"} <= set(stats.data_vars)
+    assert az.bfmi(post.to_arviz()).shape == (1,)
+    assert ((stats["acceptance_rate"] >= 0) & (stats["acceptance_rate"] <= 1)).all()
+    assert (stats["n_steps"] <= 2 ** stats["tree_depth"]).all() and (stats["tree_depth"] >= 1).all()
+    # lp is the log density in the sampler's space; mu is unconstrained, so it is the log joint.
+    draws = post.samples["mu"][0]
+    for index in (0, 30, 59):
+        conditioned = pyro.poutine.condition(conjugate_normal, {"mu": draws[index]})
+        log_joint = pyro.poutine.trace(conditioned).get_trace(SUB_Y[:10]).log_prob_sum()
+        assert stats["lp"].values[0, index] == pytest.approx(log_joint.item(), abs=1e-4)
+
+
+def test_predict_on_new_inputs_sizes_plates_from_them_and_keeps_the_fits_options():
+    post = aml.fit(subsampled_regression, SUB_X, SUB_Y, batch_size=8, engine=FAST_SVI, seed=0)
+    x_new = torch.linspace(-1, 1, 30)
+    assert post.predict(x_new, num_samples=20).mean.shape == (30,)
+    assert post.to_arviz(num_samples=10).log_likelihood["obs"].shape == (1, 10, 50)
