@@ -138,8 +138,9 @@ class BayesianLinearRegression(Model):
             noise_scale = pyro.sample("noise_precision", self._gamma(X)).rsqrt()
         else:
             noise_scale = X.new_tensor(self.noise_scale)
-        # Xβ; a batch of draws of β (S x 1 x d, the 1 in the data plate's slot) broadcasts.
-        linear = X @ beta if beta.dim() == 1 else (X * beta).sum(-1)
+        # Xβ, also for a batch of draws of β: S x 1 x d (the 1 in the data plate's slot, as
+        # Pyro's plates place it) or S x d (as Predictive reshapes draws) both give S x n.
+        linear = X @ beta if beta.dim() == 1 else (beta @ X.T).squeeze(-2)
         with pyro.plate("data", n):
             pyro.sample("obs", dist.Normal(linear, noise_scale), obs=y)
 
