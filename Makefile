@@ -6,7 +6,7 @@ PY      = $(VENV)/bin/python
 # `torch>=` range in pyproject.toml is already met and pip pulls no CUDA build.
 TORCH_CPU ?= torch==2.13.0
 
-.PHONY: install demo test bench clean
+.PHONY: install demo test bench gpu-check clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +31,13 @@ bench: install
 	$(PY) benchmarks/bench_em.py --memory-table
 	$(PY) benchmarks/bench_gp.py
 	$(PY) benchmarks/bench_safe_bo.py
+	$(PY) benchmarks/bench_posterior.py
+
+# On a machine with CUDA: the GPU tests (data on the device; skipped without one) and the
+# CPU-against-CUDA table.
+gpu-check: install
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu.py
+	$(PY) benchmarks/bench_gpu.py
 
 clean:
 	rm -rf $(VENV) out .pytest_cache

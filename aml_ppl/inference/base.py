@@ -166,7 +166,7 @@ class Posterior(ABC):
         self.engine = engine
         self.history = torch.as_tensor(history, dtype=torch.float64)
         self.objective = objective
-        self.structure: Structure = self._inspect(args, kwargs)
+        self.structure: Structure = self._trace_structure(args, kwargs)
 
     # -- what an engine provides -------------------------------------------------
 
@@ -341,12 +341,14 @@ class Posterior(ABC):
 
     # -- the shared machinery --------------------------------------------------------
 
-    def _inspect(self, args: tuple, kwargs: dict) -> Structure:
-        r"""The model's structure for these arguments; the observed sites are the fit's."""
+    def _trace_structure(self, args: tuple, kwargs: dict) -> Structure:
         with evaluation_mode(self.model):
-            structure = inspect_model(self._evaluation_model(), args, kwargs)
-        fitted = getattr(self, "structure", None)
-        return structure if fitted is None else structure.with_observed(fitted.observed)
+            return inspect_model(self._evaluation_model(), args, kwargs)
+
+    def _inspect(self, args: tuple, kwargs: dict) -> Structure:
+        r"""The model's structure for these arguments; the observed sites are the fit's
+        (new inputs without observations leave them unobserved)."""
+        return self._trace_structure(args, kwargs).with_observed(self.structure.observed)
 
     def _replay(self, num_draws: int, args: tuple, kwargs: dict, draws: dict | None = None) -> Replayed:
         r"""The replay of ``num_draws`` posterior draws (or of ``draws``, if given)."""

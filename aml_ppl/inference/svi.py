@@ -35,7 +35,7 @@ from aml_ppl.inference.base import (
 )
 from aml_ppl.inference.io import recorded, stored
 from aml_ppl.inference.replay import inspect_model, is_enumerated
-from aml_ppl.models.protocols import InitialValues
+from aml_ppl.models.protocols import HasGuide, InitialValues
 
 class BoundaryWarning(AmlPplWarning):
     r"""A Laplace approximation was taken at a mode on the boundary of a site's support."""
@@ -271,7 +271,7 @@ class SVI(Engine):
 
     def _make_guide(self, model: Callable, args: tuple, kwargs: dict) -> tuple[Callable, str]:
         if self.guide is None:
-            if callable(getattr(model, "guide", None)):
+            if isinstance(model, HasGuide):
                 return model.guide, "model"
             return make_autoguide("normal", model, args, kwargs), "normal"
         if isinstance(self.guide, str):

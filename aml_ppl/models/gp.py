@@ -137,7 +137,7 @@ class _GaussianProcessBase(Model):
     def _noise(self, values: dict[str, torch.Tensor]) -> torch.Tensor:
         if self.noise is None:
             return values["likelihood.noise_covar.noise"]
-        return torch.tensor(self.noise, dtype=torch.float64)
+        return self.gp.likelihood.raw_noise.new_tensor(self.noise)
 
     def validate(self, X: Any, y: Any = None) -> tuple[tuple, dict]:
         r"""Check ``X`` (``n x d``), ``y`` (``n``), the kernel's input dimension, and that
@@ -157,6 +157,11 @@ class _GaussianProcessBase(Model):
             )
         return (X, y), {}
 
+
+    def _follow(self, X: torch.Tensor) -> None:
+        r"""Move the GPyTorch modules to ``X``'s device: the work follows the data."""
+        if self.gp.likelihood.raw_noise.device != X.device:
+            self.gp.to(X.device)
 
     def _sample_hyperparameters(self) -> dict[str, torch.Tensor]:
         sites = self.hyperparameters()
@@ -239,6 +244,7 @@ class GaussianProcess(_GaussianProcessBase):
     # -- the Pyro program -------------------------------------------------------------------
 
     def model(self, X: torch.Tensor, y: torch.Tensor | None = None) -> None:
+        self._follow(X)
         values = self._sample_hyperparameters()
         mean, covariance = self._module_call(values, X)
         covariance = plus_diagonal(covariance, self._noise(values))
@@ -246,6 +252,7 @@ class GaussianProcess(_GaussianProcessBase):
 
     def guide(self, X: torch.Tensor, y: torch.Tensor | None = None) -> None:
         r"""Point masses on the hyperparameters (type-II MAP under SVI)."""
+        self._follow(X)
         self._hyperparameter_points()
 
     # -- the exact engine --------------------------------------------------------------------
@@ -347,6 +354,7 @@ class GaussianProcess(_GaussianProcessBase):
             raise InputDataError(f"`optimizer` must be 'lbfgs' or 'adam'; got {optimizer!r}.")
         if y is None:
             raise InputDataError("the exact GP posterior needs observations `y`.")
+        self._follow(X)
         stats = self._transforms(X, y, self.normalize_inputs, self.standardize_outputs)
         X_in = (X - stats["x_offset"]) / stats["x_scale"]
         y_in = (y - stats["y_offset"]) / stats["y_scale"]
@@ -550,6 +558,7 @@ class SparseGaussianProcess(_GaussianProcessBase):
         return pyro.param("SparseGaussianProcess.inducing_inputs", start)
 
     def model(self, X: torch.Tensor, y: torch.Tensor | None = None) -> None:
+        self._follow(X)
         values = self._sample_hyperparameters()
         inducing = self._inducing_inputs(X)
         chol = robust_cholesky(self._module_call(values, inducing)[1], "K(Z, Z)")
@@ -568,6 +577,7 @@ class SparseGaussianProcess(_GaussianProcessBase):
 
     def guide(self, X: torch.Tensor, y: torch.Tensor | None = None) -> None:
         r"""Point masses on the hyperparameters; a full-rank Gaussian :math:`q(v)`."""
+        self._follow(X)
         self._hyperparameter_points()
         count = min(self.num_inducing, X.shape[0])
         loc = pyro.param("SparseGaussianProcess.inducing_loc", lambda: X.new_zeros(count))

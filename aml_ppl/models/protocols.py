@@ -101,6 +101,13 @@ class BoTorchExportable(Protocol):
 
 
 @runtime_checkable
+class HasGuide(Protocol):
+    r"""A variational family of the model's own, used by SVI unless another is given."""
+
+    def guide(self, *args: Any, **kwargs: Any) -> None: ...
+
+
+@runtime_checkable
 class InitialValues(Protocol):
     r"""A data-driven starting point for autoguides."""
 

@@ -1,0 +1,79 @@
+"""Data on CUDA: the work follows the data's device, and agrees with the CPU (`make gpu-check`).
+
+Skipped where CUDA is absent (tests/conftest.py).
+"""
+
+import pyro
+import pyro.distributions as dist
+import pytest
+import torch
+
+import aml_ppl as aml
+from aml_ppl.inference import EM, SVI, Exact
+
+pytestmark = pytest.mark.gpu
+CUDA = torch.device("cuda")
+
+
+def data(n=200, d=3, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    X = torch.randn(n, d, dtype=torch.float64, generator=generator)
+    y = X @ torch.arange(1.0, d + 1, dtype=torch.float64) + 0.3 * torch.randn(n, dtype=torch.float64, generator=generator)
+    return X, y
+
+
+def test_exact_blr_on_cuda_matches_the_cpu():
+    X, y = data()
+    model = aml.models.BayesianLinearRegression(noise_scale=None)
+    cpu, gpu = aml.fit(model, X, y), aml.fit(model, X.to(CUDA), y.to(CUDA))
+    assert gpu.latents.loc["beta"].device.type == "cuda"
+    torch.testing.assert_close(gpu.latents.loc["beta"].cpu(), cpu.latents.loc["beta"])
+    idata = gpu.to_arviz(num_samples=100)
+    assert idata.log_likelihood["obs"].shape == (1, 100, 200)
+
+
+def test_em_on_cuda_matches_the_cpu():
+    X = torch.cat([data(100, 2, 1)[0] - 3, data(100, 2, 2)[0] + 3])
+    start = aml.fit(aml.models.GaussianMixture(2), X, engine=EM(max_iter=1), seed=0).params
+    engine = EM(init={k: v for k, v in start.items()}, max_iter=20, tol=0)
+    cpu = aml.fit(aml.models.GaussianMixture(2), X, engine=engine)
+    gpu = aml.fit(aml.models.GaussianMixture(2), X.to(CUDA), engine=EM(init={k: v.to(CUDA) for k, v in start.items()}, max_iter=20, tol=0))
+    assert gpu.params["means"].device.type == "cuda"
+    torch.testing.assert_close(gpu.params["means"].cpu(), cpu.params["means"])
+
+
+def test_exact_gp_on_cuda_matches_the_cpu():
+    X, y = data(150, 2)
+    cpu = aml.fit(aml.models.GaussianProcess(), X, y, engine=Exact(learn=False))
+    gpu = aml.fit(aml.models.GaussianProcess(), X.to(CUDA), y.to(CUDA), engine=Exact(learn=False))
+    prediction = gpu.predict(X[:5].to(CUDA))
+    assert prediction.mean.device.type == "cuda"
+    torch.testing.assert_close(prediction.mean.cpu(), cpu.predict(X[:5]).mean)
+    assert gpu.to_arviz(num_samples=20).log_likelihood["obs"].shape == (1, 1, 150)
+
+
+def test_svi_on_cuda_keeps_the_draws_on_cuda():
+    X, y = data()
+    X, y = X.to(CUDA), y.to(CUDA)
+
+    def regression(X, y=None):
+        beta = pyro.sample("beta", dist.Normal(X.new_zeros(3), 10.0).to_event(1))
+        with pyro.plate("data", X.shape[0]):
+            pyro.sample("obs", dist.Normal(X @ beta if beta.dim() == 1 else (beta @ X.T).squeeze(-2), 0.3), obs=y)
+
+    post = aml.fit(regression, X, y, engine=SVI(num_steps=300, lr=0.05, progress_bar=False), seed=0)
+    assert post.sample(10)["beta"].device.type == "cuda"
+    torch.testing.assert_close(post.sample(2000)["beta"].mean(0).cpu(), torch.arange(1.0, 4.0, dtype=torch.float64), atol=0.1, rtol=0)
+    assert post.predict(X[:4]).mean.device.type == "cuda"
+
+
+def test_bo_acquisitions_on_cuda():
+    from aml_ppl.bo import ITL, UncertaintySampling
+
+    X, y = data(40, 2)
+    post = aml.fit(aml.models.GaussianProcess(), X.to(CUDA), y.to(CUDA), engine=Exact(learn=False))
+    model = post.to_botorch()
+    candidates = torch.rand(64, 1, 2, dtype=torch.float64, device=CUDA)
+    for acquisition in (ITL([model], target=candidates[:16, 0]), UncertaintySampling([model])):
+        values = acquisition(candidates)
+        assert values.device.type == "cuda" and values.shape == (64,)
