@@ -1,19 +1,46 @@
-r"""What we do with a posterior: ArviZ summaries, LOO, plots, anomaly detection, classifiers."""
+r"""What we do with a posterior: ArviZ summaries, LOO, calibration, decisions, plots,
+anomaly detection, classifiers."""
 
 from aml_ppl.analysis.anomaly import PCA, AnomalyDetector, auroc, roc_curve
 from aml_ppl.analysis.classification import GaussianMixtureClassifier
+from aml_ppl.analysis.decisions import ABSTAIN, bayes_optimal_action, uncertainty_sampling
 from aml_ppl.analysis.diagnostics import PointEstimateError, compare, loo, summary
+from aml_ppl.analysis.metrics import (
+    ClassificationUncertainty,
+    RegressionUncertainty,
+    accuracy,
+    calibration_bins,
+    classification_uncertainty,
+    expected_calibration_error,
+    negative_log_likelihood,
+    plot_reliability_diagram,
+    regression_uncertainty,
+    rmse,
+)
 from aml_ppl.analysis.plots import plot_predictive_1d
 
 __all__ = [
+    "ABSTAIN",
     "PCA",
     "AnomalyDetector",
+    "ClassificationUncertainty",
     "GaussianMixtureClassifier",
     "PointEstimateError",
+    "RegressionUncertainty",
+    "accuracy",
     "auroc",
+    "bayes_optimal_action",
+    "calibration_bins",
+    "classification_uncertainty",
     "compare",
+    "expected_calibration_error",
     "loo",
+    "negative_log_likelihood",
     "plot_predictive_1d",
+    "plot_reliability_diagram",
+    "regression_uncertainty",
+    "rmse",
     "roc_curve",
     "summary",
+    "uncertainty_sampling",
 ]

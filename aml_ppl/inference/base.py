@@ -275,6 +275,13 @@ class Posterior(ABC):
         site = self._observed_site(site)
         return Prediction.from_samples(self._replay(num_samples, args, kwargs).predictive[site])
 
+    def deterministic_values(self, *args: Any, num_samples: int = 1000, **kwargs: Any) -> dict[str, torch.Tensor]:
+        r"""Every ``pyro.deterministic`` site at these arguments, for ``num_samples``
+        posterior draws (one replay): site name to a ``num_samples x ...`` tensor."""
+        check_count("num_samples", num_samples)
+        args, kwargs = self._arguments(args, kwargs)
+        return self._replay(num_samples, args, kwargs).deterministic
+
     def log_prob(
         self, *args: Any, num_samples: int = 1000, site: str | None = None, **kwargs: Any
     ) -> torch.Tensor:

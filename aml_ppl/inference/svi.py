@@ -12,7 +12,15 @@ import pyro.distributions as dist
 import pyro.optim
 import torch
 from pyro import poutine
-from pyro.infer import Predictive, Trace_ELBO, TraceEnum_ELBO
+from pyro.infer import (
+    JitTrace_ELBO,
+    JitTraceEnum_ELBO,
+    JitTraceMeanField_ELBO,
+    Predictive,
+    Trace_ELBO,
+    TraceEnum_ELBO,
+    TraceMeanField_ELBO,
+)
 from pyro.infer.autoguide import (
     AutoDelta,
     AutoLaplaceApproximation,
@@ -35,7 +43,14 @@ from aml_ppl.inference.base import (
 )
 from aml_ppl.inference.io import recorded, stored
 from aml_ppl.inference.replay import inspect_model, is_enumerated
-from aml_ppl.models.protocols import HasGuide, InitialValues
+from aml_ppl.models.protocols import HasGuide, InitialValues, PreferredLoss
+
+JIT_LOSSES = {Trace_ELBO: JitTrace_ELBO, TraceMeanField_ELBO: JitTraceMeanField_ELBO, TraceEnum_ELBO: JitTraceEnum_ELBO}
+
+
+class JitFallbackWarning(AmlPplWarning):
+    r"""``jit=True`` was asked for, but the model does not trace; SVI ran without the JIT."""
+
 
 class BoundaryWarning(AmlPplWarning):
     r"""A Laplace approximation was taken at a mode on the boundary of a site's support."""
@@ -186,15 +201,18 @@ class SVI(Engine):
             ``AutoNormal``), an autoguide name (``"normal"``, ``"mvn"``,
             ``"lowrank"``, ``"delta"``, ``"laplace"``), or a guide of your own
             (a function or a module such as ``AutoIAFNormal(model)``).
-        loss: A Pyro ELBO. By default ``Trace_ELBO(num_particles)``, or
-            ``TraceEnum_ELBO`` when the model marks discrete sites for parallel
-            enumeration (they are then summed out exactly).
+        loss: A Pyro ELBO. By default the model's own ``default_loss`` if it has one
+            (a BNN's ``TraceMeanField_ELBO``), ``TraceEnum_ELBO`` when the model marks
+            discrete sites for parallel enumeration (they are then summed out exactly),
+            else ``Trace_ELBO(num_particles)``.
         optim: ``"adam"``, ``"clipped_adam"`` or a ``pyro.optim`` optimiser.
         num_particles: Samples per ELBO estimate for the default loss.
         patience: Stop when the mean loss over the last ``patience`` steps is
             less than ``tolerance`` (relative) below that of the ``patience``
             steps before; ``None`` runs all steps.
         tolerance: See ``patience``.
+        jit: Compile the default loss with Pyro's JIT (``JitTrace_ELBO`` and kin); a model
+            that does not trace falls back to the plain loss with a ``JitFallbackWarning``.
         progress_bar: Show a tqdm bar.
 
     Example:
@@ -219,6 +237,7 @@ class SVI(Engine):
         num_particles: int = 1,
         patience: int | None = None,
         tolerance: float = 1e-4,
+        jit: bool = False,
         progress_bar: bool = True,
     ) -> None:
         check_count("num_steps", num_steps)
@@ -239,6 +258,7 @@ class SVI(Engine):
         self.optim = optim
         self.patience = patience
         self.tolerance = tolerance
+        self.jit = jit
         self.progress_bar = progress_bar
 
     def incompatibility(self, model: Callable, args: tuple, kwargs: dict) -> str | None:
@@ -255,7 +275,9 @@ class SVI(Engine):
         self.check_supports(model, args, kwargs)
         guide, spec = self._make_guide(model, args, kwargs)
         with isolated_param_store():
-            loss = self.loss if self.loss is not None else self._default_loss(model, args, kwargs)
+            loss = self.loss if self.loss is not None else self._default_loss(model, args, kwargs, self.jit)
+            if self.jit and self.loss is None:
+                loss = self._traced_or_plain(loss, model, guide, args, kwargs)
             history, failed_step = self._optimise(model, guide, loss, args, kwargs)
             posterior = self._freeze(model, guide, spec, args, kwargs, history)
         if failed_step is not None:
@@ -278,13 +300,35 @@ class SVI(Engine):
             return make_autoguide(self.guide, model, args, kwargs), self.guide
         return self.guide, "custom"
 
-    def _default_loss(self, model: Callable, args: tuple, kwargs: dict) -> Any:
+    def _default_loss(self, model: Callable, args: tuple, kwargs: dict, jit: bool = False) -> Any:
         structure = inspect_model(model, args, kwargs)
         if structure.enumerated:
-            return TraceEnum_ELBO(
-                num_particles=self.num_particles, max_plate_nesting=structure.max_plate_nesting
+            loss = TraceEnum_ELBO(num_particles=self.num_particles, max_plate_nesting=structure.max_plate_nesting)
+        elif isinstance(model, PreferredLoss):
+            loss = model.default_loss(self.num_particles)
+        else:
+            loss = Trace_ELBO(num_particles=self.num_particles)
+        if not jit:
+            return loss
+        options = {"num_particles": self.num_particles, "ignore_jit_warnings": True}
+        if structure.enumerated:
+            options["max_plate_nesting"] = structure.max_plate_nesting
+        return JIT_LOSSES[type(loss)](**options)
+
+    def _traced_or_plain(self, loss: Any, model: Callable, guide: Callable, args: tuple, kwargs: dict) -> Any:
+        r"""The JIT loss if the model traces (one compiled evaluation, no step taken), else the
+        plain loss with a warning."""
+        try:
+            loss.differentiable_loss(model, guide, *args, **kwargs)  # compiles; no gradient taken
+        except Exception as error:  # tracing fails in many ways (data-dependent control flow, ...)
+            warnings.warn(
+                f"jit=True: the model does not trace ({type(error).__name__}: {str(error)[:200]}); "
+                "running SVI without the JIT.",
+                JitFallbackWarning,
+                stacklevel=4,
             )
-        return Trace_ELBO(num_particles=self.num_particles)
+            return self._default_loss(model, args, kwargs)
+        return loss
 
     def _optimise(
         self, model: Callable, guide: Callable, loss: Any, args: tuple, kwargs: dict

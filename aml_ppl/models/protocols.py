@@ -108,6 +108,13 @@ class HasGuide(Protocol):
 
 
 @runtime_checkable
+class PreferredLoss(Protocol):
+    r"""The ELBO that suits the model (``TraceMeanField_ELBO`` where the KL terms are analytic)."""
+
+    def default_loss(self, num_particles: int = 1) -> Any: ...
+
+
+@runtime_checkable
 class InitialValues(Protocol):
     r"""A data-driven starting point for autoguides."""
 

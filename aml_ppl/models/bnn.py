@@ -1,0 +1,262 @@
+r"""Bayesian neural networks (notes AML §7.4)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, ClassVar
+
+import pyro
+import pyro.distributions as dist
+import torch
+from pyro.distributions import constraints
+from pyro.infer import TraceMeanField_ELBO
+
+from aml_ppl._data import check_regression_data
+from aml_ppl.errors import InputDataError
+from aml_ppl.models.base import Model, register_model
+from aml_ppl.models.linear import check_labels
+
+ACTIVATIONS = {"relu": torch.relu, "tanh": torch.tanh, "sigmoid": torch.sigmoid}
+GUIDES = ("meanfield", "isotropic")
+LIKELIHOODS = ("gaussian", "categorical")
+
+
+@register_model
+class BayesianNeuralNetwork(Model):
+    r"""A multilayer perceptron with a Gaussian prior on its weights (notes AML §7.4).
+
+    .. math::
+
+        z_0 = x, \quad a_\ell = W_\ell z_{\ell-1} + b_\ell, \quad z_\ell = \phi(a_\ell),
+        \quad f(x \mid \theta) = a_L, \qquad \theta = \{W_\ell, b_\ell\} \sim \mathcal{N}(0, \sigma_p^2 I),
+
+    with :math:`y \mid x, \theta \sim \mathcal{N}(f(x \mid \theta), \sigma^2)` for regression
+    (:math:`\sigma` fixed, or learned with a Gamma prior on :math:`\sigma^{-2}`, or
+    heteroscedastic: a second output gives :math:`\log(e^{\sigma(x)} - 1)`) and
+    :math:`y \sim \mathrm{Cat}(\mathrm{softmax}(f(x \mid \theta)))` for classification.
+    The guide is the notes' isotropic family :math:`q = \mathcal{N}(\mu, \sigma^2 I)` (one
+    shared :math:`\sigma`, ``guide="isotropic"``) or the usual mean-field diagonal
+    (``"meanfield"``), started near a point estimate (weights at scaled random values,
+    scales at ``init_scale``). The ELBO is ``TraceMeanField_ELBO`` (the Gaussian KL terms
+    analytic); with ``subsample_size`` SVI sees minibatches with the likelihood scaled by
+    ``n / batch``, an unbiased estimate of the full-data ELBO, while every posterior
+    replays all points (``eval()`` mode). The forward pass broadcasts over a batch of
+    weight draws, so predicting with thousands of draws is one pass.
+
+    Sites: ``layers.{l}.weight`` (``out x in``), ``layers.{l}.bias`` (``out``),
+    ``noise_precision`` (learned noise), deterministic ``mean`` and ``noise_variance``
+    (regression) or ``probs`` (classification), and ``obs``.
+
+    Args:
+        in_features: Inputs ``d``.
+        hidden: Widths of the hidden layers.
+        out_features: Outputs (regression: 1; classification: the number of classes).
+        activation: ``"relu"``, ``"tanh"`` or ``"sigmoid"``.
+        likelihood: ``"gaussian"`` or ``"categorical"``.
+        prior_scale: :math:`\sigma_p`.
+        noise_scale: A fixed :math:`\sigma`, or ``None`` to learn it.
+        heteroscedastic: Learn :math:`\sigma(x)` as a second output.
+        noise_prior: ``(concentration, rate)`` of the Gamma prior on a learned :math:`\sigma^{-2}`.
+        guide: ``"meanfield"`` or ``"isotropic"``.
+        init_scale: The guide's starting standard deviation.
+        subsample_size: Minibatch size while fitting; ``None`` for full batches.
+        scale_by_fan_in: Give a weight matrix the prior scale :math:`\sigma_p/\sqrt{\text{fan-in}}`
+            (so the prior over functions stays put as layers widen); ``False`` is the notes'
+            :math:`\mathcal{N}(0, \sigma_p^2 I)` on every weight.
+
+    Example:
+        >>> import torch, aml_ppl as aml
+        >>> X = torch.randn(64, 3); y = X.sum(-1)
+        >>> bnn = aml.models.BayesianNeuralNetwork(3, hidden=(8,), noise_scale=0.1)
+        >>> post = aml.fit(bnn, X, y, engine=aml.inference.SVI(num_steps=20, progress_bar=False))
+        >>> post.predict(X[:5], num_samples=100).mean.shape
+        torch.Size([5])
+    """
+
+    default_engine: ClassVar[str] = "svi"
+
+    def __init__(
+        self,
+        in_features: int,
+        hidden: tuple[int, ...] = (50,),
+        out_features: int = 1,
+        activation: str = "relu",
+        likelihood: str = "gaussian",
+        prior_scale: float = 1.0,
+        noise_scale: float | None = None,
+        heteroscedastic: bool = False,
+        noise_prior: tuple[float, float] = (1.0, 0.1),
+        guide: str = "meanfield",
+        init_scale: float = 1e-2,
+        subsample_size: int | None = None,
+        scale_by_fan_in: bool = True,
+    ) -> None:
+        super().__init__()
+        widths = (in_features, *tuple(hidden), out_features)
+        if any(isinstance(w, bool) or not isinstance(w, int) or w < 1 for w in widths):
+            raise InputDataError(f"layer widths must be positive integers; got {widths}.")
+        for option, value, allowed in (
+            ("activation", activation, tuple(ACTIVATIONS)),
+            ("likelihood", likelihood, LIKELIHOODS),
+            ("guide", guide, GUIDES),
+        ):
+            if value not in allowed:
+                raise InputDataError(f"`{option}` must be one of {allowed}; got {value!r}.")
+        for option, value in (("prior_scale", prior_scale), ("init_scale", init_scale)):
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+                raise InputDataError(f"`{option}` must be a positive number; got {value!r}.")
+        if noise_scale is not None and not (math.isfinite(noise_scale) and noise_scale > 0):
+            raise InputDataError(f"`noise_scale` must be positive or None; got {noise_scale!r}.")
+        if likelihood == "categorical" and out_features < 2:
+            raise InputDataError("a categorical likelihood needs out_features >= 2 (one per class).")
+        if subsample_size is not None and (isinstance(subsample_size, bool) or subsample_size < 1):
+            raise InputDataError(f"`subsample_size` must be a positive integer or None; got {subsample_size!r}.")
+        self.widths = widths
+        self.activation = activation
+        self.likelihood = likelihood
+        self.prior_scale = float(prior_scale)
+        self.noise_scale = noise_scale
+        self.heteroscedastic = bool(heteroscedastic)
+        self.noise_prior = (float(noise_prior[0]), float(noise_prior[1]))
+        self.guide_family = guide
+        self.init_scale = float(init_scale)
+        self.subsample_size = subsample_size
+        self.scale_by_fan_in = bool(scale_by_fan_in)
+        self.initial_noise_precision = 100.0
+
+    def get_config(self) -> dict[str, Any]:
+        return {
+            "in_features": self.widths[0],
+            "hidden": list(self.widths[1:-1]),
+            "out_features": self.widths[-1],
+            "activation": self.activation,
+            "likelihood": self.likelihood,
+            "prior_scale": self.prior_scale,
+            "noise_scale": self.noise_scale,
+            "heteroscedastic": self.heteroscedastic,
+            "noise_prior": list(self.noise_prior),
+            "guide": self.guide_family,
+            "init_scale": self.init_scale,
+            "subsample_size": self.subsample_size,
+            "scale_by_fan_in": self.scale_by_fan_in,
+        }
+
+    @property
+    def _learns_noise(self) -> bool:
+        return self.likelihood == "gaussian" and self.noise_scale is None and not self.heteroscedastic
+
+    def _prior_scale(self, shape: tuple[int, ...]) -> float:
+        r""":math:`\sigma_p`, divided by :math:`\sqrt{\text{fan-in}}` for weight matrices when
+        ``scale_by_fan_in`` (biases keep :math:`\sigma_p`)."""
+        if self.scale_by_fan_in and len(shape) == 2:
+            return self.prior_scale / math.sqrt(shape[1])
+        return self.prior_scale
+
+    def _layer_shapes(self) -> dict[str, tuple[int, ...]]:
+        r"""Weight and bias site names and shapes; a heteroscedastic net has two outputs."""
+        widths = list(self.widths)
+        if self.heteroscedastic:
+            widths[-1] = 2
+        shapes = {}
+        for index, (fan_in, fan_out) in enumerate(zip(widths[:-1], widths[1:])):
+            shapes[f"layers.{index}.weight"] = (fan_out, fan_in)
+            shapes[f"layers.{index}.bias"] = (fan_out,)
+        return shapes
+
+    def validate(self, X: Any, y: Any = None) -> tuple[tuple, dict]:
+        r"""Check ``X`` (``n x in_features``) and ``y`` (``n`` targets, or labels ``0 … K-1``)."""
+        X, _ = check_regression_data(X, None)
+        if X.shape[1] != self.widths[0]:
+            raise InputDataError(f"`X` has {X.shape[1]} columns but the network takes in_features = {self.widths[0]}.")
+        if y is None:
+            return (X, None), {}
+        y = torch.as_tensor(y)
+        if self.likelihood == "categorical":
+            y = check_labels(check_regression_data(X, y.to(X.dtype))[1], self.widths[-1], X.dtype)
+        else:
+            y = check_regression_data(X, y.to(X.dtype))[1]
+        return (X, y), {}
+
+    def init_values(self, X: torch.Tensor, y: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        r"""Starting weights :math:`\mathcal{N}(0, 1/\text{fan-in})` (He-style), biases 0."""
+        return {
+            name: X.new_zeros(shape) if len(shape) == 1 else torch.randn(shape, dtype=X.dtype, device=X.device) / math.sqrt(shape[1])
+            for name, shape in self._layer_shapes().items()
+        }
+
+    def forward_pass(self, X: torch.Tensor, weights: dict[str, torch.Tensor]) -> torch.Tensor:
+        r""":math:`f(X \mid \theta)`: ``n x out``, or ``S x n x out`` for weights with a batch of
+        draws ``S x 1 x ...`` (the 1 is the data plate's slot, dropped at the end)."""
+        hidden = X
+        names = list(self._layer_shapes())
+        activation = ACTIVATIONS[self.activation]
+        layers = len(names) // 2
+        for index in range(layers):
+            weight, bias = weights[names[2 * index]], weights[names[2 * index + 1]]
+            hidden = hidden @ weight.transpose(-1, -2) + bias.unsqueeze(-2)
+            if index < layers - 1:
+                hidden = activation(hidden)
+        batched = weights[names[0]].dim() > 2
+        return hidden.squeeze(-3) if batched else hidden
+
+    def model(self, X: torch.Tensor, y: torch.Tensor | None = None) -> None:
+        weights = {
+            name: pyro.sample(name, dist.Normal(X.new_zeros(shape), self._prior_scale(shape)).to_event(len(shape)))
+            for name, shape in self._layer_shapes().items()
+        }
+        if self._learns_noise:
+            concentration, rate = self.noise_prior
+            noise_precision = pyro.sample("noise_precision", dist.Gamma(X.new_tensor(concentration), X.new_tensor(rate)))
+        minibatch = self.subsample_size if self.training else None  # posteriors replay in eval()
+        with pyro.plate("data", X.shape[0], subsample_size=minibatch) as index:
+            batch = self.forward_pass(X[index] if minibatch else X, weights)
+            observed = y if y is None or not minibatch else y[index]
+            if self.likelihood == "categorical":
+                pyro.deterministic("probs", torch.softmax(batch, -1), event_dim=1)
+                pyro.sample("obs", dist.Categorical(logits=batch), obs=None if observed is None else observed.long())
+                return
+            mean = batch[..., 0]
+            if self.heteroscedastic:
+                scale = torch.nn.functional.softplus(batch[..., 1]) + 1e-6
+            elif self._learns_noise:
+                scale = noise_precision.rsqrt().expand(mean.shape)
+            else:
+                scale = mean.new_full(mean.shape, self.noise_scale)
+            pyro.deterministic("mean", mean)
+            pyro.deterministic("noise_variance", scale.square())
+            pyro.sample("obs", dist.Normal(mean, scale), obs=observed)
+
+    def guide(self, X: torch.Tensor, y: torch.Tensor | None = None) -> None:
+        r""":math:`q = \mathcal{N}(\mu, \mathrm{diag}(s^2))` (``"meanfield"``) or
+        :math:`\mathcal{N}(\mu, \sigma^2 I)` with one :math:`\sigma` (``"isotropic"``, AML §7.4);
+        a log-normal over a learned noise precision."""
+        prefix = type(self).__name__
+        starts: dict[str, torch.Tensor] = {}
+
+        def start(name: str) -> torch.Tensor:
+            if not starts:
+                starts.update(self.init_values(X))
+            return starts[name]
+
+        if self.guide_family == "isotropic":
+            shared = pyro.param(f"{prefix}.scale", lambda: X.new_tensor(self.init_scale), constraint=constraints.positive)
+        for name, shape in self._layer_shapes().items():
+            loc = pyro.param(f"{prefix}.{name}.loc", lambda name=name: start(name))
+            if self.guide_family == "isotropic":
+                scale = shared
+            else:
+                scale = pyro.param(
+                    f"{prefix}.{name}.scale", lambda shape=shape: X.new_full(shape, self.init_scale),
+                    constraint=constraints.positive,
+                )
+            pyro.sample(name, dist.Normal(loc, scale).to_event(len(shape)))
+        if self._learns_noise:  # a point mass: type-II MAP of the noise (see the class docstring)
+            precision = pyro.param(
+                f"{prefix}.noise_precision", lambda: X.new_tensor(self.initial_noise_precision),
+                constraint=constraints.positive,
+            )
+            pyro.sample("noise_precision", dist.Delta(precision))
+
+    def default_loss(self, num_particles: int = 1) -> TraceMeanField_ELBO:
+        r"""``TraceMeanField_ELBO``: the KL of each Gaussian weight site to its prior in closed form."""
+        return TraceMeanField_ELBO(num_particles=num_particles)

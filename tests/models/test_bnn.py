@@ -1,0 +1,140 @@
+"""Bayesian neural networks (AML §7.4): uncertainty where data are missing, calibration,
+an unbiased minibatch ELBO, both guide families, vectorised prediction, the JIT option."""
+
+import pyro
+import pytest
+import torch
+from pyro.infer import Trace_ELBO
+
+import aml_ppl as aml
+from aml_ppl.inference import MAP, SVI
+from aml_ppl.inference.svi import JitFallbackWarning
+from aml_ppl.models import BayesianNeuralNetwork
+
+
+def gap_data(n, seed):
+    """sin(x) + N(0, 0.1²) on [-4, -2] and [2, 4]: no data in the gap (-2, 2)."""
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.cat([torch.rand(n // 2, generator=generator) * 2 - 4, torch.rand(n // 2, generator=generator) * 2 + 2])
+    return x[:, None], torch.sin(x) + 0.1 * torch.randn(n, generator=generator)
+
+
+def test_epistemic_variance_is_larger_in_the_gap_than_on_the_data():
+    x, y = gap_data(600, 0)
+    bnn = BayesianNeuralNetwork(1, hidden=(50,), activation="tanh")
+    post = aml.fit(bnn, x, y, engine=SVI(num_steps=3000, lr=0.01, progress_bar=False), seed=0)
+    split = aml.analysis.regression_uncertainty(post, torch.tensor([[-3.0], [0.0], [3.0]]), num_samples=1000)
+    on_data = split.epistemic[[0, 2]].max()
+    # Measured 0.0045-0.005 on the data and 0.095 in the gap (19x); "several times" is 5x.
+    assert split.epistemic[1] > 5 * on_data
+    assert torch.all(split.total == split.epistemic + split.aleatoric)
+
+
+def test_both_guide_families_train_and_the_loss_falls():
+    x, y = gap_data(200, 1)
+    for family in ("meanfield", "isotropic"):
+        bnn = BayesianNeuralNetwork(1, hidden=(16,), guide=family, noise_scale=0.1)
+        history = aml.fit(bnn, x, y, engine=SVI(num_steps=600, lr=0.01, progress_bar=False), seed=0).history
+        assert history[-100:].mean() < 0.5 * history[:100].mean()
+
+
+def test_the_minibatch_elbo_is_unbiased_for_the_full_batch_elbo():
+    """Pyro's subsampled plate scales the likelihood by n / batch: over draws of weights and
+    batches the minibatch estimate averages to the full-data ELBO."""
+    x, y = gap_data(400, 2)
+    full = BayesianNeuralNetwork(1, hidden=(8,), noise_scale=0.3)
+    minibatch = BayesianNeuralNetwork(1, hidden=(8,), noise_scale=0.3, subsample_size=40)
+    elbo = Trace_ELBO()
+    with pyro.get_param_store().scope():
+        full.guide(x, y)  # the same guide parameters for both estimators
+
+        def estimates(model, count):
+            return torch.tensor([elbo.loss(model.model, full.guide, x, y) for _ in range(count)])
+
+        whole, batched = estimates(full, 1500), estimates(minibatch, 1500)
+    # Two independent Monte Carlo means: four standard errors of their difference.
+    error = (whole.var() / 1500 + batched.var() / 1500).sqrt()
+    assert (whole.mean() - batched.mean()).abs() < 4 * error
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(
+    strict=True,
+    reason="not met yet: on make_moons (noise 0.3, 300 training points, 32-32 or 64-64) the "
+    "mean-field BNN's ECE is 0.048-0.10 against MAP's 0.035-0.095 (it under-fits; with 100 "
+    "points it collapses to the prior). See issue 11's note.",
+)
+def test_a_bnn_is_better_calibrated_than_the_same_network_as_a_point_estimate():
+    from sklearn.datasets import make_moons
+
+    X, labels = make_moons(1000, noise=0.3, random_state=0)
+    X, labels = torch.tensor(X, dtype=torch.float32), torch.tensor(labels, dtype=torch.float32)
+    train, test = slice(0, 300), slice(300, None)
+    network = BayesianNeuralNetwork(2, hidden=(32, 32), out_features=2, likelihood="categorical")
+    bayes = aml.fit(network, X[train], labels[train], engine=SVI(num_steps=2000, lr=0.01, progress_bar=False), seed=0)
+    point = aml.fit(network, X[train], labels[train], engine=MAP(optimizer="adam", num_steps=2000, lr=0.01, progress_bar=False), seed=0)
+    errors = {}
+    for name, post in (("bayes", bayes), ("point", point)):
+        probs = aml.analysis.classification_uncertainty(post, X[test], num_samples=500).probs
+        errors[name] = aml.analysis.expected_calibration_error(probs, labels[test])
+    assert errors["bayes"] < errors["point"]
+
+
+def test_a_network_of_1e5_weights_predicts_1000_draws_in_one_pass():
+    bnn = BayesianNeuralNetwork(10, hidden=(316, 316), noise_scale=0.1)
+    assert sum(torch.Size(shape).numel() for shape in bnn._layer_shapes().values()) > 100_000
+    X = torch.randn(1000, 10)
+    post = aml.fit(bnn, X, X.sum(-1), engine=SVI(num_steps=2, progress_bar=False))
+    calls = []
+    forward = bnn.forward_pass
+    bnn.forward_pass = lambda *args: calls.append(1) or forward(*args)
+    prediction = post.predict(X, num_samples=1000)
+    assert prediction.samples.shape == (1000, 1000)
+    assert len(calls) == 2  # one structure trace, one vectorised replay: no loop over draws
+
+
+def test_a_nan_loss_triggers_the_guard_with_a_clear_message():
+    x, y = gap_data(100, 3)
+    bnn = BayesianNeuralNetwork(1, hidden=(8,), noise_scale=0.1)
+    with pytest.raises(aml.NonFiniteLossError, match="not finite at step"):
+        aml.fit(bnn, x, y, engine=SVI(num_steps=200, lr=1e4, progress_bar=False), seed=0)
+
+
+def test_jit_runs_and_falls_back_with_a_warning_where_the_model_does_not_trace():
+    x, y = gap_data(100, 4)
+    bnn = BayesianNeuralNetwork(1, hidden=(8,), noise_scale=0.1)
+    post = aml.fit(bnn, x, y, engine=SVI(num_steps=50, jit=True, progress_bar=False), seed=0)
+    assert len(post.history) == 50
+
+    class Untraceable(BayesianNeuralNetwork):
+        def model(self, X, y=None):
+            if torch.jit.is_tracing():  # stands for data-dependent control flow
+                raise RuntimeError("this model branches on its data")
+            super().model(X, y)
+
+    with pytest.warns(JitFallbackWarning, match="does not trace"):
+        aml.fit(Untraceable(1, hidden=(8,), noise_scale=0.1), x, y, engine=SVI(num_steps=5, jit=True, progress_bar=False))
+
+
+@pytest.mark.parametrize(
+    "make, match",
+    [
+        (lambda: BayesianNeuralNetwork(2, prior_scale=-1.0), "prior_scale"),
+        (lambda: BayesianNeuralNetwork(2, guide="full"), "guide"),
+        (lambda: BayesianNeuralNetwork(2, out_features=1, likelihood="categorical"), "out_features >= 2"),
+    ],
+)
+def test_bad_options(make, match):
+    with pytest.raises(aml.InputDataError, match=match):
+        make()
+
+
+def test_bad_data():
+    X = torch.randn(20, 2)
+    classifier = BayesianNeuralNetwork(2, out_features=3, likelihood="categorical")
+    with pytest.raises(aml.InputDataError, match="in_features = 2"):
+        aml.fit(classifier, torch.randn(20, 3), torch.zeros(20))
+    with pytest.raises(aml.InputDataError, match="0 … 2"):
+        aml.fit(classifier, X, torch.full((20,), 3.0))
+    with pytest.raises(aml.InputDataError, match="integer class labels"):
+        aml.fit(classifier, X, torch.full((20,), 0.5))
