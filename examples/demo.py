@@ -1,4 +1,4 @@
-"""A short tour of aml_ppl: Bayesian linear regression two ways, mixtures, anomaly detection, GPs, safe BO.
+"""A short tour of aml_ppl: Bayesian linear regression two ways, mixtures, anomaly detection, GPs, BNNs, safe BO.
 
 Run with `make demo` (or `python examples/demo.py --out out`). `--smoke` makes it
 quick enough to run as a test.
@@ -180,6 +180,46 @@ def safe_bo_tour(out: Path, smoke: bool) -> None:
     save(figure, out / "safe_bo_1d_hard.png", "the safe-BO figure")
 
 
+def bnn_tour(out: Path, smoke: bool) -> None:
+    print("== Bayesian neural networks (notes AML §7.4) ==")
+    from sklearn.datasets import load_breast_cancer
+
+    steps = 200 if smoke else 3000
+    # 1-d regression with a gap in the inputs: epistemic uncertainty grows where no data are.
+    generator = torch.Generator().manual_seed(0)
+    x = torch.cat([torch.rand(300, generator=generator) * 2 - 4, torch.rand(300, generator=generator) * 2 + 2])
+    y = torch.sin(x) + 0.1 * torch.randn(600, generator=generator)
+    net = aml.models.BayesianNeuralNetwork(1, hidden=(50,), activation="tanh")
+    post = aml.fit(net, x[:, None], y, engine=SVI(num_steps=steps, lr=0.01, progress_bar=False), seed=0)
+    grid = torch.linspace(-6, 6, 300)
+    split = aml.analysis.regression_uncertainty(post, grid[:, None], num_samples=500)
+    figure, axis = plt.subplots(figsize=(7, 4))
+    total, epistemic = 1.96 * split.total.sqrt(), 1.96 * split.epistemic.sqrt()
+    axis.fill_between(grid, split.mean - total, split.mean + total, color="C0", alpha=0.2, label="95 %: total")
+    axis.fill_between(grid, split.mean - epistemic, split.mean + epistemic, color="C1", alpha=0.4, label="95 %: epistemic")
+    axis.plot(grid, split.mean, "C0", label="predictive mean")
+    axis.plot(x, y, "k.", ms=2, label="data")
+    axis.set(xlabel="x", ylabel="y", title="BNN: epistemic and aleatoric parts of the predictive")
+    axis.legend(loc="lower left", fontsize=8)
+    save(figure, out / "bnn_regression_band.png", "the BNN's predictive band")
+
+    # Classification on scikit-learn's breast-cancer set: calibration of the predictive.
+    data = load_breast_cancer()
+    X = torch.tensor(data.data, dtype=torch.float32)
+    labels = torch.tensor(data.target, dtype=torch.float32)
+    order = torch.randperm(X.shape[0], generator=generator)
+    train, test = order[:400], order[400:]
+    X = (X - X[train].mean(0)) / X[train].std(0)
+    classifier = aml.models.BayesianNeuralNetwork(X.shape[1], hidden=(32,), out_features=2, likelihood="categorical")
+    post = aml.fit(classifier, X[train], labels[train], engine=SVI(num_steps=steps, lr=0.01, progress_bar=False), seed=0)
+    uncertainty = aml.analysis.classification_uncertainty(post, X[test], num_samples=500)
+    accuracy = aml.analysis.accuracy(uncertainty.probs, labels[test])
+    print(f"breast cancer, held out: accuracy {accuracy:.3f}, "
+          f"ECE {aml.analysis.expected_calibration_error(uncertainty.probs, labels[test]):.3f}")
+    axis = aml.analysis.plot_reliability_diagram(uncertainty.probs, labels[test])
+    save(axis.figure, out / "bnn_reliability.png", "the BNN's reliability diagram")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("out"), help="folder for figures")
@@ -190,6 +230,7 @@ def main(argv: list[str] | None = None) -> None:
     blr_tour(options.out, options.smoke)
     mixture_tour(options.out, options.smoke)
     gp_tour(options.out, options.smoke)
+    bnn_tour(options.out, options.smoke)
     safe_bo_tour(options.out, options.smoke)
 
 

@@ -15,5 +15,8 @@ def test_demo_runs_and_saves_its_figure(tmp_path, capsys):
     assert (tmp_path / "anomaly_roc.png").stat().st_size > 10_000
     assert (tmp_path / "gp_co2.png").stat().st_size > 10_000
     assert (tmp_path / "safe_bo_1d_hard.png").stat().st_size > 10_000
+    assert (tmp_path / "bnn_regression_band.png").stat().st_size > 10_000
+    assert (tmp_path / "bnn_reliability.png").stat().st_size > 10_000
     printed = capsys.readouterr().out
     assert "beta[0]" in printed and "AUROC" in printed and "resumed with 18 records" in printed
+    assert "breast cancer, held out: accuracy" in printed

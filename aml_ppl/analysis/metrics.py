@@ -126,10 +126,10 @@ def plot_reliability_diagram(probs: torch.Tensor, labels: torch.Tensor, num_bins
     the ECE in the title. Returns the matplotlib axes."""
     import matplotlib.pyplot as plt
 
-    bins = calibration_bins(probs, labels, num_bins)
+    bins = {name: value.numpy() for name, value in calibration_bins(probs, labels, num_bins).items()}
     ax = ax if ax is not None else plt.subplots(figsize=(4, 4))[1]
     filled = bins["count"] > 0
-    edges = torch.linspace(0, 1, num_bins + 1)
+    edges = torch.linspace(0, 1, num_bins + 1).numpy()
     ax.bar(edges[:-1][filled], bins["accuracy"][filled], width=1 / num_bins, align="edge", alpha=0.6,
            edgecolor="k", label="accuracy")
     ax.plot([0, 1], [0, 1], "k--", lw=1, label="perfect calibration")
