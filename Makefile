@@ -32,6 +32,8 @@ bench: install
 	$(PY) benchmarks/bench_gp.py
 	$(PY) benchmarks/bench_safe_bo.py
 	$(PY) benchmarks/bench_posterior.py
+	$(PY) benchmarks/bench_bnn_svi.py
+	$(PY) benchmarks/bench_uci.py  # about 40 min of one core
 
 # On a machine with CUDA: the GPU tests (data on the device; skipped without one) and the
 # CPU-against-CUDA table.
