@@ -32,6 +32,9 @@ from pyro.poutine.util import site_is_subsample
 from aml_ppl.errors import AmlPplError
 
 DRAWS_PLATE = "_aml_draws"
+# The groups of a replay that hold one value per draw, and whether their values carry the
+# site's event dims (log-likelihoods do not).
+PER_DRAW_GROUPS = {"predictive": True, "log_likelihood": False, "deterministic": True, "discrete": True}
 # Enumeration dimensions in structure traces start this far left, beyond any real
 # plate nesting, so that no plate count is needed before the first trace.
 STRUCTURE_ENUM_DIM = -8
@@ -218,9 +221,6 @@ class Replayed:
     deterministic: dict[str, torch.Tensor] = field(default_factory=dict)
     discrete: dict[str, torch.Tensor] = field(default_factory=dict)
 
-    def groups(self) -> tuple[dict[str, torch.Tensor], ...]:
-        return self.predictive, self.log_likelihood, self.deterministic, self.discrete
-
 
 def replay(
     model: Callable,
@@ -267,10 +267,7 @@ def _subsample_chunks(subsampled: dict[str, tuple[int, int]]) -> list[dict[str, 
         return [{}]
     count = max(math.ceil(size / batch) for size, batch in subsampled.values())
     return [
-        {
-            plate: torch.arange(min(chunk * batch, size - batch), min(chunk * batch, size - batch) + batch)
-            for plate, (size, batch) in subsampled.items()
-        }
+        {plate: torch.arange(batch) + min(chunk * batch, size - batch) for plate, (size, batch) in subsampled.items()}
         for chunk in range(count)
     ]
 
@@ -417,9 +414,9 @@ def _per_draw(
 
 def _stack(singles: list[Replayed]) -> Replayed:
     stacked = Replayed(observed=singles[0].observed)
-    for target, *sources in zip(stacked.groups(), *(single.groups() for single in singles)):
-        for name in sources[0]:
-            target[name] = torch.cat([source[name] for source in sources])
+    for group in PER_DRAW_GROUPS:
+        for name in getattr(singles[0], group):
+            getattr(stacked, group)[name] = torch.cat([getattr(single, group)[name] for single in singles])
     return stacked
 
 
@@ -430,9 +427,7 @@ def _assemble(
     if len(pieces) == 1:
         return pieces[0]
     whole = Replayed()
-    groups = ("predictive", "log_likelihood", "observed", "deterministic", "discrete")
-    for group in groups:
-        with_event = group != "log_likelihood"
+    for group, with_event in {**PER_DRAW_GROUPS, "observed": True}.items():
         for name in getattr(pieces[0], group):
             values = [getattr(piece, group)[name] for piece in pieces]
             getattr(whole, group)[name] = _scatter(values, chunks, structure, name, with_event)
