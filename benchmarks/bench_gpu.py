@@ -45,7 +45,19 @@ def workloads(device: torch.device) -> dict[str, Callable[[], object]]:
     X_small, y_small = X[:1000, :10], y[:1000]
     svi_post = aml.fit(aml.models.BayesianLinearRegression(), X_small, y_small,
                        engine=SVI(num_steps=10, progress_bar=False))
+    moons = torch.randn(20000, 2, generator=generator).to(device)
+    digits = torch.randint(0, 17, (1437, 1, 8, 8), generator=generator).float().to(device)
+    ddpm_2d = aml.models.DDPM((2,), batch_size=512)
+    ddpm_digits = aml.models.DDPM((1, 8, 8), network="unet", network_options={"multipliers": (1, 2)},
+                                  levels=17, data_range=(0, 16), batch_size=64)
+    ddpm_2d.validate(moons), ddpm_digits.validate(digits)  # the networks follow the data
     return {
+        "DDPM 2-d MLP, 200 training steps, batch 512": lambda: aml.fit(
+            ddpm_2d, moons, engine=SVI(num_steps=200, progress_bar=False)),
+        "DDPM 2-d MLP, 2000 samples, T = 1000": lambda: ddpm_2d.generate(2000, progress_bar=False),
+        "DDPM digits U-net, 50 training steps, batch 64": lambda: aml.fit(
+            ddpm_digits, digits, engine=SVI(num_steps=50, progress_bar=False)),
+        "DDPM digits U-net, 64 samples, T = 1000": lambda: ddpm_digits.generate(64, progress_bar=False),
         "exact BLR fit, n = 1e5, d = 50": lambda: aml.fit(blr, X, y),
         "EM, 5 iterations, n = 1e6, d = 10, k = 8": lambda: aml.fit(
             aml.models.GaussianMixture(8), points, engine=EM(max_iter=5, tol=0), seed=0),

@@ -77,3 +77,20 @@ def test_bo_acquisitions_on_cuda():
     for acquisition in (ITL([model], target=candidates[:16, 0]), UncertaintySampling([model])):
         values = acquisition(candidates)
         assert values.device.type == "cuda" and values.shape == (64,)
+
+
+def test_ddpm_follows_its_data_to_cuda_and_its_bound_matches_the_cpu():
+    torch.manual_seed(0)
+    model = aml.models.DDPM((2,), num_timesteps=50, network_options={"hidden": 32})
+    x0 = torch.randn(256, 2)
+    post = aml.fit(model, x0.to(CUDA), engine=SVI(num_steps=50, progress_bar=False), seed=0)
+    assert next(model.network.parameters()).device.type == "cuda"
+    samples = post.predict(num_samples=64, seed=0, progress_bar=False).samples
+    assert samples.device.type == "cuda" and samples.shape == (64, 2)
+    noise = torch.randn(3, 256, 2)
+    timesteps = torch.randint(1, 51, (3, 256))
+    with torch.no_grad():
+        gpu = model.timestep_terms(x0.to(CUDA), timesteps.to(CUDA), noise.to(CUDA), "bound").cpu()
+        model.to("cpu")
+        cpu = model.timestep_terms(x0, timesteps, noise, "bound")
+    torch.testing.assert_close(gpu, cpu, rtol=1e-4, atol=1e-4)

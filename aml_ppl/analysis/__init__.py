@@ -18,6 +18,7 @@ from aml_ppl.analysis.metrics import (
     rmse,
 )
 from aml_ppl.analysis.plots import plot_predictive_1d
+from aml_ppl.analysis.two_sample import energy_distance, mmd
 
 __all__ = [
     "ABSTAIN",
@@ -33,8 +34,10 @@ __all__ = [
     "calibration_bins",
     "classification_uncertainty",
     "compare",
+    "energy_distance",
     "expected_calibration_error",
     "loo",
+    "mmd",
     "negative_log_likelihood",
     "plot_predictive_1d",
     "plot_reliability_diagram",

@@ -15,6 +15,7 @@ import math
 from abc import ABC, abstractmethod
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Iterator
 
@@ -26,7 +27,7 @@ from aml_ppl._data import check_count, check_finite_arguments, check_new_argumen
 from aml_ppl.errors import IncompatibleEngineError, InputDataError
 from aml_ppl.inference.replay import Replayed, Structure, inspect_model, replay
 from aml_ppl.models.base import Model
-from aml_ppl.models.protocols import ConditionalPredictive, PointwiseLikelihood
+from aml_ppl.models.protocols import ConditionalPredictive, PointwiseLikelihood, VariationalBound
 
 ENGINES: dict[str, type["Engine"]] = {}
 POSTERIORS: dict[str, type["Posterior"]] = {}
@@ -135,6 +136,26 @@ def evaluation_mode(model: Callable) -> Iterator[None]:
         model.train(was_training)
 
 
+@contextmanager
+def module_parameters(model: Callable, values: dict[str, torch.Tensor]) -> Iterator[None]:
+    r"""Load learned values into a torch module's own parameters while the block runs,
+    restoring them after. A ``PyroModule`` 's ``nn.Parameter`` s are announced as
+    ``pyro.param`` sites but used as they are, so ``poutine.substitute`` does not reach them;
+    this keeps a posterior's record, not whatever the module was trained to since."""
+    own = dict(model.named_parameters()) if isinstance(model, torch.nn.Module) else {}
+    chosen = {name: value for name, value in values.items() if name in own}
+    saved = {name: own[name].detach().clone() for name in chosen}
+    with torch.no_grad():
+        for name, value in chosen.items():
+            own[name].copy_(value)
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for name, value in saved.items():
+                own[name].copy_(value)
+
+
 class Posterior(ABC):
     r"""The result of ``aml_ppl.fit``: the same surface for every engine.
 
@@ -166,7 +187,16 @@ class Posterior(ABC):
         self.engine = engine
         self.history = torch.as_tensor(history, dtype=torch.float64)
         self.objective = objective
-        self.structure: Structure = self._trace_structure(args, kwargs)
+
+    @cached_property
+    def structure(self) -> Structure:
+        r"""The model's sites by kind, traced on the fitting data when first asked for (the
+        random state is left as it was, so the first use draws what a later one would)."""
+        state = pyro.util.get_rng_state()
+        try:
+            return self._trace_structure(self.data_args, self.data_kwargs)
+        finally:
+            pyro.util.set_rng_state(state)
 
     # -- what an engine provides -------------------------------------------------
 
@@ -208,9 +238,18 @@ class Posterior(ABC):
         return {name: value.unsqueeze(0) for name, value in self.sample(count).items()}
 
     def _evaluation_model(self) -> Callable:
-        r"""The model as it is replayed: learned ``pyro.param`` values substituted."""
+        r"""The model as it is replayed: learned ``pyro.param`` values substituted (and loaded
+        into the model's own ``nn.Parameter`` s while it runs)."""
         params = self.param_sites
-        return pyro.poutine.substitute(self.model, data=params) if params else self.model
+        if not params:
+            return self.model
+        substituted = pyro.poutine.substitute(self.model, data=params)
+
+        def evaluated(*args: Any, **kwargs: Any) -> Any:
+            with module_parameters(self.model, params):
+                return substituted(*args, **kwargs)
+
+        return evaluated
 
     def _sample_stats(self) -> dict[str, np.ndarray]:
         r"""ArviZ ``sample_stats`` (MCMC diagnostics); none by default."""
@@ -243,6 +282,12 @@ class Posterior(ABC):
             Site name to a ``num_samples x ...`` tensor (ArviZ's ``posterior`` group).
         """
         check_count("num_samples", num_samples)
+        if isinstance(self.model, VariationalBound):
+            raise InputDataError(
+                "this model's latent sites are T noised copies of every data point (its forward "
+                "process, fixed), not a posterior to sample; draw new data with "
+                "predict(num_samples=...) and read the bound with log_prob(x)."
+            )
         with torch.no_grad():
             return {name: value.detach() for name, value in self._draw(num_samples).items()}
 
@@ -261,6 +306,10 @@ class Posterior(ABC):
                 are not tensors (a batch size, say) are kept unless given again.
         """
         check_count("num_samples", num_samples)
+        if isinstance(self.model, VariationalBound):  # new data by the model's own sampler
+            if args:
+                raise InputDataError("predict on this model takes no data: new points are drawn from it.")
+            return Prediction.from_samples(self._with_learned_params(self.model.generate, num_samples, **kwargs))
         args, kwargs = self._arguments(args, kwargs)
         if isinstance(self.model, ConditionalPredictive):  # a mixture of Gaussians, one per draw
             conditionals = self._conditional_predictives(num_samples, site, args, kwargs)
@@ -291,7 +340,8 @@ class Posterior(ABC):
             \log \frac{1}{S} \sum_{s=1}^{S} p(y_i \mid \theta_s), \quad \theta_s \sim p(\theta \mid \mathcal{D})
 
         Plate-local enumerated sites are summed out of each term; a point estimate
-        uses its one draw.
+        uses its one draw. A model whose density is known only through a variational
+        bound (a DDPM) returns that bound, every term evaluated (``num_samples`` unused).
 
         Returns:
             A tensor shaped like the observed site's batch (ArviZ's ``log_likelihood``
@@ -299,6 +349,8 @@ class Posterior(ABC):
         """
         check_count("num_samples", num_samples)
         args, kwargs = self._arguments(args, kwargs)
+        if isinstance(self.model, VariationalBound):
+            return self._with_learned_params(self.model.log_prob_bound, *args, **kwargs)
         site = self._observed_site(site)
         if self.is_point_estimate:
             num_samples = 1
@@ -347,6 +399,13 @@ class Posterior(ABC):
         save(self, path)
 
     # -- the shared machinery --------------------------------------------------------
+
+    def _with_learned_params(self, method: Callable, *args: Any, **kwargs: Any) -> Any:
+        r"""Call a method of the model with its learned ``pyro.param`` values, in ``eval()``
+        mode, leaving the caller's param store alone."""
+        params = self.param_sites
+        with isolated_param_store(), evaluation_mode(self.model), module_parameters(self.model, params), torch.no_grad():
+            return pyro.poutine.substitute(method, data=params)(*args, **kwargs)
 
     def _trace_structure(self, args: tuple, kwargs: dict) -> Structure:
         with evaluation_mode(self.model):

@@ -8,6 +8,7 @@ import numpy as np
 import torch
 
 import aml_ppl
+from aml_ppl.models.protocols import VariationalBound
 
 if TYPE_CHECKING:
     from aml_ppl.inference.base import Posterior
@@ -34,6 +35,8 @@ def to_inference_data(posterior: "Posterior", args: tuple, kwargs: dict, num_sam
     """
     import arviz as az
 
+    if isinstance(posterior.model, VariationalBound):
+        return _bound_inference_data(posterior, args, num_samples)
     point = posterior.is_point_estimate
     by_chain = posterior._draw_by_chain(num_samples)
     chains, draws = next(iter(by_chain.values())).shape[:2] if by_chain else (1, 1 if point else num_samples)
@@ -58,14 +61,36 @@ def to_inference_data(posterior: "Posterior", args: tuple, kwargs: dict, num_sam
         observed_data=_numpy(replayed.observed) or None,
         constant_data=_numpy(posterior.param_sites) or None,
         sample_stats=posterior._sample_stats() or None,
-        attrs={
-            "engine": posterior.engine,
-            "objective": posterior.objective,
-            "point_estimate": int(point),
-            "inference_library": "pyro",
-            "aml_ppl_version": aml_ppl.__version__,
-        },
+        attrs=_attributes(posterior),
     )
+
+
+def _bound_inference_data(posterior: "Posterior", args: tuple, num_samples: int) -> Any:
+    r"""For a model known through a variational bound (a DDPM): ``log_likelihood`` holds the
+    bound per observation, ``posterior_predictive`` ``num_samples`` generated points, and
+    ``observed_data`` the observations; the network is a point estimate, so there is no
+    ``posterior`` group."""
+    import arviz as az
+
+    site = posterior.model.observed_site
+    observed = args[0]
+    generated = posterior.predict(num_samples=num_samples, progress_bar=False).samples
+    return az.from_dict(
+        posterior_predictive={site: generated.unsqueeze(0).cpu().numpy()},
+        log_likelihood={site: posterior.log_prob(*args)[None, None].cpu().numpy()},
+        observed_data={site: observed.cpu().numpy()},
+        attrs=_attributes(posterior),
+    )
+
+
+def _attributes(posterior: "Posterior") -> dict[str, Any]:
+    return {
+        "engine": posterior.engine,
+        "objective": posterior.objective,
+        "point_estimate": int(posterior.is_point_estimate),
+        "inference_library": "pyro",
+        "aml_ppl_version": aml_ppl.__version__,
+    }
 
 
 def _numpy(values: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:

@@ -11,6 +11,7 @@ from aml_ppl.errors import InputDataError
 from aml_ppl.inference.base import register_engine
 from aml_ppl.inference.replay import inspect_model
 from aml_ppl.inference.svi import SVI, finite_or_nan
+from aml_ppl.models.protocols import VariationalBound
 
 
 class _NonFiniteLoss(Exception):
@@ -69,6 +70,12 @@ class MAP(SVI):
 
     def incompatibility(self, model: Callable, args: tuple, kwargs: dict) -> str | None:
         reason = super().incompatibility(model, args, kwargs)
+        if reason is None and isinstance(model, VariationalBound):
+            return (
+                "its latent sites are the noised copies of every data point, whose posterior is "
+                "the model's own fixed forward process; a point estimate of them is not an estimate "
+                "of the network"
+            )
         if reason is None and self.optimizer == "lbfgs":
             subsampled = sorted(inspect_model(model, args, kwargs).subsampled)
             if subsampled:

@@ -43,7 +43,7 @@ from aml_ppl.inference.base import (
 )
 from aml_ppl.inference.io import recorded, stored
 from aml_ppl.inference.replay import inspect_model, is_enumerated
-from aml_ppl.models.protocols import HasGuide, InitialValues, PreferredLoss
+from aml_ppl.models.protocols import HasGuide, InitialValues, PreferredLoss, VariationalBound
 
 JIT_LOSSES = {Trace_ELBO: JitTrace_ELBO, TraceMeanField_ELBO: JitTraceMeanField_ELBO, TraceEnum_ELBO: JitTraceEnum_ELBO}
 
@@ -106,7 +106,9 @@ class GuidePosterior(Posterior):
         self.guide_spec = guide_spec
         self.model_params = model_params
         self.guide_params = guide_params
-        self._point_estimate = _is_delta_guide(_substituted(guide, guide_params), args, kwargs)
+        self._point_estimate = isinstance(model, VariationalBound) or _is_delta_guide(
+            _substituted(guide, guide_params), args, kwargs
+        )
         super().__init__(
             model, args, kwargs, engine=engine, history=history, objective=objective
         )
@@ -211,6 +213,10 @@ class SVI(Engine):
             less than ``tolerance`` (relative) below that of the ``patience``
             steps before; ``None`` runs all steps.
         tolerance: See ``patience``.
+        ema_decay: Keep an exponential moving average of the parameters,
+            :math:`\bar\phi \leftarrow \gamma\bar\phi + (1 - \gamma)\phi` after every step, and
+            return it rather than the last iterate (as diffusion models are trained; Ho et al.
+            2020 use :math:`\gamma = 0.9999`); ``None`` returns the last iterate.
         jit: Compile the default loss with Pyro's JIT (``JitTrace_ELBO`` and kin); a model
             that does not trace falls back to the plain loss with a ``JitFallbackWarning``.
         progress_bar: Show a tqdm bar.
@@ -239,8 +245,11 @@ class SVI(Engine):
         tolerance: float = 1e-4,
         jit: bool = False,
         progress_bar: bool = True,
+        ema_decay: float | None = None,
     ) -> None:
         check_count("num_steps", num_steps)
+        if ema_decay is not None and not (isinstance(ema_decay, (int, float)) and 0 <= ema_decay < 1):
+            raise InputDataError(f"`ema_decay` must be in [0, 1) or None; got {ema_decay!r}.")
         check_count("num_particles", num_particles)
         check_positive("lr", lr)
         check_positive("tolerance", tolerance, allow_zero=True)
@@ -259,6 +268,7 @@ class SVI(Engine):
         self.patience = patience
         self.tolerance = tolerance
         self.jit = jit
+        self.ema_decay = ema_decay
         self.progress_bar = progress_bar
 
     def incompatibility(self, model: Callable, args: tuple, kwargs: dict) -> str | None:
@@ -301,11 +311,21 @@ class SVI(Engine):
         return self.guide, "custom"
 
     def _default_loss(self, model: Callable, args: tuple, kwargs: dict, jit: bool = False) -> Any:
+        if isinstance(model, PreferredLoss):
+            loss = model.default_loss(self.num_particles)
+            if not jit:
+                return loss
+            if type(loss) in JIT_LOSSES:
+                return JIT_LOSSES[type(loss)](num_particles=self.num_particles, ignore_jit_warnings=True)
+            warnings.warn(
+                f"jit=True: the model's own loss ({type(loss).__name__}) has no JIT form; running SVI without the JIT.",
+                JitFallbackWarning,
+                stacklevel=4,
+            )
+            return loss
         structure = inspect_model(model, args, kwargs)
         if structure.enumerated:
             loss = TraceEnum_ELBO(num_particles=self.num_particles, max_plate_nesting=structure.max_plate_nesting)
-        elif isinstance(model, PreferredLoss):
-            loss = model.default_loss(self.num_particles)
         else:
             loss = Trace_ELBO(num_particles=self.num_particles)
         if not jit:
@@ -337,6 +357,8 @@ class SVI(Engine):
         optim = OPTIMIZERS[self.optim](self.lr) if isinstance(self.optim, str) else self.optim
         history: list[float] = []
         last_finite: dict[torch.Tensor, torch.Tensor] = {}
+        averages: dict[torch.Tensor, torch.Tensor] = {}
+        failed_step = None
         steps = tqdm(range(self.num_steps), desc=self.name, disable=not self.progress_bar)
         for step in steps:
             with poutine.trace(param_only=True) as capture:
@@ -347,7 +369,8 @@ class SVI(Engine):
                     for param, saved in last_finite.items():
                         param.copy_(saved)
                     zero_grads(params)
-                    return history, step
+                    failed_step = step
+                    break
                 for param in params:
                     if param in last_finite:
                         last_finite[param].copy_(param)
@@ -355,12 +378,26 @@ class SVI(Engine):
                         last_finite[param] = param.detach().clone()
             optim(params)
             zero_grads(params)
+            self._update_averages(averages, params)
             history.append(value)
             if step % 100 == 0:
                 steps.set_postfix(loss=f"{value:.5g}", refresh=False)
             if self._plateaued(history):
                 break
-        return history, None
+        with torch.no_grad():  # the moving averages replace the last iterates
+            for param, average in averages.items():
+                param.copy_(average)
+        return history, failed_step
+
+    def _update_averages(self, averages: dict[torch.Tensor, torch.Tensor], params: set[torch.Tensor]) -> None:
+        if self.ema_decay is None:
+            return
+        with torch.no_grad():
+            for param in params:
+                if param in averages:
+                    averages[param].lerp_(param, 1 - self.ema_decay)
+                else:
+                    averages[param] = param.detach().clone()
 
     def _plateaued(self, history: list[float]) -> bool:
         patience = self.patience

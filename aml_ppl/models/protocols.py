@@ -126,3 +126,17 @@ class CheckedOnce(Protocol):
     r"""A check run once on the final EM estimate (a collapsed mixture component)."""
 
     def em_check(self, params: dict[str, torch.Tensor]) -> None: ...
+
+
+@runtime_checkable
+class VariationalBound(Protocol):
+    r"""A model with local latent variables per data point whose log density is known only
+    through a variational lower bound (a DDPM): a posterior's ``log_prob`` reports the
+    bound and its ``predict`` draws new data from the model (``observed_site`` names the
+    data's site)."""
+
+    observed_site: str
+
+    def log_prob_bound(self, *args: Any, **kwargs: Any) -> torch.Tensor: ...
+
+    def generate(self, num_samples: int, **kwargs: Any) -> torch.Tensor: ...

@@ -85,12 +85,13 @@ def test_a_network_of_1e5_weights_predicts_1000_draws_in_one_pass():
     assert sum(torch.Size(shape).numel() for shape in bnn._layer_shapes().values()) > 100_000
     X = torch.randn(1000, 10)
     post = aml.fit(bnn, X, X.sum(-1), engine=SVI(num_steps=2, progress_bar=False))
+    post.structure  # traced on the fitting data at first use
     calls = []
     forward = bnn.forward_pass
     bnn.forward_pass = lambda *args: calls.append(1) or forward(*args)
     prediction = post.predict(X, num_samples=1000)
     assert prediction.samples.shape == (1000, 1000)
-    assert len(calls) == 2  # one structure trace, one vectorised replay: no loop over draws
+    assert len(calls) == 2  # one structure trace of the new inputs, one vectorised replay: no loop over draws
 
 
 def test_a_nan_loss_triggers_the_guard_with_a_clear_message():
