@@ -561,7 +561,7 @@ class DDPM(Model):
         per_point = self.schedule.prior_kl(batch, self.event_dims) + self.num_timesteps * terms.mean(0)
         return per_point.sum() * (count / size)
 
-    def bound_terms(self, x0: torch.Tensor, chunk_size: int = 64) -> torch.Tensor:
+    def bound_terms(self, x0: torch.Tensor, chunk_size: int | None = None) -> torch.Tensor:
         r"""Every term of the negative bound for each point, one draw of :math:`x_t` per
         timestep: column 0 is :math:`\mathrm{KL}(q(x_T \mid x_0) \,\|\, p(x_T))`, column
         :math:`t` is :math:`\ell_t` (see :meth:`timestep_terms`), in nats; for plotting
@@ -569,12 +569,14 @@ class DDPM(Model):
 
         Args:
             x0: Data in its own units, ``n x *data_shape``.
-            chunk_size: Timesteps evaluated together (memory: ``chunk_size x n`` network inputs).
+            chunk_size: Timesteps evaluated together (``chunk_size x n`` network inputs at once);
+                by default as many as keep them to about :math:`2^{18}` coordinates.
 
         Returns:
             An ``n x (T + 1)`` tensor.
         """
         x0 = self.to_model_scale(x0)
+        chunk_size = chunk_size or max(1, 2**18 // x0.numel())
         columns = [self.schedule.prior_kl(x0, self.event_dims).unsqueeze(-1)]
         with torch.no_grad():
             for start in range(1, self.num_timesteps + 1, chunk_size):
