@@ -16,6 +16,7 @@ from aml_ppl.api import fit
 from aml_ppl.errors import (
     AmlPplError,
     AmlPplWarning,
+    ConvergenceWarning,
     IncompatibleEngineError,
     InputDataError,
     ModelFittingError,
@@ -36,6 +37,7 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "AmlPplError",
     "AmlPplWarning",
+    "ConvergenceWarning",
     "IncompatibleEngineError",
     "InputDataError",
     "ModelFittingError",

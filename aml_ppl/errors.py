@@ -56,6 +56,10 @@ class AmlPplWarning(UserWarning):
     r"""Base class of aml_ppl's warnings."""
 
 
+class ConvergenceWarning(AmlPplWarning):
+    r"""An optimiser stopped on its iteration cap, not on a tolerance."""
+
+
 def _describe(model: object) -> str:
     name = getattr(model, "__qualname__", None) or type(model).__name__
     return f"model {name}"

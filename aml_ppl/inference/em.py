@@ -22,6 +22,7 @@ from aml_ppl.inference.base import (
     register_posterior,
 )
 from aml_ppl.inference.io import recorded, stored
+from aml_ppl.inference.optimise import Checkpoint, minimise_lbfgs
 from aml_ppl.inference.replay import inspect_model, is_enumerated, structure_trace
 from aml_ppl.models.protocols import CheckedOnce, ClosedFormEM, Relabelable
 
@@ -171,7 +172,8 @@ class EM(Engine):
         max_iter: Iterations at most per run.
         tol: Stop when the mean log-likelihood per point changes by less.
         n_init: Restarts; the run with the highest final log-likelihood is kept.
-        init: ``"kmeans++"``, ``"random"`` or a dict of starting parameters.
+        init: ``"kmeans"`` (Lloyd's k-means from k-means++ seeds, as scikit-learn),
+            ``"kmeans++"``, ``"random"`` or a dict of starting parameters.
         hard: Hard EM: assign each point to its most likely component.
         uncertainty: What ``sample`` and ``to_arviz`` draw: ``"point"`` (the
             estimate), ``"fisher"`` (the asymptotic Gaussian :math:`\mathcal{N}(\hat\theta,
@@ -197,7 +199,7 @@ class EM(Engine):
         max_iter: int = 100,
         tol: float = 1e-3,
         n_init: int = 1,
-        init: str | dict[str, Any] = "kmeans++",
+        init: str | dict[str, Any] = "kmeans",
         hard: bool = False,
         uncertainty: str = "point",
         num_replicates: int = 200,
@@ -238,7 +240,7 @@ class EM(Engine):
             for name, value, default in (
                 ("hard", self.hard, False),
                 ("n_init", self.n_init, 1),
-                ("init", self.init, "kmeans++"),
+                ("init", self.init, "kmeans"),
                 ("uncertainty", self.uncertainty, "point"),
             )
             if value != default
@@ -391,24 +393,18 @@ class EM(Engine):
                 with torch.no_grad():  # E-step: γ = p(z | x, θ_t), exact by enumeration
                     local = densities()["local"]
                     responsibilities = (local - sum_out_enumeration(local, plates)).exp()
-                saved = [value.detach().clone() for value in unconstrained]
-                optimizer = torch.optim.LBFGS(
-                    unconstrained, max_iter=self.m_step_iterations, line_search_fn="strong_wolfe"
-                )
+                previous = Checkpoint(unconstrained)
 
-                def negative_q() -> torch.Tensor:
-                    optimizer.zero_grad()
+                def negative_q() -> tuple[torch.Tensor, torch.Tensor]:
                     terms = densities()
                     loss = -(terms["global"] + (responsibilities * terms["local"]).sum())
-                    loss.backward()
-                    return loss
+                    return loss, loss
 
-                optimizer.step(negative_q)
+                # torch's own L-BFGS tolerances (gradient 1e-7, change 1e-9), a long memory
+                minimise_lbfgs(unconstrained, negative_q, self.m_step_iterations, 1e-7, 1e-9, history_size=100)
                 current = mean_log_likelihood()
                 if not math.isfinite(current) or current < history[-1] - 1e-10 * abs(history[-1]):
-                    with torch.no_grad():  # the M-step overshot: keep θ_t, which is a fixed point here
-                        for value, old in zip(unconstrained, saved):
-                            value.copy_(old)
+                    previous.restore()  # the M-step overshot: keep θ_t, which is a fixed point here
                     converged = True
                     break
                 history.append(current)

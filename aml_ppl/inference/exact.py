@@ -2,12 +2,15 @@ r"""Closed-form Gaussian inference for models that provide it (conjugate BLR, ex
 
 from __future__ import annotations
 
+import math
+import warnings
 from typing import Any, Callable, ClassVar
 
 import torch
 from pyro.distributions import MultivariateNormal, Normal
 
-from aml_ppl.errors import AmlPplError, InputDataError
+from aml_ppl._data import check_count
+from aml_ppl.errors import AmlPplError, ConvergenceWarning, InputDataError, ModelFittingError
 from aml_ppl.inference.base import (
     Engine,
     Posterior,
@@ -16,7 +19,14 @@ from aml_ppl.inference.base import (
     register_posterior,
 )
 from aml_ppl.inference.io import recorded, stored
-from aml_ppl.models.protocols import BoTorchExportable, ExactGaussian, GaussianLatents
+from aml_ppl.inference.optimise import OptimisationResult, minimise_adam, minimise_lbfgs
+from aml_ppl.models.protocols import (
+    BoTorchExportable,
+    EvidenceMaximisation,
+    EvidenceObjective,
+    ExactGaussian,
+    GaussianLatents,
+)
 
 
 @register_posterior
@@ -26,6 +36,9 @@ class GaussianPosterior(Posterior):
     Attributes:
         latents: The model's :class:`~aml_ppl.models.GaussianLatents`.
         log_marginal_likelihood: :math:`\log p(y \mid X)` at the fitted hyperparameters.
+        convergence: How the hyperparameter optimisation ended (``converged``,
+            ``iterations``, ``gradient_norm``, ``restarts``, ``failed_restarts``);
+            empty when nothing was optimised.
     """
 
     kind: ClassVar[str] = "gaussian"
@@ -40,9 +53,11 @@ class GaussianPosterior(Posterior):
         engine: str,
         history: list[float] | torch.Tensor,
         objective: str,
+        convergence: dict[str, Any] | None = None,
     ) -> None:
         self.latents = latents
         self.log_marginal_likelihood = latents.log_marginal_likelihood
+        self.convergence = dict(convergence or {})
         super().__init__(
             model, args, kwargs, engine=engine, history=history, objective=objective
         )
@@ -133,7 +148,7 @@ class GaussianPosterior(Posterior):
         tensors.update({f"statistic:{k}": v for k, v in self.latents.statistics.items()})
         if self.log_marginal_likelihood is not None:
             tensors["log_marginal_likelihood"] = self.log_marginal_likelihood
-        return tensors, {}
+        return tensors, {f"convergence:{k}": v for k, v in self.convergence.items()}
 
     @classmethod
     def _from_state(cls, model, args, kwargs, tensors, meta, guide):
@@ -146,20 +161,34 @@ class GaussianPosterior(Posterior):
             history=record["history"].tolist(),
             statistics=stored(tensors, "statistic"),
         )
-        return cls(model, args, kwargs, latents=latents, **record)
+        convergence = {k.partition(":")[2]: v for k, v in meta.items() if k.startswith("convergence:")}
+        return cls(model, args, kwargs, latents=latents, convergence=convergence, **record)
 
 
 @register_engine
 class Exact(Engine):
-    r"""Exact Gaussian inference through the model's ``exact_posterior``.
+    r"""Exact Gaussian inference.
 
-    Runs models that provide a closed-form Gaussian posterior (conjugate BLR,
-    notes AML §6). Hyperparameters the model learns (by evidence maximisation)
-    are fixed at their optimum; ``history`` holds the log marginal likelihood
-    per iteration.
+    Runs models with a closed-form Gaussian posterior: conjugate BLR through its
+    ``exact_posterior`` (evidence maximisation by the fixed-point updates of AML §6),
+    and exact GPs, whose hyperparameters this engine fits by type-II maximum likelihood
+    (AML §6.3): the model's :class:`~aml_ppl.models.protocols.EvidenceObjective` is
+    evaluated at ``raw_samples`` random starts on a subset of at most 512 points; L-BFGS
+    runs from the model's own start and the ``num_restarts - 1`` best of those, and the
+    optimum with the highest marginal likelihood is kept (one failing restart loses no
+    other). ``history`` holds the log marginal likelihood per evaluation of the
+    winning run; ``convergence`` says how it stopped, and a :class:`ConvergenceWarning`
+    is raised when the winner stopped on ``max_iter``.
 
     Args:
-        **options: Passed to the model's ``exact_posterior`` (e.g. ``max_iter``, ``tol``).
+        num_restarts: Optimiser runs (GP). 1: the model's start only.
+        raw_samples: Random starts screened for the restarts (GP).
+        max_iter: L-BFGS iterations per run at most (GP; default 1 000; Adam steps,
+            default 500; BLR's fixed-point iterations if given).
+        learn: ``False`` keeps the hyperparameters as they are (GP).
+        optimizer: ``"lbfgs"`` or ``"adam"`` (GP).
+        lr: Adam's learning rate.
+        **options: Passed to the model's ``exact_posterior`` (BLR's ``tol``).
 
     Example:
         >>> import torch, aml_ppl as aml
@@ -170,18 +199,42 @@ class Exact(Engine):
     """
 
     name: ClassVar[str] = "exact"
+    screening_size: ClassVar[int] = 512
 
-    def __init__(self, **options: Any) -> None:
+    def __init__(
+        self,
+        num_restarts: int = 8,
+        raw_samples: int = 64,
+        max_iter: int | None = None,
+        learn: bool = True,
+        optimizer: str = "lbfgs",
+        lr: float = 0.05,
+        **options: Any,
+    ) -> None:
+        if optimizer not in ("lbfgs", "adam"):
+            raise InputDataError(f"`optimizer` must be 'lbfgs' or 'adam'; got {optimizer!r}.")
+        self.num_restarts = check_count("num_restarts", num_restarts)
+        self.raw_samples = check_count("raw_samples", raw_samples, minimum=0)
+        self.max_iter = None if max_iter is None else check_count("max_iter", max_iter)
+        self.learn, self.optimizer, self.lr = learn, optimizer, lr
         self.options = options
 
     def incompatibility(self, model: Callable, args: tuple, kwargs: dict) -> str | None:
-        if isinstance(model, ExactGaussian):
+        if isinstance(model, (ExactGaussian, EvidenceMaximisation)):
             return None
-        return "it offers no closed-form Gaussian posterior (exact_posterior, exact_predictive)"
+        return "it offers no closed-form Gaussian posterior (exact_posterior or evidence_objective, and exact_predictive)"
 
     def fit(self, model: Callable, *args: Any, **kwargs: Any) -> GaussianPosterior:
         self.check_supports(model, args, kwargs)
-        latents = model.exact_posterior(*args, **kwargs, **self.options)
+        convergence: dict[str, Any] = {}
+        if isinstance(model, EvidenceMaximisation):
+            if self.options:
+                raise InputDataError(f"{type(model).__name__} takes no exact-engine options {sorted(self.options)}.")
+            objective = model.evidence_objective(*args, **kwargs, learned=self.learn)
+            latents, convergence = self._maximise_evidence(objective) if self.learn else (objective.latents(objective.start, []), {})
+        else:
+            options = self.options if self.max_iter is None else {"max_iter": self.max_iter, **self.options}
+            latents = model.exact_posterior(*args, **kwargs, **options)
         return GaussianPosterior(
             model,
             args,
@@ -190,4 +243,61 @@ class Exact(Engine):
             engine=self.name,
             history=latents.history,
             objective="log_marginal_likelihood",
+            convergence=convergence,
         )
+
+    def _maximise_evidence(self, objective: EvidenceObjective) -> tuple[GaussianLatents, dict[str, Any]]:
+        r"""Restarts from the screened starts; the best optimum's posterior and report."""
+        runs, failures = [], []
+        for start in self._starts(objective):
+            raw = {site: value.clone().requires_grad_(True) for site, value in start.items()}
+            try:
+                result = self._run(objective, raw)
+                runs.append((objective.value(raw), raw, result))
+            except ModelFittingError as error:  # one bad start loses nothing else
+                failures.append(error)
+        if not runs:
+            raise ModelFittingError(f"every start of the marginal-likelihood optimisation failed; the first: {failures[0]}")
+        value, raw, result = max(runs, key=lambda run: run[0])
+        convergence = {
+            "converged": result.converged, "iterations": result.iterations, "gradient_norm": result.gradient_norm,
+            "restarts": len(runs), "failed_restarts": len(failures),
+        }
+        if self.optimizer == "lbfgs" and not result.converged and not result.failed:  # Adam runs its steps
+            warnings.warn(
+                f"the marginal-likelihood optimisation stopped on its iteration cap ({result.iterations} "
+                f"iterations, largest gradient entry {result.gradient_norm:.2e}); raise `max_iter`, or "
+                "standardise the inputs (normalize_inputs=True).",
+                ConvergenceWarning,
+                stacklevel=3,
+            )
+        return objective.latents(raw, [-loss for loss in result.losses]), convergence
+
+    def _starts(self, objective: EvidenceObjective) -> list[dict[str, torch.Tensor]]:
+        r"""The model's start, then the best ``num_restarts - 1`` of ``raw_samples`` random
+        starts by their marginal likelihood on a random subset of the data."""
+        if self.num_restarts == 1 or not objective.start:
+            return [objective.start]
+        candidates = objective.random_starts(max(self.raw_samples, self.num_restarts - 1))
+        screen = objective.subset(self.screening_size)
+
+        def score(start: dict[str, torch.Tensor]) -> float:
+            try:
+                value = screen.value(start)
+            except ModelFittingError:
+                return -math.inf
+            return value if math.isfinite(value) else -math.inf
+
+        ranked = sorted(candidates, key=score, reverse=True)
+        return [objective.start, *ranked[: self.num_restarts - 1]]
+
+    def _run(self, objective: EvidenceObjective, raw: dict[str, torch.Tensor]) -> OptimisationResult:
+        params = list(raw.values())
+
+        def negative() -> tuple[torch.Tensor, torch.Tensor]:
+            value, surrogate = objective(raw)
+            return -value, -surrogate
+
+        if self.optimizer == "adam":
+            return minimise_adam(params, negative, self.max_iter or 500, self.lr)
+        return minimise_lbfgs(params, negative, self.max_iter or 1000, tolerance_change=1e-9)

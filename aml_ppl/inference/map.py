@@ -9,13 +9,10 @@ from pyro import poutine
 
 from aml_ppl.errors import InputDataError
 from aml_ppl.inference.base import register_engine
+from aml_ppl.inference.optimise import minimise_lbfgs
 from aml_ppl.inference.replay import inspect_model
 from aml_ppl.inference.svi import SVI, finite_or_nan
 from aml_ppl.models.protocols import VariationalBound
-
-
-class _NonFiniteLoss(Exception):
-    pass
 
 
 @register_engine
@@ -90,38 +87,13 @@ class MAP(SVI):
     ) -> tuple[list[float], int | None]:
         if self.optimizer == "adam":
             return super()._optimise(model, guide, loss, args, kwargs)
-        elbo = loss
         with poutine.trace(param_only=True) as capture:
-            elbo.differentiable_loss(model, guide, *args, **kwargs)
+            loss.differentiable_loss(model, guide, *args, **kwargs)
         params = [site["value"].unconstrained() for site in capture.trace.nodes.values()]
-        optimizer = torch.optim.LBFGS(
-            params,
-            max_iter=self.num_steps,
-            tolerance_grad=1e-10,
-            tolerance_change=1e-14,
-            history_size=50,
-            line_search_fn="strong_wolfe",
-        )
-        history: list[float] = []
-        last_finite = [param.detach().clone() for param in params]
 
-        def closure() -> torch.Tensor:
-            optimizer.zero_grad()
-            loss = finite_or_nan(elbo.differentiable_loss, model, guide, *args, **kwargs)
-            if not torch.isfinite(torch.as_tensor(loss)):
-                raise _NonFiniteLoss
-            loss.backward()
-            history.append(loss.item())
-            with torch.no_grad():
-                for saved, param in zip(last_finite, params):
-                    saved.copy_(param)
-            return loss
+        def objective() -> tuple[torch.Tensor, torch.Tensor]:
+            value = finite_or_nan(loss.differentiable_loss, model, guide, *args, **kwargs)
+            return value, value
 
-        try:
-            optimizer.step(closure)
-        except _NonFiniteLoss:
-            with torch.no_grad():
-                for saved, param in zip(last_finite, params):
-                    param.copy_(saved)
-            return history, len(history)
-        return history, None
+        result = minimise_lbfgs(params, objective, self.num_steps, tolerance_grad=1e-10, tolerance_change=1e-14, history_size=50)
+        return result.losses, len(result.losses) if result.failed else None

@@ -496,9 +496,7 @@ class DDPM(Model):
 
     # -- the bound, term by term ------------------------------------------------------
 
-    def timestep_terms(
-        self, x0: torch.Tensor, timesteps: torch.Tensor, noise: torch.Tensor, weighting: str = "bound"
-    ) -> torch.Tensor:
+    def timestep_terms(self, x0: torch.Tensor, timesteps: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
         r"""One Monte Carlo draw of each timestep's term, at :math:`x_t = \sqrt{\bar\alpha_t}x_0 + \sqrt{1-\bar\alpha_t}\epsilon`.
 
         ``"bound"``: :math:`\ell_1 = -\log p_\theta(x_0 \mid x_1)` and, for :math:`t \ge 2`,
@@ -508,8 +506,7 @@ class DDPM(Model):
             + \frac{\beta_t^2}{2\sigma_t^2\alpha_t(1-\bar\alpha_t)}\lVert\epsilon - \epsilon_\theta(x_t, t)\rVert^2,
 
         the mean difference written through the noise (Ho et al. Eq. 12), which keeps
-        float32 exact where the two means nearly agree. ``"simple"``:
-        :math:`\lVert\epsilon - \epsilon_\theta(x_t, t)\rVert^2` averaged over coordinates.
+        float32 exact where the two means nearly agree.
 
         Args:
             x0: Data on the model's scale, ``b x *data_shape``.
@@ -517,13 +514,10 @@ class DDPM(Model):
             noise: :math:`\epsilon`, ``k x b x *data_shape``.
 
         Returns:
-            ``k x b`` terms (nats for ``"bound"``).
+            ``k x b`` terms in nats.
         """
         x_t = self.schedule.marginal_sample(x0, timesteps, noise)
-        predicted = self.predict_noise(x_t, timesteps)
-        if weighting == "simple":
-            return (noise - predicted).square().flatten(-self.event_dims).mean(-1)
-        return self._bound_terms_given(x0, x_t, timesteps, noise, predicted)
+        return self._bound_terms_given(x0, x_t, timesteps, noise, self.predict_noise(x_t, timesteps))
 
     def _bound_terms_given(
         self, x0: torch.Tensor, x_t: torch.Tensor, timesteps: torch.Tensor, noise: torch.Tensor, predicted: torch.Tensor
@@ -549,17 +543,17 @@ class DDPM(Model):
         batch = self.to_model_scale(x0[torch.randperm(count, device=x0.device)[:size]] if size < count else x0)
         timesteps = torch.randint(1, self.num_timesteps + 1, (num_particles, size), device=x0.device)
         noise = torch.randn((num_particles, *batch.shape), dtype=batch.dtype, device=batch.device)
-        if weighting == "simple":
-            x_t = self.schedule.marginal_sample(batch, timesteps, noise)
-            predicted = self.predict_noise(x_t, timesteps)
-            simple = (noise - predicted).square().mean()
-            if self.reverse_variance != "learned":
-                return simple
-            # L_hybrid (Nichol & Dhariwal 2021 §3.1): the bound trains the variances only
-            return simple + self._bound_terms_given(batch, x_t, timesteps, noise, predicted.detach()).mean()
-        terms = self.timestep_terms(batch, timesteps, noise, weighting)
-        per_point = self.schedule.prior_kl(batch, self.event_dims) + self.num_timesteps * terms.mean(0)
-        return per_point.sum() * (count / size)
+        x_t = self.schedule.marginal_sample(batch, timesteps, noise)
+        predicted = self.predict_noise(x_t, timesteps)
+        if weighting == "bound":
+            terms = self._bound_terms_given(batch, x_t, timesteps, noise, predicted)
+            per_point = self.schedule.prior_kl(batch, self.event_dims) + self.num_timesteps * terms.mean(0)
+            return per_point.sum() * (count / size)
+        simple = (noise - predicted).square().mean()
+        if self.reverse_variance != "learned":
+            return simple
+        # L_hybrid (Nichol & Dhariwal 2021 §3.1): the bound trains the variances only
+        return simple + self._bound_terms_given(batch, x_t, timesteps, noise, predicted.detach()).mean()
 
     def bound_terms(self, x0: torch.Tensor, chunk_size: int | None = None) -> torch.Tensor:
         r"""Every term of the negative bound for each point, one draw of :math:`x_t` per

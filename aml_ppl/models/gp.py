@@ -11,6 +11,7 @@ import pyro
 import pyro.distributions as dist
 import torch
 from gpytorch.constraints import GreaterThan
+from torch.distributions import biject_to
 from torch.func import functional_call
 
 from aml_ppl._data import check_count, check_regression_data
@@ -134,10 +135,12 @@ class _GaussianProcessBase(Model):
         }
         return functional_call(self._moments, raw, args, kwargs, strict=False)
 
-    def _noise(self, values: dict[str, torch.Tensor]) -> torch.Tensor:
+    def _noise(self, values: dict[str, torch.Tensor], y_scale: torch.Tensor | float = 1.0) -> torch.Tensor:
+        r"""The noise variance in the units of targets divided by ``y_scale`` (a fixed
+        noise is given in ``y``'s own units)."""
         if self.noise is None:
             return values["likelihood.noise_covar.noise"]
-        return self.gp.likelihood.raw_noise.new_tensor(self.noise)
+        return self.gp.likelihood.raw_noise.new_tensor(self.noise) / torch.as_tensor(y_scale).square()
 
     def validate(self, X: Any, y: Any = None) -> tuple[tuple, dict]:
         r"""Check ``X`` (``n x d``), ``y`` (``n``), the kernel's input dimension, and that
@@ -203,9 +206,10 @@ class GaussianProcess(_GaussianProcessBase):
     prior (log-normal for positive ones, normal otherwise, or your own), and
     ``"obs"`` is the marginal :math:`\mathcal{N}(m, K + \sigma^2 I)`; so NUTS, MAP
     and SVI run it. The ``"exact"`` engine maximises the log marginal likelihood
-    (type-II maximum likelihood) by L-BFGS, in float64, with the optional input
-    normalisation and output standardisation, and a Cholesky that retries with
-    growing jitter before it fails with advice.
+    (type-II maximum likelihood, AML §6.3) in float64 on standardised targets, from
+    a data-driven start and restarts (see :class:`MarginalLikelihood`), with a
+    Cholesky that retries with growing jitter before it fails with advice; every
+    output is back in ``y``'s units.
 
     Args:
         kernel: A GPyTorch kernel; ``ScaleKernel(RBFKernel())`` by default.
@@ -213,7 +217,9 @@ class GaussianProcess(_GaussianProcessBase):
         noise: A fixed noise variance :math:`\sigma^2` (0 allowed), or ``None`` to learn it.
         noise_floor: Lower bound on a learned noise variance.
         normalize_inputs: Scale inputs to the unit cube of the training data (exact engine).
-        standardize_outputs: Standardise ``y`` to mean 0, sd 1 (exact engine).
+        standardize_outputs: Standardise ``y`` to mean 0, sd 1 (exact engine). ``None``:
+            when the engine learns the hyperparameters; with ``Exact(learn=False)``
+            they are the kernel's as given, for ``y`` in its own units.
         priors: Site name to a Pyro distribution, overriding the default priors.
 
     Example:
@@ -233,7 +239,7 @@ class GaussianProcess(_GaussianProcessBase):
         noise: float | None = None,
         noise_floor: float = 1e-6,
         normalize_inputs: bool = False,
-        standardize_outputs: bool = False,
+        standardize_outputs: bool | None = None,
         priors: dict[str, dist.Distribution] | None = None,
     ) -> None:
         super().__init__()
@@ -276,16 +282,21 @@ class GaussianProcess(_GaussianProcessBase):
         return stats
 
     def log_marginal_likelihood(
-        self, values: dict[str, torch.Tensor], X: torch.Tensor, y: torch.Tensor
+        self, values: dict[str, torch.Tensor], X: torch.Tensor, y: torch.Tensor, y_scale: torch.Tensor | float = 1.0
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         r""":math:`\log p(y \mid X) = -\tfrac12 r^\top (K+\sigma^2 I)^{-1} r - \sum_i \log L_{ii}
         - \tfrac n2 \log 2\pi`, :math:`r = y - m(X)`, :math:`LL^\top = K + \sigma^2 I`.
+
+        Args:
+            values: Hyperparameters by site name.
+            X, y: Inputs and targets (targets divided by ``y_scale``, if standardised).
+            y_scale: The scale ``y`` was divided by (a fixed noise is in ``y``'s units).
 
         Returns:
             ``(log_marginal_likelihood, cholesky, weights)``, weights :math:`(K+\sigma^2I)^{-1} r`.
         """
         mean, covariance = self._module_call(values, X)
-        return self._log_density(mean, plus_diagonal(covariance, self._noise(values)), y)
+        return self._log_density(mean, plus_diagonal(covariance, self._noise(values, y_scale)), y)
 
     @staticmethod
     def _log_density(
@@ -301,8 +312,8 @@ class GaussianProcess(_GaussianProcessBase):
         )
         return value, cholesky, weights
 
-    def _value_and_gradient_surrogate(
-        self, values: dict[str, torch.Tensor], X: torch.Tensor, y: torch.Tensor
+    def value_and_gradient_surrogate(
+        self, values: dict[str, torch.Tensor], X: torch.Tensor, y: torch.Tensor, y_scale: torch.Tensor | float = 1.0
     ) -> tuple[torch.Tensor, torch.Tensor]:
         r"""The log marginal likelihood, and a surrogate with the same gradient that
         autograd differentiates through the kernel only, not through the Cholesky:
@@ -317,7 +328,7 @@ class GaussianProcess(_GaussianProcessBase):
         has the gradient of :math:`\log p`.
         """
         mean, covariance = self._module_call(values, X)
-        noise = self._noise(values)
+        noise = self._noise(values, y_scale)
         with torch.no_grad():
             value, cholesky, weights = self._log_density(mean, plus_diagonal(covariance, noise), y)
             # ½(ααᵀ − A⁻¹) built in place in A⁻¹'s storage: no further n x n temporaries.
@@ -330,66 +341,21 @@ class GaussianProcess(_GaussianProcessBase):
         )
         return value, surrogate
 
-    def exact_posterior(
-        self,
-        X: torch.Tensor,
-        y: torch.Tensor | None = None,
-        max_iter: int = 200,
-        learn: bool = True,
-        optimizer: str = "lbfgs",
-        lr: float = 0.05,
-    ) -> GaussianLatents:
-        r"""Type-II maximum likelihood of the hyperparameters by L-BFGS (or Adam), then
-        the quantities of the closed-form predictive (AML §6.2).
+    def evidence_objective(self, X: torch.Tensor, y: torch.Tensor | None = None, learned: bool = True) -> MarginalLikelihood:
+        r"""The log marginal likelihood that the exact engine maximises (AML §6.3).
 
         Args:
             X: An ``n x d`` tensor.
             y: An ``n`` tensor.
-            max_iter: L-BFGS iterations (Adam steps) at most.
-            learn: ``False`` keeps the hyperparameters as they are.
-            optimizer: ``"lbfgs"`` or ``"adam"``.
-            lr: Adam's learning rate.
+            learned: Whether the hyperparameters will be learned: then the targets are
+                standardised (unless ``standardize_outputs=False``) and hyperparameters
+                left at GPyTorch's initial values start from data-driven ones.
         """
-        if optimizer not in ("lbfgs", "adam"):
-            raise InputDataError(f"`optimizer` must be 'lbfgs' or 'adam'; got {optimizer!r}.")
         if y is None:
             raise InputDataError("the exact GP posterior needs observations `y`.")
         self._follow(X)
-        stats = self._transforms(X, y, self.normalize_inputs, self.standardize_outputs)
-        X_in = (X - stats["x_offset"]) / stats["x_scale"]
-        y_in = (y - stats["y_offset"]) / stats["y_scale"]
-        sites = self.hyperparameters()
-        raw = {
-            site: _unconstrained(value, sites[site][1]).clone().requires_grad_(True)
-            for site, value in self.current_values().items()
-        }
-        history: list[float] = []
-
-        def values() -> dict[str, torch.Tensor]:
-            return {site: _constrained(v, sites[site][1]) for site, v in raw.items()}
-
-        if learn and raw:
-            if optimizer == "lbfgs":
-                steps = torch.optim.LBFGS(
-                    # scipy L-BFGS-B's defaults in spirit (scikit-learn's optimiser): gradient
-                    # 1e-5, objective change 1e-7 nats.
-                    list(raw.values()), max_iter=max_iter, line_search_fn="strong_wolfe",
-                    tolerance_grad=1e-5, tolerance_change=1e-7, history_size=20,
-                )
-            else:
-                steps = torch.optim.Adam(list(raw.values()), lr=lr)
-
-            def closure() -> torch.Tensor:
-                steps.zero_grad()
-                value, surrogate = self._value_and_gradient_surrogate(values(), X_in, y_in)
-                (-surrogate).backward()
-                history.append(value.item())
-                return -value
-
-            for _ in range(1 if optimizer == "lbfgs" else max_iter):
-                steps.step(closure)
-        fitted = {site: value.detach() for site, value in values().items()}
-        return self._conditioned(fitted, X_in, y_in, stats, history)
+        standardize = learned if self.standardize_outputs is None else self.standardize_outputs
+        return MarginalLikelihood(self, X, y, standardize, data_driven_start=learned)
 
     def _conditioned(
         self,
@@ -401,7 +367,7 @@ class GaussianProcess(_GaussianProcessBase):
     ) -> GaussianLatents:
         r"""The predictive's statistics at hyperparameters ``values`` on transformed data."""
         with torch.no_grad():
-            value, cholesky, weights = self.log_marginal_likelihood(values, X_in, y_in)
+            value, cholesky, weights = self.log_marginal_likelihood(values, X_in, y_in, stats["y_scale"])
         history.append(value.item())
         log_evidence = value - y_in.numel() * torch.log(stats["y_scale"])  # back on y's own scale
         return GaussianLatents(
@@ -441,7 +407,7 @@ class GaussianProcess(_GaussianProcessBase):
         stats = statistics or self._transforms(X, y, normalize=False, standardize=False)
         X_in = (X.to(stats["x_scale"]) - stats["x_offset"]) / stats["x_scale"]
         y_in = (y.to(stats["y_scale"]) - stats["y_offset"]) / stats["y_scale"]
-        cholesky, weights = self.log_marginal_likelihood(values, X_in, y_in)[1:]
+        cholesky, weights = self.log_marginal_likelihood(values, X_in, y_in, stats["y_scale"])[1:]
         precision_diagonal = torch.cholesky_inverse(cholesky).diagonal()
         mean = y_in - weights / precision_diagonal
         scale = stats["y_scale"]
@@ -461,7 +427,7 @@ class GaussianProcess(_GaussianProcessBase):
         f_variance = (prior_variance - solved.square().sum(0)).clamp_min(0)
         scale = stats["y_scale"]
         f_mean, f_variance = f_mean * scale + stats["y_offset"], f_variance * scale**2
-        noise = self._noise(values).to(f_variance) * scale**2
+        noise = self._noise(values, scale).to(f_variance) * scale**2
         return {
             "obs": dist.Normal(f_mean, (f_variance + noise).sqrt()),
             "f": dist.Normal(f_mean, f_variance.clamp_min(1e-300).sqrt()),
@@ -488,10 +454,187 @@ class GaussianProcess(_GaussianProcessBase):
         model = SingleTaskGP(
             X, y[:, None], likelihood=likelihood, covar_module=gp.covar_module, mean_module=gp.mean_module,
             input_transform=Normalize(X.shape[1], bounds=bounds) if self.normalize_inputs else None,
-            outcome_transform=_fixed_standardize(stats) if self.standardize_outputs else None,
+            outcome_transform=_fixed_standardize(stats) if stats["y_scale"] != 1 or stats["y_offset"] != 0 else None,
         )
         model.eval()
         return model
+
+
+class MarginalLikelihood:
+    r"""A :class:`GaussianProcess`'s log marginal likelihood (AML §6.3) as a function of
+    its hyperparameters' unconstrained values (Pyro's: the logarithm of a positive one,
+    as scikit-learn's optimiser; GPyTorch's softplus is nearly linear for large values and
+    leaves L-BFGS badly scaled), on the transformed data: what the exact engine
+    maximises (type-II maximum likelihood).
+
+    .. math::
+
+        \log p(y \mid X, \theta) = -\tfrac12 r^\top (K_\theta + \sigma^2 I)^{-1} r
+        - \tfrac12 \log\lvert K_\theta + \sigma^2 I\rvert - \tfrac n2 \log 2\pi,
+        \qquad r = y - m_\theta(X).
+
+    The surface has local optima (a short lengthscale that explains everything as
+    signal, a period at a multiple of the true one), so the engine starts from several
+    points. The first is the user's value for every hyperparameter they set and, for
+    those left at GPyTorch's initial value, a data-driven one: the median pairwise
+    distance of the inputs for a lengthscale (the median heuristic), 1 for an
+    outputscale and a periodic kernel's (scale-free) lengthscale, :math:`10^{-2}` for
+    the noise (targets standardised), the mean of the targets for a constant mean,
+    and for a period (one input dimension) the highest peak of the periodogram of the
+    detrended targets.
+    Random starts are drawn from the user's prior for a site, else log-uniformly
+    within a factor 10 of the first start for positive hyperparameters (a factor 2
+    for a period: its harmonics), other hyperparameters kept at the first start.
+
+    Args:
+        model: The Gaussian process.
+        X, y: The data in their own units.
+        standardize: Standardise ``y`` (undone in every output).
+        data_driven_start: Replace hyperparameters at GPyTorch's initial values by the
+            data-driven ones; ``False`` keeps every current value.
+    """
+
+    def __init__(
+        self, model: GaussianProcess, X: torch.Tensor, y: torch.Tensor, standardize: bool, data_driven_start: bool
+    ) -> None:
+        self.model = model
+        self.stats = model._transforms(X, y, model.normalize_inputs, standardize)
+        self.inputs = (X - self.stats["x_offset"]) / self.stats["x_scale"]
+        self.targets = (y - self.stats["y_offset"]) / self.stats["y_scale"]
+        self.sites = model.hyperparameters()
+        parameters = dict(model.gp.named_parameters())
+        self.scales = _input_scales(self.inputs)
+        self.transforms = {site: biject_to(constraints_for(constraint)) for site, (_, constraint) in self.sites.items()}
+        self.start, self.spread = {}, {}
+        for site, value in model.current_values().items():
+            raw_name, constraint = self.sites[site]
+            if data_driven_start and bool((parameters[raw_name] == 0).all()):
+                value = self._data_driven(site, value)
+            self.start[site] = self._free(site, value)
+            positive = isinstance(constraints_for(constraint), dist.constraints.greater_than)
+            self.spread[site] = (2.0 if site.endswith("period_length") else 30.0) if positive else None
+
+    def _free(self, site: str, value: torch.Tensor) -> torch.Tensor:
+        r"""Pyro's unconstrained coordinate of a value (a logarithm for a positive one: the
+        optimiser moves lengthscales and variances by factors), kept off the bound."""
+        lower = getattr(self.transforms[site].codomain, "lower_bound", None)
+        if lower is not None:
+            value = value.clamp_min(lower + 1e-12 * max(abs(lower), 1.0))
+        return self.transforms[site].inv(value).detach()
+
+    def _data_driven(self, site: str, value: torch.Tensor) -> torch.Tensor:
+        r"""The data-driven start of ``site`` (shaped as ``value``)."""
+        leaf = site.rpartition(".")[2]
+        module = self.model.gp.get_submodule(self.sites[site][0].rpartition(".")[0])
+        if leaf == "constant":
+            return self.targets.mean().expand(value.shape).clone()
+        if leaf == "noise":
+            return value.new_full(value.shape, 1e-2)
+        if leaf == "outputscale" or (leaf == "lengthscale" and isinstance(module, gpytorch.kernels.PeriodicKernel)):
+            return value.new_ones(value.shape)
+        if leaf == "lengthscale":
+            ard = value.dim() and value.shape[-1] == self.inputs.shape[1] > 1
+            return _per_dimension(self.scales["median"] if ard else self.scales["distance"], value)
+        if leaf == "period_length":
+            low, high = 2 * self.scales["spacing"], self.scales["range"]
+            period = _dominant_period(self.inputs[:, 0], self.targets, low, high) if self.inputs.shape[1] == 1 else None
+            return value.new_ones(value.shape) * (period if period is not None else (low * high).sqrt().item())
+        return value
+
+    def random_starts(self, count: int) -> list[dict[str, torch.Tensor]]:
+        r"""``count`` random unconstrained starting points (the global torch RNG: seeded by
+        ``aml.fit(..., seed=...)``)."""
+        starts = []
+        for _ in range(count):
+            start = {}
+            for site, raw in self.start.items():
+                if site in self.model.priors:
+                    start[site] = self._free(site, self.model.priors[site].sample().to(raw).reshape(raw.shape))
+                elif self.spread[site] is not None:
+                    start[site] = raw + math.log(self.spread[site]) * (2 * torch.rand_like(raw) - 1)
+                else:
+                    start[site] = raw.clone()
+            starts.append(start)
+        return starts
+
+    def subset(self, size: int) -> MarginalLikelihood:
+        r"""The same objective on a random subset of at most ``size`` points (cheap screening)."""
+        if self.inputs.shape[0] <= size:
+            return self
+        index = torch.randperm(self.inputs.shape[0], device=self.inputs.device)[:size]
+        part = copy.copy(self)
+        part.inputs, part.targets = self.inputs[index], self.targets[index]
+        return part
+
+    def constrained(self, raw: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        r"""The hyperparameters' values from unconstrained ones."""
+        return {site: self.transforms[site](value) for site, value in raw.items()}
+
+    def __call__(self, raw: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        r"""``(log marginal likelihood, surrogate with its gradient)``, see
+        :meth:`GaussianProcess.value_and_gradient_surrogate`."""
+        return self.model.value_and_gradient_surrogate(self.constrained(raw), self.inputs, self.targets, self.stats["y_scale"])
+
+    def value(self, raw: dict[str, torch.Tensor]) -> float:
+        r"""The log marginal likelihood (on the transformed targets), without gradient."""
+        with torch.no_grad():
+            return self.model.log_marginal_likelihood(self.constrained(raw), self.inputs, self.targets, self.stats["y_scale"])[0].item()
+
+    def latents(self, raw: dict[str, torch.Tensor], history: list[float]) -> GaussianLatents:
+        r"""The exact posterior at these hyperparameters, in ``y``'s units."""
+        values = {site: value.detach() for site, value in self.constrained(raw).items()}
+        return self.model._conditioned(values, self.inputs, self.targets, self.stats, history)
+
+
+def _per_dimension(scale: float | torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    r"""``scale`` (a number, or one per input dimension) in ``like``'s shape."""
+    return torch.as_tensor(scale, dtype=like.dtype, device=like.device).expand(like.shape).clone()
+
+
+def _dominant_period(x: torch.Tensor, y: torch.Tensor, shortest: torch.Tensor, longest: torch.Tensor) -> float | None:
+    r"""The period of the highest peak of the periodogram
+    :math:`P(f) = \lvert\sum_i r_i e^{-2\pi i f x_i}\rvert^2` of the targets less a
+    least-squares quadratic trend, over 2 000 frequencies between ``1 / longest`` and
+    ``1 / shortest``, from at most 2 000 points (``None`` if that range is empty)."""
+    if not bool(shortest < longest):
+        return None
+    stride = max(1, -(-x.shape[0] // 2000))  # at most 2 000 points: 2 000 x 2 000 phases
+    x, y = x[::stride], y[::stride]
+    centred = (x - x.mean()) / x.std().clamp_min(1e-12)
+    design = torch.stack([torch.ones_like(centred), centred, centred.square()], -1)
+    residual = y - design @ torch.linalg.lstsq(design, y[:, None]).solution[:, 0]
+    frequencies = torch.linspace(1 / longest.item(), 1 / shortest.item(), 2000, dtype=x.dtype, device=x.device)
+    phases = 2 * math.pi * frequencies[:, None] * x
+    power = (torch.cos(phases) @ residual).square() + (torch.sin(phases) @ residual).square()
+    return 1 / frequencies[power.argmax()].item()
+
+
+def _positive_median(values: torch.Tensor) -> torch.Tensor:
+    r"""The median of each column's positive entries (1 where a column has none)."""
+    if values.shape[0] == 0:
+        return values.new_ones(values.shape[1])
+    return torch.nan_to_num(values.where(values > 0, torch.nan).nanmedian(0).values, nan=1.0)
+
+
+def _input_scales(X: torch.Tensor, at_most: int = 1000) -> dict[str, torch.Tensor]:
+    r"""The median pairwise distance per input dimension and in the Euclidean norm (the
+    median heuristic), from at most ``at_most`` rows; the smallest median spacing of a
+    dimension's distinct values, and the largest range."""
+    rows = X[:: max(1, -(-X.shape[0] // at_most))]
+    first, second = torch.triu_indices(rows.shape[0], rows.shape[0], 1, device=X.device)
+    distances = (rows[first] - rows[second]).abs()
+    spacing, ranges = [], []
+    for column in X.T:
+        values = torch.unique(column)
+        gaps = values.diff()
+        spacing.append(gaps.median() if gaps.numel() else column.new_ones(()))
+        ranges.append(values[-1] - values[0] if values.numel() > 1 else column.new_ones(()))
+    return {
+        "median": _positive_median(distances),
+        "distance": _positive_median(distances.norm(dim=-1, keepdim=True))[0],
+        "spacing": torch.stack(spacing).min(),
+        "range": torch.stack(ranges).max(),
+    }
 
 
 @register_model

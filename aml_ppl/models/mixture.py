@@ -226,19 +226,23 @@ class GaussianMixture(Model):
     # -- closed-form EM (IML §14.2) ------------------------------------------------------
 
     def em_initial_params(
-        self, X: torch.Tensor, init: str | dict[str, Any] = "kmeans++"
+        self, X: torch.Tensor, init: str | dict[str, Any] = "kmeans"
     ) -> dict[str, torch.Tensor]:
         r"""Starting parameters: given ones, or one M-step from hard assignments to
-        centres chosen by k-means++ (IML §10.1) or uniformly from the data (``"random"``).
+        centres: Lloyd's k-means run from greedy k-means++ seeds (``"kmeans"``,
+        scikit-learn's default start; IML §10.1), the k-means++ seeds themselves (``"kmeans++"``), or
+        points drawn uniformly from the data (``"random"``).
         """
         if isinstance(init, dict):
             return self._given_params(X, init)
-        if init == "kmeans++":
+        if init == "kmeans":
+            centres = lloyd(X, kmeans_plusplus(X, self.n_components, trials=2 + int(math.log(self.n_components))))
+        elif init == "kmeans++":
             centres = kmeans_plusplus(X, self.n_components)
         elif init == "random":
             centres = X[torch.randperm(X.shape[0], device=X.device)[: self.n_components]]
         else:
-            raise InputDataError(f"`init` must be 'kmeans++', 'random' or a dict; got {init!r}.")
+            raise InputDataError(f"`init` must be 'kmeans', 'kmeans++', 'random' or a dict; got {init!r}.")
         labels = torch.cdist(X, centres).argmin(1)
         responsibilities = torch.nn.functional.one_hot(labels, self.n_components).to(X.dtype)
         return self.em_m_step(X, responsibilities)
@@ -444,10 +448,12 @@ class GaussianMixture(Model):
         return relabelled
 
 
-def kmeans_plusplus(X: torch.Tensor, k: int) -> torch.Tensor:
+def kmeans_plusplus(X: torch.Tensor, k: int, trials: int = 1) -> torch.Tensor:
     r"""k-means++ seeding (Arthur and Vassilvitskii; notes IML §10.1): the first centre
     uniformly from the data, each next one with probability proportional to the squared
-    distance to the nearest centre chosen so far. Uses torch's global generator.
+    distance to the nearest centre chosen so far. With ``trials > 1``, greedy k-means++
+    (scikit-learn's): that many candidates are drawn and the one that most lowers the sum
+    of squared distances is kept. Uses torch's global generator.
 
     Returns:
         A ``k x d`` tensor of centres taken from ``X``.
@@ -459,12 +465,37 @@ def kmeans_plusplus(X: torch.Tensor, k: int) -> torch.Tensor:
     for _ in range(1, k):
         total = nearest.sum()
         if total <= 0:  # every point coincides with a centre
-            index = torch.randint(n, (1,), device=X.device)
+            candidates = torch.randint(n, (trials,), device=X.device)
         else:
-            index = torch.multinomial(nearest / total, 1)
-        centres.append(X[index[0]])
-        nearest = torch.minimum(nearest, (X - centres[-1]).square().sum(1))
+            candidates = torch.multinomial(nearest / total, trials, replacement=True)
+        distances = torch.minimum(nearest, torch.cdist(X[candidates], X).square())
+        best = distances.sum(1).argmin()
+        centres.append(X[candidates[best]])
+        nearest = distances[best]
     return torch.stack(centres)
+
+
+def lloyd(X: torch.Tensor, centres: torch.Tensor, max_iter: int = 300, tol: float = 1e-4) -> torch.Tensor:
+    r"""Lloyd's k-means (IML §10.1): assign each point to its nearest centre, move each
+    centre to the mean of its points, until the centres move by less than ``tol`` times
+    the mean per-feature variance of ``X`` in squared distance (scikit-learn's rule); an
+    empty cluster keeps its centre.
+
+    Returns:
+        The ``k x d`` centres.
+    """
+    threshold = tol * X.var(0).mean()
+    k = centres.shape[0]
+    for _ in range(max_iter):
+        labels = torch.cdist(X, centres).argmin(1)
+        counts = torch.bincount(labels, minlength=k).to(X.dtype)
+        sums = torch.zeros_like(centres).index_add_(0, labels, X)
+        moved = torch.where(counts[:, None] > 0, sums / counts.clamp_min(1)[:, None], centres)
+        shift = (moved - centres).square().sum()
+        centres = moved
+        if shift <= threshold:
+            break
+    return centres
 
 
 def _regularised(covariances: torch.Tensor, reg_covar: float, kind: str) -> torch.Tensor:

@@ -72,6 +72,34 @@ class ExactGaussian(Protocol):
 
 
 @runtime_checkable
+class EvidenceObjective(Protocol):
+    r"""A log marginal likelihood over unconstrained hyperparameters, with its starting
+    points: what the ``"exact"`` engine maximises (type-II maximum likelihood)."""
+
+    start: dict[str, torch.Tensor]
+
+    def random_starts(self, count: int) -> list[dict[str, torch.Tensor]]: ...
+
+    def subset(self, size: int) -> EvidenceObjective: ...
+
+    def value(self, raw: dict[str, torch.Tensor]) -> float: ...
+
+    def __call__(self, raw: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    def latents(self, raw: dict[str, torch.Tensor], history: list[float]) -> GaussianLatents: ...
+
+
+@runtime_checkable
+class EvidenceMaximisation(Protocol):
+    r"""An exact Gaussian predictive whose hyperparameters the ``"exact"`` engine fits by
+    maximising the model's :class:`EvidenceObjective` (an exact GP)."""
+
+    def evidence_objective(self, *args: Any, learned: bool = True, **kwargs: Any) -> EvidenceObjective: ...
+
+    def exact_predictive(self, latents: GaussianLatents, *args: Any, **kwargs: Any) -> dict[str, Any]: ...
+
+
+@runtime_checkable
 class ConditionalPredictive(Protocol):
     r"""The predictive given one draw of the latent sites *and* the fitting data, for
     models whose observations are not independent given the latents (a GP: the latent
@@ -109,7 +137,12 @@ class HasGuide(Protocol):
 
 @runtime_checkable
 class PreferredLoss(Protocol):
-    r"""The ELBO that suits the model (``TraceMeanField_ELBO`` where the KL terms are analytic)."""
+    r"""The ELBO that suits the model (``TraceMeanField_ELBO`` where the KL terms are analytic).
+
+    SVI takes it as given, before it looks for enumerated sites: a model that declares its
+    loss and enumerates returns a ``TraceEnum_ELBO`` here. Declaring it spares SVI the
+    model trace that choosing a loss otherwise costs.
+    """
 
     def default_loss(self, num_particles: int = 1) -> Any: ...
 

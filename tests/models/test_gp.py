@@ -74,16 +74,19 @@ def test_blr_equals_a_gp_with_the_linear_kernel(gp_data):
     assert blr.log_marginal_likelihood.item() == pytest.approx(gp.log_marginal_likelihood.item(), abs=1e-8)
 
 
-def test_learned_hyperparameters_reach_scikit_learns_marginal_likelihood(gp_data):
+@pytest.mark.parametrize("standardize", [True, False])
+def test_learned_hyperparameters_reach_scikit_learns_marginal_likelihood(gp_data, standardize):
+    """sklearn's normalize_y is our standardisation: its LML is on y / sd(y), so less n log sd(y)
+    on y's scale (the optimum does not depend on which sd, outputscale and noise absorb it)."""
     from sklearn.gaussian_process import GaussianProcessRegressor
     from sklearn.gaussian_process.kernels import RBF, ConstantKernel, WhiteKernel
 
     X, y = gp_data
     reference = GaussianProcessRegressor(
-        ConstantKernel(1.0) * RBF(1.0) + WhiteKernel(1.0), n_restarts_optimizer=0
+        ConstantKernel(1.0) * RBF(1.0) + WhiteKernel(1.0), n_restarts_optimizer=0, normalize_y=standardize
     ).fit(X.numpy(), y.numpy())
-    ours = aml.fit(GaussianProcess(mean="zero"), X, y)
-    theirs = reference.log_marginal_likelihood_value_
+    ours = aml.fit(GaussianProcess(mean="zero", standardize_outputs=standardize), X, y)
+    theirs = reference.log_marginal_likelihood_value_ - (40 * np.log(y.numpy().std()) if standardize else 0)
     # Equal or better, within 1e-3 relative.
     assert ours.log_marginal_likelihood.item() >= theirs - 1e-3 * abs(theirs)
 
@@ -257,3 +260,62 @@ def test_sparse_svi_gp_approaches_the_exact_gp():
     assert ((sparse.stddev / exact.stddev) - 1).abs().max() < 0.4
     with pytest.raises(aml.IncompatibleEngineError, match="svi"):
         aml.fit(SparseGaussianProcess(), X[:10], y[:10], engine="exact")
+
+
+@pytest.fixture(scope="module")
+def seasonal_data():
+    """Ten years of monthly values: level 340, a quadratic trend, a yearly cycle with a
+    half-yearly harmonic, noise sd 0.3 (a CO₂-like series the package does not ship)."""
+    generator = torch.Generator().manual_seed(5)
+    t = torch.arange(120, dtype=torch.float64) / 12
+    y = (340 + 1.5 * t + 0.02 * t**2 + 3 * torch.sin(2 * torch.pi * t) + torch.cos(4 * torch.pi * t)
+         + 0.3 * torch.randn(120, dtype=torch.float64, generator=generator))
+    return t[:, None], y
+
+
+def seasonal_kernel():
+    return ScaleKernel(RBFKernel()) + ScaleKernel(PeriodicKernel())
+
+
+def test_default_fit_of_a_seasonal_series_reaches_scikit_learn_with_restarts(seasonal_data):
+    """Issue 13: constant mean on raw targets, noise from 0.69 and one start settled on a
+    half-year period; the defaults (standardised targets, data-driven start, restarts) must
+    reach the optimum scikit-learn's restarts reach, and the yearly period."""
+    from sklearn.gaussian_process import GaussianProcessRegressor
+    from sklearn.gaussian_process.kernels import RBF, ConstantKernel, ExpSineSquared, WhiteKernel
+
+    X, y = seasonal_data
+    kernel = ConstantKernel() * RBF(10.0) + ConstantKernel() * ExpSineSquared(1.0, 1.0) + WhiteKernel(1e-2)
+    reference = GaussianProcessRegressor(kernel, normalize_y=True, n_restarts_optimizer=5, random_state=0)
+    reference.fit(X.numpy(), y.numpy())
+    theirs = reference.log_marginal_likelihood_value_ - 120 * np.log(y.numpy().std())
+    post = aml.fit(GaussianProcess(seasonal_kernel()), X, y, seed=0)
+    assert post.log_marginal_likelihood.item() >= theirs - 1e-3 * abs(theirs)
+    period = post.latents.fixed["covar_module.kernels.1.base_kernel.period_length"].item()
+    assert period == pytest.approx(1.0, abs=0.01)
+    assert post.convergence["converged"] and post.convergence["restarts"] == 8
+
+
+def test_restarts_are_reproducible_with_a_seed_and_report_convergence(gp_data):
+    X, y = gp_data
+    first, second = (aml.fit(GaussianProcess(), X, y, engine=Exact(num_restarts=3, raw_samples=16), seed=7) for _ in range(2))
+    for site, value in first.latents.fixed.items():
+        torch.testing.assert_close(second.latents.fixed[site], value, rtol=0, atol=0)
+    assert first.convergence["iterations"] > 0 and first.convergence["gradient_norm"] < 1e-3
+    with pytest.warns(aml.ConvergenceWarning, match="iteration cap"):
+        capped = aml.fit(GaussianProcess(), X, y, engine=Exact(max_iter=2))
+    assert not capped.convergence["converged"]
+
+
+def test_a_fixed_noise_is_in_the_units_of_y_under_standardisation(gp_data):
+    X, y = gp_data
+    post = aml.fit(GaussianProcess(noise=0.25), X, 10 * y + 3)
+    noisy, latent = post.predict(X[:5]), post.predict(X[:5], site="f")
+    torch.testing.assert_close(noisy.variance - latent.variance, torch.full((5,), 0.25, dtype=torch.float64))
+    assert post.latents.statistics["y_scale"].item() == pytest.approx((10 * y).std().item())
+
+
+@pytest.mark.parametrize("bad", [{"num_restarts": 0}, {"raw_samples": -1}, {"max_iter": 0}])
+def test_bad_restart_settings_are_named(bad):
+    with pytest.raises(aml.InputDataError, match=next(iter(bad))):
+        Exact(**bad)

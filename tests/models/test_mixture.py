@@ -205,3 +205,57 @@ def test_a_collapsing_component_is_held_up_by_reg_covar_with_a_warning():
     with pytest.warns(CollapsedComponentWarning, match="component 1"):
         post = aml.fit(GaussianMixture(2, reg_covar=1e-3), X, engine=EM(init=start, max_iter=5))
     assert torch.isfinite(post.log_prob(X)).all()
+
+
+def test_lloyd_start_equals_scikit_learns_kmeans_from_the_same_seeds():
+    """The "kmeans" start's centres are Lloyd's fixed point: scikit-learn's KMeans run from
+    the same k-means++ seeds (one run, same tolerance) ends on the same centres."""
+    from sklearn.cluster import KMeans
+
+    from aml_ppl.models.mixture import kmeans_plusplus, lloyd
+
+    X = torch.randn(300, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(2)) * torch.tensor([3.0, 1.0], dtype=torch.float64)
+    torch.manual_seed(0)
+    seeds = kmeans_plusplus(X, 4, trials=3)
+    ours = lloyd(X, seeds)
+    theirs = KMeans(4, init=seeds.numpy(), n_init=1, algorithm="lloyd", tol=1e-4, max_iter=300).fit(X.numpy())
+    np.testing.assert_allclose(ours.numpy(), theirs.cluster_centers_, atol=1e-8)
+
+
+def _partitions(X, k, labels, seeds):
+    """Adjusted Rand index of our default EM and scikit-learn's default GaussianMixture,
+    both with 10 restarts, averaged over seeds."""
+    from sklearn.metrics import adjusted_rand_score
+    from sklearn.mixture import GaussianMixture as Reference
+
+    ours, theirs = [], []
+    for seed in seeds:
+        post = aml.fit(GaussianMixture(k), torch.as_tensor(X), engine=EM(n_init=10), seed=seed)
+        responsibilities = post.model.em_e_step(torch.as_tensor(X), post.params)[0]
+        ours.append(adjusted_rand_score(labels, responsibilities.argmax(1).numpy()))
+        theirs.append(adjusted_rand_score(labels, Reference(k, n_init=10, random_state=seed).fit(X).predict(X)))
+    return np.mean(ours), np.mean(theirs)
+
+
+def test_default_start_partitions_digits_as_well_as_scikit_learn():
+    """Issue 13: digits (standardised, 10 principal components), k = 10. One seed's ARI moves
+    by up to 0.07 between optima of nearly equal likelihood (per-start likelihoods of the two
+    libraries have the same spread), so the means are taken over ten seeds, not three."""
+    from sklearn.datasets import load_digits
+    from sklearn.decomposition import PCA
+    from sklearn.preprocessing import StandardScaler
+
+    digits = load_digits()
+    X = PCA(10, random_state=0).fit_transform(StandardScaler().fit_transform(digits.data))
+    ours, theirs = _partitions(X, 10, digits.target, seeds=range(10))
+    assert ours >= theirs - 0.02
+
+
+def test_default_start_partitions_anisotropic_unequal_clusters_as_well_as_scikit_learn():
+    from sklearn.datasets import make_blobs
+    from sklearn.preprocessing import StandardScaler
+
+    X, labels = make_blobs(n_samples=[400, 150, 60], centers=[[0, 0], [4, 1], [1, 4]], random_state=170)
+    X = StandardScaler().fit_transform(X @ np.array([[0.6, -0.64], [-0.41, 0.85]]))
+    ours, theirs = _partitions(X, 3, labels, seeds=range(3))
+    assert ours >= theirs - 0.02
