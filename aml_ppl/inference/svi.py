@@ -42,6 +42,7 @@ from aml_ppl.inference.base import (
     register_posterior,
 )
 from aml_ppl.inference.io import recorded, stored
+from aml_ppl.inference.optimise import minimise_lbfgs
 from aml_ppl.inference.replay import inspect_model, is_enumerated
 from aml_ppl.models.protocols import HasGuide, InitialValues, PreferredLoss, VariationalBound
 
@@ -217,6 +218,13 @@ class SVI(Engine):
             :math:`\bar\phi \leftarrow \gamma\bar\phi + (1 - \gamma)\phi` after every step, and
             return it rather than the last iterate (as diffusion models are trained; Ho et al.
             2020 use :math:`\gamma = 0.9999`); ``None`` returns the last iterate.
+        init: Where an autoguide (``"normal"``, ``"mvn"``, ``"lowrank"``) starts its
+            means: ``"map"``, at the MAP estimate from up to 100 L-BFGS iterations (on the
+            full data; a model with subsampled plates or enumerated sites, or a MAP run that
+            fails, falls back to the prior median), or ``"median"``, Pyro's default. Pyro's
+            start at the prior median with Adam moving about ``lr`` per step cannot reach
+            an intercept of 25 in 2 000 steps; from the MAP start SVI only has to fit the
+            spread. A model's own ``init_values`` takes precedence.
         jit: Compile the default loss with Pyro's JIT (``JitTrace_ELBO`` and kin); a model
             that does not trace falls back to the plain loss with a ``JitFallbackWarning``.
         progress_bar: Show a tqdm bar.
@@ -246,8 +254,11 @@ class SVI(Engine):
         jit: bool = False,
         progress_bar: bool = True,
         ema_decay: float | None = None,
+        init: str = "map",
     ) -> None:
         check_count("num_steps", num_steps)
+        if init not in ("map", "median"):
+            raise InputDataError(f"`init` must be 'map' or 'median'; got {init!r}.")
         if ema_decay is not None and not (isinstance(ema_decay, (int, float)) and 0 <= ema_decay < 1):
             raise InputDataError(f"`ema_decay` must be in [0, 1) or None; got {ema_decay!r}.")
         check_count("num_particles", num_particles)
@@ -269,6 +280,7 @@ class SVI(Engine):
         self.tolerance = tolerance
         self.jit = jit
         self.ema_decay = ema_decay
+        self.init = init
         self.progress_bar = progress_bar
 
     def incompatibility(self, model: Callable, args: tuple, kwargs: dict) -> str | None:
@@ -302,12 +314,13 @@ class SVI(Engine):
         return posterior
 
     def _make_guide(self, model: Callable, args: tuple, kwargs: dict) -> tuple[Callable, str]:
-        if self.guide is None:
-            if isinstance(model, HasGuide):
-                return model.guide, "model"
-            return make_autoguide("normal", model, args, kwargs), "normal"
-        if isinstance(self.guide, str):
-            return make_autoguide(self.guide, model, args, kwargs), self.guide
+        if self.guide is None and isinstance(model, HasGuide):
+            return model.guide, "model"
+        if self.guide is None or isinstance(self.guide, str):
+            name = self.guide or "normal"
+            wants_start = self.init == "map" and name in ("normal", "mvn", "lowrank") and not isinstance(model, InitialValues)
+            start = map_start(model, args, kwargs) if wants_start else None
+            return make_autoguide(name, model, args, kwargs, start), name
         return self.guide, "custom"
 
     def _default_loss(self, model: Callable, args: tuple, kwargs: dict, jit: bool = False) -> Any:
@@ -442,19 +455,50 @@ class SVI(Engine):
         )
 
 
-def make_autoguide(name: str, model: Callable, args: tuple, kwargs: dict) -> Callable:
+def make_autoguide(
+    name: str, model: Callable, args: tuple, kwargs: dict, start: dict[str, torch.Tensor] | None = None
+) -> Callable:
     r"""An autoguide over the model's continuous sites.
 
-    Sites marked for enumeration are hidden from it (they are summed out), and a
-    model's ``init_values(*args)`` capability, if it has one, gives the starting
-    point (a mixture starts from k-means++ rather than from its prior's median).
+    Sites marked for enumeration are hidden from it (they are summed out). Its means
+    start at ``start``, else at the model's ``init_values(*args)`` if it has that
+    capability (a mixture starts from k-means), else at the prior median.
     """
     blocked = poutine.block(model, hide_fn=is_enumerated)
-    if not isinstance(model, InitialValues):
+    if start is None and isinstance(model, InitialValues):
+        with torch.no_grad():
+            start = model.init_values(*args, **kwargs)
+    if start is None:
         return AUTOGUIDES[name](blocked)
-    with torch.no_grad():
-        start = model.init_values(*args, **kwargs)
     return AUTOGUIDES[name](blocked, init_loc_fn=init_to_value(values=start))
+
+
+def map_start(model: Callable, args: tuple, kwargs: dict, max_iter: int = 100) -> dict[str, torch.Tensor] | None:
+    r"""The MAP estimate of every latent site after at most ``max_iter`` L-BFGS iterations
+    (an ``AutoDelta`` on ``Trace_ELBO``, in a private parameter store); ``None`` for a
+    model with subsampled plates or enumerated sites (no deterministic joint to climb)
+    or when the run fails or ends at a non-finite point."""
+    structure = inspect_model(model, args, kwargs)
+    if structure.subsampled or structure.enumerated:
+        return None
+    with isolated_param_store():
+        guide, elbo = AutoDelta(model), Trace_ELBO()
+        try:
+            with poutine.trace(param_only=True) as capture:
+                elbo.differentiable_loss(model, guide, *args, **kwargs)
+            params = [site["value"].unconstrained() for site in capture.trace.nodes.values()]
+
+            def objective() -> tuple[torch.Tensor, torch.Tensor]:
+                value = finite_or_nan(elbo.differentiable_loss, model, guide, *args, **kwargs)
+                return value, value
+
+            if minimise_lbfgs(params, objective, max_iter).failed:
+                return None
+            with torch.no_grad():
+                mode = {name: value.detach().clone() for name, value in guide.median(*args, **kwargs).items()}
+        except (ValueError, RuntimeError):  # a model the point guide cannot run: Pyro's default start
+            return None
+    return mode if all(bool(torch.isfinite(value).all()) for value in mode.values()) else None
 
 
 # An unconstrained coordinate this large puts a constrained value within e^-10 of its
