@@ -4,14 +4,11 @@ from __future__ import annotations
 
 from typing import Any, Callable, ClassVar
 
-import torch
-from pyro import poutine
 
 from aml_ppl.errors import InputDataError
 from aml_ppl.inference.base import register_engine
-from aml_ppl.inference.optimise import minimise_lbfgs
 from aml_ppl.inference.replay import inspect_model
-from aml_ppl.inference.svi import SVI, finite_or_nan
+from aml_ppl.inference.svi import SVI, minimise_elbo_lbfgs
 from aml_ppl.models.protocols import VariationalBound
 
 
@@ -87,13 +84,7 @@ class MAP(SVI):
     ) -> tuple[list[float], int | None]:
         if self.optimizer == "adam":
             return super()._optimise(model, guide, loss, args, kwargs)
-        with poutine.trace(param_only=True) as capture:
-            loss.differentiable_loss(model, guide, *args, **kwargs)
-        params = [site["value"].unconstrained() for site in capture.trace.nodes.values()]
-
-        def objective() -> tuple[torch.Tensor, torch.Tensor]:
-            value = finite_or_nan(loss.differentiable_loss, model, guide, *args, **kwargs)
-            return value, value
-
-        result = minimise_lbfgs(params, objective, self.num_steps, tolerance_grad=1e-10, tolerance_change=1e-14, history_size=50)
+        result = minimise_elbo_lbfgs(
+            loss, model, guide, args, kwargs, self.num_steps, tolerance_grad=1e-10, tolerance_change=1e-14, history_size=50
+        )
         return result.losses, len(result.losses) if result.failed else None

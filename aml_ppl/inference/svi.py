@@ -42,7 +42,7 @@ from aml_ppl.inference.base import (
     register_posterior,
 )
 from aml_ppl.inference.io import recorded, stored
-from aml_ppl.inference.optimise import minimise_lbfgs
+from aml_ppl.inference.optimise import OptimisationResult, minimise_lbfgs
 from aml_ppl.inference.replay import inspect_model, is_enumerated
 from aml_ppl.models.protocols import HasGuide, InitialValues, PreferredLoss, VariationalBound
 
@@ -473,6 +473,22 @@ def make_autoguide(
     return AUTOGUIDES[name](blocked, init_loc_fn=init_to_value(values=start))
 
 
+def minimise_elbo_lbfgs(
+    loss: Any, model: Callable, guide: Callable, args: tuple, kwargs: dict, max_iter: int, **options: Any
+) -> OptimisationResult:
+    r"""L-BFGS (:func:`~aml_ppl.inference.optimise.minimise_lbfgs`, ``options`` its
+    tolerances) on a deterministic ELBO loss over every parameter the pair creates."""
+    with poutine.trace(param_only=True) as capture:
+        loss.differentiable_loss(model, guide, *args, **kwargs)
+    params = [site["value"].unconstrained() for site in capture.trace.nodes.values()]
+
+    def objective() -> tuple[torch.Tensor, torch.Tensor]:
+        value = finite_or_nan(loss.differentiable_loss, model, guide, *args, **kwargs)
+        return value, value
+
+    return minimise_lbfgs(params, objective, max_iter, **options)
+
+
 def map_start(model: Callable, args: tuple, kwargs: dict, max_iter: int = 100) -> dict[str, torch.Tensor] | None:
     r"""The MAP estimate of every latent site after at most ``max_iter`` L-BFGS iterations
     (an ``AutoDelta`` on ``Trace_ELBO``, in a private parameter store); ``None`` for a
@@ -484,15 +500,7 @@ def map_start(model: Callable, args: tuple, kwargs: dict, max_iter: int = 100) -
     with isolated_param_store():
         guide, elbo = AutoDelta(model), Trace_ELBO()
         try:
-            with poutine.trace(param_only=True) as capture:
-                elbo.differentiable_loss(model, guide, *args, **kwargs)
-            params = [site["value"].unconstrained() for site in capture.trace.nodes.values()]
-
-            def objective() -> tuple[torch.Tensor, torch.Tensor]:
-                value = finite_or_nan(elbo.differentiable_loss, model, guide, *args, **kwargs)
-                return value, value
-
-            if minimise_lbfgs(params, objective, max_iter).failed:
+            if minimise_elbo_lbfgs(elbo, model, guide, args, kwargs, max_iter).failed:
                 return None
             with torch.no_grad():
                 mode = {name: value.detach().clone() for name, value in guide.median(*args, **kwargs).items()}
