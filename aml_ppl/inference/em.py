@@ -24,7 +24,7 @@ from aml_ppl.inference.base import (
 from aml_ppl.inference.io import recorded, stored
 from aml_ppl.inference.optimise import Checkpoint, minimise_lbfgs
 from aml_ppl.inference.replay import inspect_model, is_enumerated, structure_trace
-from aml_ppl.models.protocols import CheckedOnce, ClosedFormEM, Relabelable
+from aml_ppl.models.protocols import CheckedOnce, ClosedFormEM, DataSampling, Relabelable
 
 
 @register_posterior
@@ -90,7 +90,7 @@ class MixturePosterior(Posterior):
 
     def _data(self, X: Any) -> torch.Tensor:
         X = self._arguments((X,), {})[0][0]
-        return X.to(self.params["means"])
+        return X.to(self.data_args[0])
 
     def log_prob(self, *args: Any, num_samples: int = 1000, site: str | None = None, **kwargs: Any) -> torch.Tensor:
         r"""Pointwise :math:`\log p(x_i) = \log\sum_j \pi_j \mathcal{N}(x_i;\mu_j,\Sigma_j)` at the estimate."""
@@ -125,12 +125,9 @@ class MixturePosterior(Posterior):
 
     def sample_data(self, num_points: int) -> tuple[torch.Tensor, torch.Tensor]:
         r"""New points from the fitted mixture: ``(X, labels)``."""
-        self._require_closed_form("sample_data")
-        weights, means = self.params["weights"], self.params["means"]
-        labels = torch.multinomial(weights, num_points, replacement=True)
-        covariances = _full_covariances(self.model.covariance_type, self.params["covariances"], *means.shape)
-        noise = torch.distributions.MultivariateNormal(means[labels], covariances[labels]).sample()
-        return noise, labels
+        if not isinstance(self.model, DataSampling):
+            raise AmlPplError("`sample_data` needs a model with `em_sample_data`, such as GaussianMixture.")
+        return self.model.em_sample_data(self.params, num_points)
 
     def _state(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         tensors = {f"param:{k}": v for k, v in self.params.items()}
@@ -456,16 +453,3 @@ def sum_out_enumeration(log_density: torch.Tensor, plate_nesting: int) -> torch.
     r"""Log-sum-exp over the enumeration dimensions (those left of the plates)."""
     enumeration_dims = tuple(range(log_density.dim() - plate_nesting))
     return torch.logsumexp(log_density, dim=enumeration_dims) if enumeration_dims else log_density
-
-
-def _full_covariances(kind: str, covariances: torch.Tensor, k: int, d: int) -> torch.Tensor:
-    r"""``k x d x d`` covariance matrices from any covariance type's storage."""
-    if kind == "full":
-        return covariances
-    eye = torch.eye(d, dtype=covariances.dtype, device=covariances.device)
-    if kind == "tied":
-        return covariances.expand(k, d, d)
-    if kind == "diag":
-        return torch.diag_embed(covariances)
-    return covariances[:, None, None] * eye
-

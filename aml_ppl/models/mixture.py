@@ -2,31 +2,22 @@ r"""Gaussian mixtures (notes AML §2, IML §14) with closed-form EM steps."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import warnings
-from typing import Any, ClassVar
+from typing import Any, Callable, ClassVar
 
 import pyro
 import pyro.distributions as dist
 import torch
-from pyro.distributions import constraints
 from pyro.ops.indexing import Vindex
 
 from aml_ppl._data import check_float_tensor
-from aml_ppl.errors import AmlPplWarning, InputDataError, ModelFittingError
+from aml_ppl.errors import AmlPplWarning, InputDataError
 from aml_ppl.models.base import Model, register_model
+from aml_ppl.models.covariances import STRUCTURES, CovarianceStructure, block_rows
 
-COVARIANCE_TYPES = ("full", "tied", "diag", "spherical")
-# Elements of the rows x (k d) temporaries per block in the E- and M-steps: about 8 MiB
-# in float64, so a block stays in cache (measured best at n = 10^6 on the project CPU).
-BLOCK_ELEMENTS = 1 << 20
-
-
-def block_rows(k: int, d: int) -> int:
-    r"""Points per block for ``k`` components in ``d`` dimensions."""
-    return max(4096, min(65536, BLOCK_ELEMENTS // (k * d)))
-
-
+COVARIANCE_TYPES = tuple(STRUCTURES)
 class CollapsedComponentWarning(AmlPplWarning):
     r"""A mixture component's covariance collapsed and is held up by ``reg_covar`` alone."""
 
@@ -138,35 +129,40 @@ class GaussianMixture(Model):
     # -- the Pyro program ------------------------------------------------------------
 
     @property
-    def _correlated(self) -> bool:
-        return self.covariance_type in ("full", "tied")
+    def _covariance(self) -> CovarianceStructure:
+        return STRUCTURES[self.covariance_type]
 
-    def model(self, X: torch.Tensor) -> None:
-        n, d = X.shape
-        k = self.n_components
+    def _global_sites(
+        self, X: torch.Tensor, site: Callable[[str, dist.Distribution], torch.Tensor]
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        r"""Declare the global sites through ``site(name, prior)`` (a sample in the model, a
+        point mass in the guide): ``(weights, locs, scales, correlation_tril or None)``."""
+        d, k = X.shape[1], self.n_components
         zero, one = X.new_zeros(()), X.new_ones(())
         if self.equal_weights:
             weights = X.new_full((k,), 1.0 / k)
         else:
-            weights = pyro.sample("weights", dist.Dirichlet(X.new_full((k,), self.weight_concentration)))
-        scale_prior = dist.LogNormal(zero, one * self.scale_prior_scale)
-        with pyro.plate("components", k):
-            locs = pyro.sample(
-                "locs", dist.Normal(zero, one * self.mean_prior_scale).expand([d]).to_event(1)
-            )
-            if self.covariance_type in ("full", "diag"):
-                scales = pyro.sample("scales", scale_prior.expand([d]).to_event(1))
-            elif self.fixed_variance is None and self.covariance_type == "spherical":
-                scales = pyro.sample("scales", scale_prior)
-            if self.covariance_type == "full" and d > 1:
-                correlation = pyro.sample("correlation_tril", dist.LKJCholesky(d, one))
-        if self.covariance_type == "tied":
-            scales = pyro.sample("scales", scale_prior.expand([d]).to_event(1))
-            if d > 1:
-                correlation = pyro.sample("correlation_tril", dist.LKJCholesky(d, one))
-        if self.fixed_variance is not None:
-            scales = X.new_full((k,), math.sqrt(self.fixed_variance))
-        with pyro.plate("data", n):
+            weights = site("weights", dist.Dirichlet(X.new_full((k,), self.weight_concentration)))
+        components = pyro.plate("components", k)
+        with components:
+            locs = site("locs", dist.Normal(zero, one * self.mean_prior_scale).expand([d]).to_event(1))
+        structure = self._covariance
+        with contextlib.nullcontext() if structure.shared else components:
+            scale_prior = dist.LogNormal(zero, one * self.scale_prior_scale)
+            if structure.scale_event_dims:
+                scale_prior = scale_prior.expand([d]).to_event(1)
+            if self.fixed_variance is None:
+                scales = site("scales", scale_prior)
+            else:
+                scales = X.new_full((k,), math.sqrt(self.fixed_variance))
+            correlation = None
+            if structure.correlated and d > 1:
+                correlation = site("correlation_tril", dist.LKJCholesky(d, one))
+        return weights, locs, scales, correlation
+
+    def model(self, X: torch.Tensor) -> None:
+        weights, locs, scales, correlation = self._global_sites(X, pyro.sample)
+        with pyro.plate("data", X.shape[0]):
             assignment = pyro.sample(
                 "assignment", dist.Categorical(weights), infer={"enumerate": "parallel"}
             )
@@ -177,17 +173,7 @@ class GaussianMixture(Model):
                 index = (..., assignment) + (slice(None),) * event_dims
                 return Vindex(values.unsqueeze(-2 - event_dims))[index]
 
-            locs_chosen = chosen(locs, 1)
-            if self.covariance_type == "full":
-                tril = chosen(scales, 1).unsqueeze(-1) * (chosen(correlation, 2) if d > 1 else 1.0)
-                likelihood = dist.MultivariateNormal(locs_chosen, scale_tril=tril)
-            elif self.covariance_type == "tied":
-                tril = scales.unsqueeze(-1) * (correlation if d > 1 else 1.0)
-                likelihood = dist.MultivariateNormal(locs_chosen, scale_tril=tril)
-            elif self.covariance_type == "diag":
-                likelihood = dist.Normal(locs_chosen, chosen(scales, 1)).to_event(1)
-            else:
-                likelihood = dist.Normal(locs_chosen, chosen(scales, 0).unsqueeze(-1)).to_event(1)
+            likelihood = self._covariance.likelihood(chosen(locs, 1), scales, correlation, chosen)
             pyro.sample("obs", likelihood, obs=X)
 
     def init_values(self, X: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -196,32 +182,19 @@ class GaussianMixture(Model):
 
     def guide(self, X: torch.Tensor) -> None:
         r"""Point masses on the global sites, started at :meth:`init_values`."""
-        prefix, d = type(self).__name__, X.shape[1]
+        prefix = type(self).__name__
         initial: dict[str, torch.Tensor] = {}
 
-        def point(site: str, constraint: Any, event_dim: int) -> None:
+        def point(site: str, prior: dist.Distribution) -> torch.Tensor:
             def start() -> torch.Tensor:
                 if not initial:
                     initial.update(self.init_values(X))
                 return initial[site]
 
-            value = pyro.param(f"{prefix}.{site}", start, constraint=constraint)
-            pyro.sample(site, dist.Delta(value, event_dim=event_dim))
+            value = pyro.param(f"{prefix}.{site}", start, constraint=prior.support)
+            return pyro.sample(site, dist.Delta(value, event_dim=prior.event_dim))
 
-        if not self.equal_weights:
-            point("weights", constraints.simplex, 1)
-        with pyro.plate("components", self.n_components):
-            point("locs", constraints.real, 1)
-            if self.covariance_type in ("full", "diag"):
-                point("scales", constraints.positive, 1)
-            elif self.fixed_variance is None and self.covariance_type == "spherical":
-                point("scales", constraints.positive, 0)
-            if self.covariance_type == "full" and d > 1:
-                point("correlation_tril", constraints.corr_cholesky, 2)
-        if self.covariance_type == "tied":
-            point("scales", constraints.positive, 1)
-            if d > 1:
-                point("correlation_tril", constraints.corr_cholesky, 2)
+        self._global_sites(X, point)
 
     # -- closed-form EM (IML §14.2) ------------------------------------------------------
 
@@ -248,15 +221,8 @@ class GaussianMixture(Model):
         return self.em_m_step(X, responsibilities)
 
     def _given_params(self, X: torch.Tensor, init: dict[str, Any]) -> dict[str, torch.Tensor]:
-        n, d = X.shape
-        k = self.n_components
-        expected = {
-            "weights": (k,),
-            "means": (k, d),
-            "covariances": {"full": (k, d, d), "tied": (d, d), "diag": (k, d), "spherical": (k,)}[
-                self.covariance_type
-            ],
-        }
+        k, d = self.n_components, X.shape[1]
+        expected = {"weights": (k,), "means": (k, d), "covariances": self._covariance.storage(k, d)}
         if set(init) != set(expected):
             raise InputDataError(f"`init` must have the keys {sorted(expected)}; got {sorted(init)}.")
         params = {}
@@ -273,53 +239,9 @@ class GaussianMixture(Model):
         self, X: torch.Tensor, params: dict[str, torch.Tensor]
     ) -> torch.Tensor:
         r"""``n x k`` matrix of :math:`\log \mathcal{N}(x_i; \mu_j, \Sigma_j)`."""
-        terms = self._density_terms(params)
+        terms = self._covariance.density_terms(params["means"], params["covariances"], self.reg_covar)
         rows = block_rows(*params["means"].shape)
-        return torch.cat([self._block_log_densities(block, terms) for block in X.split(rows)])
-
-    def _density_terms(self, params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        r"""What every block of points needs, computed once per parameter value.
-
-        Full and tied covariances use the precision Cholesky factor
-        :math:`P_j = L_j^{-\top}` (with :math:`\Sigma_j = L_j L_j^\top`):
-        :math:`(x-\mu_j)^\top\Sigma_j^{-1}(x-\mu_j) = \|P_j^\top x - P_j^\top\mu_j\|^2`, so one
-        matrix product projects a block onto every component and a second sums the
-        squares within each component. Diagonal ones expand the square instead.
-        """
-        means, covariances = params["means"], params["covariances"]
-        k, d = means.shape
-        constant = -0.5 * d * math.log(2 * math.pi)
-        if self.covariance_type in ("diag", "spherical"):
-            precisions = 1.0 / covariances
-            if self.covariance_type == "spherical":
-                precisions = precisions[:, None].expand(k, d)
-            return {
-                "precisions": precisions.T.contiguous(),
-                "linear": (means * precisions).T.contiguous(),
-                "offset": constant + 0.5 * torch.log(precisions).sum(1)
-                - 0.5 * (means.square() * precisions).sum(1),
-            }
-        precision_chol = _precision_cholesky(covariances, self.reg_covar)
-        if self.covariance_type == "tied":
-            precision_chol = precision_chol.expand(k, d, d)
-        log_det = torch.log(torch.diagonal(precision_chol, dim1=-2, dim2=-1)).sum(-1)
-        return {
-            "projection": precision_chol.permute(1, 0, 2).reshape(d, k * d),
-            "shifted_means": torch.einsum("kd,kde->ke", means, precision_chol).reshape(k * d),
-            # Column j sums the d squared coordinates that belong to component j.
-            "within": torch.eye(k, dtype=means.dtype, device=means.device).repeat_interleave(d, dim=0),
-            "offset": constant + log_det,
-        }
-
-    @staticmethod
-    def _block_log_densities(block: torch.Tensor, terms: dict[str, torch.Tensor]) -> torch.Tensor:
-        if "precisions" in terms:
-            quadratic = block.square() @ terms["precisions"]
-            quadratic.addmm_(block, terms["linear"], alpha=-2.0)
-            return quadratic.mul_(-0.5).add_(terms["offset"])
-        projected = block @ terms["projection"]
-        projected -= terms["shifted_means"]
-        return (projected.square_() @ terms["within"]).mul_(-0.5).add_(terms["offset"])
+        return torch.cat([terms.log_densities(block) for block in X.split(rows)])
 
     def em_e_step(
         self, X: torch.Tensor, params: dict[str, torch.Tensor]
@@ -331,7 +253,7 @@ class GaussianMixture(Model):
             ``(log_responsibilities, log_density)``: ``n x k`` and ``n``, with
             :math:`\log p(x_i) = \log\sum_j \pi_j \mathcal{N}(x_i; \mu_j, \Sigma_j)`.
         """
-        terms = self._density_terms(params)
+        terms = self._covariance.density_terms(params["means"], params["covariances"], self.reg_covar)
         log_weights = torch.log(params["weights"])
         log_responsibilities = X.new_empty(X.shape[0], self.n_components)
         log_density = X.new_empty(X.shape[0])
@@ -339,7 +261,7 @@ class GaussianMixture(Model):
         for block, responsibilities, density in zip(
             X.split(rows), log_responsibilities.split(rows), log_density.split(rows)
         ):
-            weighted = self._block_log_densities(block, terms).add_(log_weights)
+            weighted = terms.log_densities(block).add_(log_weights)
             torch.logsumexp(weighted, dim=1, out=density)
             torch.sub(weighted, density[:, None], out=responsibilities)
         return log_responsibilities, log_density
@@ -354,37 +276,19 @@ class GaussianMixture(Model):
             \Sigma_j = \frac{1}{N_j}\sum_i \gamma_{ij}(x_i-\mu_j)(x_i-\mu_j)^\top + v^2 I,
 
         with :math:`N_j = \sum_i \gamma_{ij}` and :math:`v^2` = ``reg_covar``
-        (IML §14.3). Hard EM passes one-hot responsibilities.
+        (IML §14.3), constrained by the covariance type. Hard EM passes one-hot
+        responsibilities.
         """
-        n, d = X.shape
+        n = X.shape[0]
         k = self.n_components
         counts = responsibilities.sum(0) + 10 * torch.finfo(X.dtype).eps
         means = responsibilities.T @ X / counts[:, None]
         weights = counts / n if not self.equal_weights else X.new_full((k,), 1.0 / k)
-        kind = self.covariance_type
         if self.fixed_variance is not None:
             covariances = X.new_full((k,), self.fixed_variance)
-        elif kind == "full":
-            # Scatter about the overall mean c, one matrix product per block:
-            # Σ_j = Σ_i γ_ij (x_i - c)(x_i - c)ᵀ / N_j - (μ_j - c)(μ_j - c)ᵀ.
-            centre = counts @ means / counts.sum()
-            scatter = X.new_zeros(d * k, d)
-            rows = block_rows(k, d)
-            for block, weight in zip(X.split(rows), responsibilities.split(rows)):
-                centred = block - centre
-                scatter += (centred[:, :, None] * weight[:, None, :]).reshape(-1, d * k).T @ centred
-            scatter = scatter.view(d, k, d).permute(1, 0, 2)
-            offset = means - centre
-            covariances = scatter / counts[:, None, None] - offset[:, :, None] * offset[:, None, :]
-        elif kind == "tied":
-            covariances = (X.T @ X - (counts[:, None] * means).T @ means) / counts.sum()
         else:
-            second_moment = responsibilities.T @ X.square() / counts[:, None]
-            covariances = second_moment - means.square()
-            if kind == "spherical":
-                covariances = covariances.mean(1)
-        if self.fixed_variance is None:
-            covariances = _regularised(covariances, self.reg_covar, kind)
+            structure = self._covariance
+            covariances = structure.regularise(structure.estimate(X, responsibilities, counts, means), self.reg_covar)
         return {"weights": weights, "means": means, "covariances": covariances}
 
     def em_check(self, params: dict[str, torch.Tensor]) -> None:
@@ -392,12 +296,7 @@ class GaussianMixture(Model):
         variance is at most twice ``reg_covar``, so the regulariser alone holds it up."""
         if self.fixed_variance is not None:
             return
-        covariances = params["covariances"]
-        variances = covariances.diagonal(dim1=-2, dim2=-1) if self._correlated else covariances
-        if self.covariance_type == "tied":
-            smallest = variances.min().reshape(1)
-        else:
-            smallest = variances.min(-1).values if variances.dim() == 2 else variances
+        smallest = self._covariance.variances(params["covariances"]).min(-1).values
         for component in torch.nonzero(smallest <= 2 * self.reg_covar).flatten().tolist():
             warnings.warn(
                 f"mixture component {component} collapsed (variance <= 2 reg_covar = "
@@ -409,43 +308,37 @@ class GaussianMixture(Model):
 
     def em_sites(self, params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         r"""The EM parameters as values of the Pyro program's global sites."""
-        d = params["means"].shape[1]
         sites = {"locs": params["means"]}
         if not self.equal_weights:
             sites["weights"] = params["weights"]
-        covariances = params["covariances"]
-        if self.fixed_variance is not None:
-            return sites
-        if self._correlated:
-            chol = torch.linalg.cholesky(covariances)
-            scales = covariances.diagonal(dim1=-2, dim2=-1).sqrt()
-            sites["scales"] = scales
-            if d > 1:
-                sites["correlation_tril"] = chol / scales.unsqueeze(-1)
-        else:
-            sites["scales"] = covariances.sqrt()
+        if self.fixed_variance is None:
+            sites.update(self._covariance.sites(params["covariances"]))
         return sites
 
     def em_num_parameters(self, d: int) -> int:
         r"""Free parameters, for BIC and AIC."""
         k = self.n_components
-        covariance = {
-            "full": k * d * (d + 1) // 2,
-            "tied": d * (d + 1) // 2,
-            "diag": k * d,
-            "spherical": k,
-        }[self.covariance_type]
-        covariance = 0 if self.fixed_variance is not None else covariance
+        covariance = 0 if self.fixed_variance is not None else self._covariance.num_parameters(k, d)
         return covariance + k * d + (0 if self.equal_weights else k - 1)
 
     def em_relabel(self, params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         r"""Components sorted by the first coordinate of their means: the declared key that
         keeps labels consistent across bootstrap replicates."""
         order = params["means"][:, 0].argsort()
-        relabelled = {"weights": params["weights"][order], "means": params["means"][order]}
-        covariances = params["covariances"]
-        relabelled["covariances"] = covariances if self.covariance_type == "tied" else covariances[order]
-        return relabelled
+        return {
+            "weights": params["weights"][order],
+            "means": params["means"][order],
+            "covariances": self._covariance.relabel(params["covariances"], order),
+        }
+
+    def em_sample_data(
+        self, params: dict[str, torch.Tensor], num_points: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        r"""``num_points`` new points from the mixture at ``params`` and their components."""
+        weights, means = params["weights"], params["means"]
+        labels = torch.multinomial(weights, num_points, replacement=True)
+        covariances = self._covariance.as_full(params["covariances"], *means.shape)
+        return torch.distributions.MultivariateNormal(means[labels], covariances[labels]).sample(), labels
 
 
 def kmeans_plusplus(X: torch.Tensor, k: int, trials: int = 1) -> torch.Tensor:
@@ -496,23 +389,3 @@ def lloyd(X: torch.Tensor, centres: torch.Tensor, max_iter: int = 300, tol: floa
         if shift <= threshold:
             break
     return centres
-
-
-def _regularised(covariances: torch.Tensor, reg_covar: float, kind: str) -> torch.Tensor:
-    if kind in ("full", "tied"):
-        d = covariances.shape[-1]
-        return covariances + reg_covar * torch.eye(d, dtype=covariances.dtype, device=covariances.device)
-    return covariances + reg_covar
-
-
-def _precision_cholesky(covariances: torch.Tensor, reg_covar: float) -> torch.Tensor:
-    r""":math:`L^{-\top}` for each covariance :math:`LL^\top`, with advice when one is not PD."""
-    chol, info = torch.linalg.cholesky_ex(covariances)
-    if (info != 0).any():
-        raise ModelFittingError(
-            "a mixture covariance is not positive definite (a component collapsed or the "
-            f"data are degenerate); reg_covar = {reg_covar:g}. Increase `reg_covar`, use fewer "
-            "components, or standardise the data."
-        )
-    eye = torch.eye(covariances.shape[-1], dtype=covariances.dtype, device=covariances.device)
-    return torch.linalg.solve_triangular(chol, eye.expand_as(chol), upper=False).transpose(-2, -1)

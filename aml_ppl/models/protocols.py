@@ -56,6 +56,15 @@ class ClosedFormEM(Protocol):
 
 
 @runtime_checkable
+class DataSampling(Protocol):
+    r"""New data from EM parameters (``MixturePosterior.sample_data``)."""
+
+    def em_sample_data(
+        self, params: dict[str, torch.Tensor], num_points: int
+    ) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+@runtime_checkable
 class Relabelable(Protocol):
     r"""A canonical labelling of EM parameters (bootstrap replicates stay comparable)."""
 

@@ -1,0 +1,272 @@
+r"""The Gaussian mixture's four covariance structures as small pure functions.
+
+Each structure (``"full"``, ``"tied"``, ``"diag"``, ``"spherical"``; IML §14.2, as
+scikit-learn's ``GaussianMixture``) says how its covariances are stored, estimated in the
+M-step, regularised, turned into log-densities, checked for collapse and written as the
+Pyro program's sites and likelihood. :class:`~aml_ppl.models.GaussianMixture` picks one
+:class:`CovarianceStructure` from :data:`STRUCTURES` when it is built and never branches
+on the type again.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, NamedTuple
+
+import pyro.distributions as dist
+import torch
+from torch import Tensor
+
+from aml_ppl.errors import ModelFittingError
+
+# Elements of the rows x (k d) temporaries per block in the E- and M-steps: about 8 MiB
+# in float64, so a block stays in cache (measured best at n = 10^6 on the project CPU).
+BLOCK_ELEMENTS = 1 << 20
+
+# (values, event_dims) -> each data point's component's value; see GaussianMixture.model.
+Chooser = Callable[[Tensor, int], Tensor]
+
+
+def block_rows(k: int, d: int) -> int:
+    r"""Points per block for ``k`` components in ``d`` dimensions."""
+    return max(4096, min(65536, BLOCK_ELEMENTS // (k * d)))
+
+
+class DiagonalTerms(NamedTuple):
+    r"""Log-density terms for axis-aligned covariances :math:`\mathrm{diag}(s_j)`: the square
+    expanded, :math:`-\tfrac12\sum_e (x_e^2 - 2x_e\mu_{je}) / s_{je} + c_j`."""
+
+    precisions: Tensor  # d x k
+    linear: Tensor  # d x k: means / variances
+    offset: Tensor  # k
+
+    def log_densities(self, block: Tensor) -> Tensor:
+        quadratic = block.square() @ self.precisions
+        quadratic.addmm_(block, self.linear, alpha=-2.0)
+        return quadratic.mul_(-0.5).add_(self.offset)
+
+
+class CholeskyTerms(NamedTuple):
+    r"""Log-density terms for correlated covariances through the precision Cholesky factor
+    :math:`P_j = L_j^{-\top}` (:math:`\Sigma_j = L_j L_j^\top`):
+    :math:`(x-\mu_j)^\top\Sigma_j^{-1}(x-\mu_j) = \|P_j^\top x - P_j^\top\mu_j\|^2`, so one
+    matrix product projects a block onto every component and a second sums the squares
+    within each component."""
+
+    projection: Tensor  # d x (k d)
+    shifted_means: Tensor  # k d
+    within: Tensor  # (k d) x k: column j sums component j's d squared coordinates
+    offset: Tensor  # k
+
+    def log_densities(self, block: Tensor) -> Tensor:
+        projected = block @ self.projection
+        projected -= self.shifted_means
+        return (projected.square_() @ self.within).mul_(-0.5).add_(self.offset)
+
+
+def _gaussian_constant(d: int) -> float:
+    return -0.5 * d * math.log(2 * math.pi)
+
+
+def _diagonal_terms(means: Tensor, variances: Tensor) -> DiagonalTerms:
+    precisions = 1.0 / variances
+    return DiagonalTerms(
+        precisions.T.contiguous(),
+        (means * precisions).T.contiguous(),
+        _gaussian_constant(means.shape[1]) + 0.5 * torch.log(precisions).sum(1) - 0.5 * (means.square() * precisions).sum(1),
+    )
+
+
+def _cholesky_terms(means: Tensor, covariances: Tensor, reg_covar: float) -> CholeskyTerms:
+    k, d = means.shape
+    precision_chol = precision_cholesky(covariances, reg_covar).expand(k, d, d)
+    log_det = torch.log(torch.diagonal(precision_chol, dim1=-2, dim2=-1)).sum(-1)
+    return CholeskyTerms(
+        precision_chol.permute(1, 0, 2).reshape(d, k * d),
+        torch.einsum("kd,kde->ke", means, precision_chol).reshape(k * d),
+        torch.eye(k, dtype=means.dtype, device=means.device).repeat_interleave(d, dim=0),
+        _gaussian_constant(d) + log_det,
+    )
+
+
+def precision_cholesky(covariances: Tensor, reg_covar: float) -> Tensor:
+    r""":math:`L^{-\top}` for each covariance :math:`LL^\top`, with advice when one is not PD."""
+    chol, info = torch.linalg.cholesky_ex(covariances)
+    if (info != 0).any():
+        raise ModelFittingError(
+            "a mixture covariance is not positive definite (a component collapsed or the "
+            f"data are degenerate); reg_covar = {reg_covar:g}. Increase `reg_covar`, use fewer "
+            "components, or standardise the data."
+        )
+    eye = torch.eye(covariances.shape[-1], dtype=covariances.dtype, device=covariances.device)
+    return torch.linalg.solve_triangular(chol, eye.expand_as(chol), upper=False).transpose(-2, -1)
+
+
+# -- M-step estimates (IML §14.2), before regularisation ----------------------------------
+
+
+def _full_estimate(X: Tensor, responsibilities: Tensor, counts: Tensor, means: Tensor) -> Tensor:
+    r"""Scatter about the overall mean :math:`c`, one matrix product per block:
+    :math:`\Sigma_j = \sum_i \gamma_{ij}(x_i-c)(x_i-c)^\top / N_j - (\mu_j-c)(\mu_j-c)^\top`."""
+    k, d = means.shape
+    centre = counts @ means / counts.sum()
+    scatter = X.new_zeros(d * k, d)
+    rows = block_rows(k, d)
+    for block, weight in zip(X.split(rows), responsibilities.split(rows)):
+        centred = block - centre
+        scatter += (centred[:, :, None] * weight[:, None, :]).reshape(-1, d * k).T @ centred
+    offset = means - centre
+    return scatter.view(d, k, d).permute(1, 0, 2) / counts[:, None, None] - offset[:, :, None] * offset[:, None, :]
+
+
+def _tied_estimate(X: Tensor, responsibilities: Tensor, counts: Tensor, means: Tensor) -> Tensor:
+    r""":math:`\Sigma = (\sum_i x_i x_i^\top - \sum_j N_j \mu_j\mu_j^\top) / n`."""
+    return (X.T @ X - (counts[:, None] * means).T @ means) / counts.sum()
+
+
+def _diag_estimate(X: Tensor, responsibilities: Tensor, counts: Tensor, means: Tensor) -> Tensor:
+    r""":math:`s_{je} = \sum_i \gamma_{ij} x_{ie}^2 / N_j - \mu_{je}^2`."""
+    return responsibilities.T @ X.square() / counts[:, None] - means.square()
+
+
+def _spherical_estimate(X: Tensor, responsibilities: Tensor, counts: Tensor, means: Tensor) -> Tensor:
+    r""":math:`\sigma_j^2`, the mean over coordinates of the diagonal estimate."""
+    return _diag_estimate(X, responsibilities, counts, means).mean(1)
+
+
+def _add_to_diagonal(covariances: Tensor, reg_covar: float) -> Tensor:
+    eye = torch.eye(covariances.shape[-1], dtype=covariances.dtype, device=covariances.device)
+    return covariances + reg_covar * eye
+
+
+def _add(covariances: Tensor, reg_covar: float) -> Tensor:
+    return covariances + reg_covar
+
+
+# -- the Pyro program's likelihood from its scale sites -----------------------------------
+
+
+def _component_tril(scales: Tensor, correlation: Tensor | None) -> Tensor:
+    return scales.unsqueeze(-1) * (1.0 if correlation is None else correlation)
+
+
+def _full_likelihood(locs: Tensor, scales: Tensor, correlation: Tensor | None, chosen: Chooser) -> dist.Distribution:
+    return dist.MultivariateNormal(locs, scale_tril=_component_tril(chosen(scales, 1), None if correlation is None else chosen(correlation, 2)))
+
+
+def _tied_likelihood(locs: Tensor, scales: Tensor, correlation: Tensor | None, chosen: Chooser) -> dist.Distribution:
+    return dist.MultivariateNormal(locs, scale_tril=_component_tril(scales, correlation))
+
+
+def _diag_likelihood(locs: Tensor, scales: Tensor, correlation: Tensor | None, chosen: Chooser) -> dist.Distribution:
+    return dist.Normal(locs, chosen(scales, 1)).to_event(1)
+
+
+def _spherical_likelihood(locs: Tensor, scales: Tensor, correlation: Tensor | None, chosen: Chooser) -> dist.Distribution:
+    return dist.Normal(locs, chosen(scales, 0).unsqueeze(-1)).to_event(1)
+
+
+@dataclass(frozen=True)
+class CovarianceStructure:
+    r"""One covariance type of a ``k``-component mixture in ``d`` dimensions.
+
+    Attributes:
+        storage: ``(k, d)`` to the shape the covariances are stored in.
+        num_parameters: ``(k, d)`` to the number of free covariance parameters.
+        estimate: ``(X, responsibilities, counts, means)`` to the M-step's maximum-
+            likelihood covariances (IML §14.2), before ``reg_covar``.
+        regularise: ``(covariances, reg_covar)`` to :math:`\Sigma + v^2 I` (IML §14.3).
+        density_terms: ``(means, covariances, reg_covar)`` to an object whose
+            ``log_densities(block)`` gives the ``rows x k`` :math:`\log\mathcal{N}`.
+        variances: Covariances to the per-component (one row when shared) variances.
+        as_full: ``(covariances, k, d)`` to ``k x d x d`` matrices.
+        likelihood: ``(chosen_locs, scales, correlation, chosen)`` to the Pyro program's
+            observation distribution given its scale sites.
+        shared: One covariance for all components (its sites sit outside the
+            components plate, and relabelling leaves it alone).
+        correlated: Sampled as scales times an LKJ correlation Cholesky factor.
+        scale_event_dims: Event dimensions of one component's ``scales`` site.
+    """
+
+    storage: Callable[[int, int], tuple[int, ...]]
+    num_parameters: Callable[[int, int], int]
+    estimate: Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
+    regularise: Callable[[Tensor, float], Tensor]
+    density_terms: Callable[[Tensor, Tensor, float], DiagonalTerms | CholeskyTerms]
+    variances: Callable[[Tensor], Tensor]
+    as_full: Callable[[Tensor, int, int], Tensor]
+    likelihood: Callable[[Tensor, Tensor, Tensor | None, Chooser], dist.Distribution]
+    shared: bool
+    correlated: bool
+    scale_event_dims: int
+
+    def relabel(self, covariances: Tensor, order: Tensor) -> Tensor:
+        r"""Covariances for components taken in ``order``."""
+        return covariances if self.shared else covariances[order]
+
+    def sites(self, covariances: Tensor) -> dict[str, Tensor]:
+        r"""The Pyro program's ``scales`` (and ``correlation_tril`` for ``d > 1`` when
+        correlated) for these covariances."""
+        if not self.correlated:
+            return {"scales": covariances.sqrt()}
+        scales = covariances.diagonal(dim1=-2, dim2=-1).sqrt()
+        if covariances.shape[-1] == 1:
+            return {"scales": scales}
+        return {"scales": scales, "correlation_tril": torch.linalg.cholesky(covariances) / scales.unsqueeze(-1)}
+
+
+STRUCTURES: dict[str, CovarianceStructure] = {
+    "full": CovarianceStructure(
+        storage=lambda k, d: (k, d, d),
+        num_parameters=lambda k, d: k * d * (d + 1) // 2,
+        estimate=_full_estimate,
+        regularise=_add_to_diagonal,
+        density_terms=_cholesky_terms,
+        variances=lambda covariances: covariances.diagonal(dim1=-2, dim2=-1),
+        as_full=lambda covariances, k, d: covariances,
+        likelihood=_full_likelihood,
+        shared=False,
+        correlated=True,
+        scale_event_dims=1,
+    ),
+    "tied": CovarianceStructure(
+        storage=lambda k, d: (d, d),
+        num_parameters=lambda k, d: d * (d + 1) // 2,
+        estimate=_tied_estimate,
+        regularise=_add_to_diagonal,
+        density_terms=_cholesky_terms,
+        variances=lambda covariances: covariances.diagonal()[None],
+        as_full=lambda covariances, k, d: covariances.expand(k, d, d),
+        likelihood=_tied_likelihood,
+        shared=True,
+        correlated=True,
+        scale_event_dims=1,
+    ),
+    "diag": CovarianceStructure(
+        storage=lambda k, d: (k, d),
+        num_parameters=lambda k, d: k * d,
+        estimate=_diag_estimate,
+        regularise=_add,
+        density_terms=lambda means, covariances, reg_covar: _diagonal_terms(means, covariances),
+        variances=lambda covariances: covariances,
+        as_full=lambda covariances, k, d: torch.diag_embed(covariances),
+        likelihood=_diag_likelihood,
+        shared=False,
+        correlated=False,
+        scale_event_dims=1,
+    ),
+    "spherical": CovarianceStructure(
+        storage=lambda k, d: (k,),
+        num_parameters=lambda k, d: k,
+        estimate=_spherical_estimate,
+        regularise=_add,
+        density_terms=lambda means, covariances, reg_covar: _diagonal_terms(means, covariances[:, None].expand_as(means)),
+        variances=lambda covariances: covariances[:, None],
+        as_full=lambda covariances, k, d: torch.diag_embed(covariances[:, None].expand(k, d)),
+        likelihood=_spherical_likelihood,
+        shared=False,
+        correlated=False,
+        scale_event_dims=0,
+    ),
+}
