@@ -562,8 +562,10 @@ def _base(fn: Any) -> Any:
 
 
 def _param_values(program: Callable, args: tuple, kwargs: dict) -> dict[str, torch.Tensor]:
-    r"""Copies of the current values of ``program``'s ``pyro.param`` sites."""
-    with poutine.trace(param_only=True) as capture:
+    r"""Copies of the current values of ``program``'s ``pyro.param`` sites (the program runs
+    without recording gradients: a DDPM's reverse chain would otherwise hold T networks'
+    activations)."""
+    with poutine.trace(param_only=True) as capture, torch.no_grad():
         program(*args, **kwargs)
     return {name: site["value"].detach().clone() for name, site in capture.trace.nodes.items()}
 

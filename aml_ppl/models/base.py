@@ -11,12 +11,13 @@ from __future__ import annotations
 from abc import abstractmethod
 from typing import Any, ClassVar, TypeVar
 
+import torch
 from pyro.nn import PyroModule
 
 from aml_ppl.errors import InputDataError
 from aml_ppl.models.protocols import GaussianLatents
 
-__all__ = ["GaussianLatents", "MODELS", "Model", "model_class", "register_model"]
+__all__ = ["GaussianLatents", "MODELS", "Model", "ModelLoss", "model_class", "register_model"]
 
 MODELS: dict[str, type["Model"]] = {}
 ModelType = TypeVar("ModelType", bound=type["Model"])
@@ -73,3 +74,25 @@ class Model(PyroModule):
 
     def forward(self, *args: Any, **kwargs: Any) -> None:
         return self.model(*args, **kwargs)
+
+
+class ModelLoss:
+    r"""A training loss that the model computes itself, behind Pyro's ELBO interface
+    (``differentiable_loss``, ``loss``, ``loss_and_grads``), so that SVI runs it as any ELBO.
+    Subclasses implement :meth:`differentiable_loss`."""
+
+    def __init__(self, num_particles: int = 1) -> None:
+        self.num_particles = num_particles
+
+    @abstractmethod
+    def differentiable_loss(self, model: Any, guide: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
+        r"""The loss as a tensor with a gradient."""
+
+    def loss(self, model: Any, guide: Any, *args: Any, **kwargs: Any) -> float:
+        with torch.no_grad():
+            return self.differentiable_loss(model, guide, *args, **kwargs).item()
+
+    def loss_and_grads(self, model: Any, guide: Any, *args: Any, **kwargs: Any) -> float:
+        loss = self.differentiable_loss(model, guide, *args, **kwargs)
+        loss.backward()
+        return loss.item()

@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 
 from aml_ppl._data import check_count, to_tensor
 from aml_ppl.errors import InputDataError
-from aml_ppl.models.base import Model, register_model
+from aml_ppl.models.base import Model, ModelLoss, register_model
 from aml_ppl.models.denoisers import NETWORKS
 
 SCHEDULES = ("linear", "cosine")
@@ -175,7 +175,7 @@ class LearnedVariances(nn.Module):
         return self.log_variances[timesteps - 1].exp()
 
 
-class DiffusionELBO:
+class DiffusionELBO(ModelLoss):
     r"""The DDPM's training loss with data and timesteps subsampled, for Pyro's ``SVI``.
 
     ``weighting="bound"``: an unbiased estimate of the negative ELBO of (model, guide),
@@ -197,20 +197,11 @@ class DiffusionELBO:
     """
 
     def __init__(self, weighting: str = "simple", num_particles: int = 1) -> None:
+        super().__init__(num_particles)
         self.weighting = weighting
-        self.num_particles = num_particles
 
     def differentiable_loss(self, model: "DDPM", guide: Any, x0: torch.Tensor) -> torch.Tensor:
         return model.subsampled_loss(x0, self.weighting, self.num_particles)
-
-    def loss(self, model: "DDPM", guide: Any, x0: torch.Tensor) -> float:
-        with torch.no_grad():
-            return self.differentiable_loss(model, guide, x0).item()
-
-    def loss_and_grads(self, model: "DDPM", guide: Any, x0: torch.Tensor) -> float:
-        loss = self.differentiable_loss(model, guide, x0)
-        loss.backward()
-        return loss.item()
 
 
 @register_model

@@ -4,12 +4,13 @@ an unbiased minibatch ELBO, both guide families, vectorised prediction, the JIT 
 import pyro
 import pytest
 import torch
-from pyro.infer import Trace_ELBO
+from pyro.infer import Trace_ELBO, TraceMeanField_ELBO
 
 import aml_ppl as aml
 from aml_ppl.inference import MAP, SVI
 from aml_ppl.inference.svi import JitFallbackWarning
 from aml_ppl.models import BayesianNeuralNetwork
+from aml_ppl.models.bnn import LocalReparameterizationELBO
 
 
 def gap_data(n, seed):
@@ -55,6 +56,46 @@ def test_the_minibatch_elbo_is_unbiased_for_the_full_batch_elbo():
     # Two independent Monte Carlo means: four standard errors of their difference.
     error = (whole.var() / 1500 + batched.var() / 1500).sqrt()
     assert (whole.mean() - batched.mean()).abs() < 4 * error
+
+
+def _estimates(loss, model, x, y, count):
+    """``count`` draws of a loss and of the gradient on the first layer's means, at fixed guide parameters."""
+    values, gradients = [], []
+    loc = pyro.param("BayesianNeuralNetwork.layers.0.weight.loc").unconstrained()
+    for _ in range(count):
+        value = loss.differentiable_loss(model.model if isinstance(loss, TraceMeanField_ELBO) else model, model.guide, x, y)
+        values.append(value.item())
+        gradients.append(torch.autograd.grad(value, loc)[0].flatten())
+    return torch.tensor(values), torch.stack(gradients)
+
+
+@pytest.mark.parametrize("noise", [0.3, None])
+def test_local_reparameterisation_estimates_the_same_elbo_with_less_gradient_variance(noise):
+    """Drawing each point's pre-activations from their Gaussian (Kingma et al. 2015) leaves the
+    expected loss as it is (the ELBO that TraceMeanField_ELBO estimates, with a fixed or a
+    learned noise) and lowers the variance of the gradient across a batch."""
+    x, y = gap_data(400, 3)
+    model = BayesianNeuralNetwork(1, hidden=(16,), noise_scale=noise, init_scale=0.2, local_reparameterization=True)
+    with pyro.get_param_store().scope():
+        pyro.set_rng_seed(0)
+        model.guide(x, y)
+        local, local_gradients = _estimates(model.default_loss(), model, x, y, 1000)
+        whole, whole_gradients = _estimates(TraceMeanField_ELBO(), model, x, y, 1000)
+    # Two independent Monte Carlo means: four standard errors of their difference.
+    error = (local.var() / 1000 + whole.var() / 1000).sqrt()
+    assert (local.mean() - whole.mean()).abs() < 4 * error
+    # Summed per-coordinate gradient variance: measured 270x lower here (400 points share one
+    # weight draw in the standard estimator); half is a loose bound.
+    assert local_gradients.var(0).sum() < 0.5 * whole_gradients.var(0).sum()
+
+
+def test_local_reparameterisation_trains_on_minibatches():
+    x, y = gap_data(400, 4)
+    bnn = BayesianNeuralNetwork(1, hidden=(32,), activation="tanh", noise_scale=0.1, subsample_size=64, local_reparameterization=True)
+    post = aml.fit(bnn, x, y, engine=SVI(num_steps=2000, lr=0.01, progress_bar=False), seed=0)
+    assert isinstance(bnn.default_loss(), LocalReparameterizationELBO)
+    # Noise sd 0.1 around sin(x): a fitted network's RMSE on its training inputs is about 0.1.
+    assert aml.analysis.rmse(post, x, y, num_samples=200) < 0.15
 
 
 @pytest.mark.slow
