@@ -31,8 +31,12 @@ class _JointPosteriorAcquisition(AcquisitionFunction):
         models = list(models) if isinstance(models, (list, tuple)) else [models]
         super().__init__(model=models[0] if len(models) == 1 else ModelListGP(*models))
         self.models = models
-        if target is not None and (target.ndim != 2 or target.shape[0] == 0):
-            raise InputDataError(f"`target` must be a non-empty m x d tensor; got shape {tuple(target.shape)}.")
+        inputs = models[0].train_inputs[0].shape[-1]
+        if target is not None and (target.ndim != 2 or target.shape[0] == 0 or target.shape[1] != inputs):
+            raise InputDataError(
+                f"`target` must be a non-empty m x {inputs} tensor (the models take {inputs} inputs); "
+                f"got shape {tuple(target.shape)}."
+            )
         self.target = target
         self.jitter = jitter
         self.X_pending = None
@@ -66,9 +70,10 @@ class _JointPosteriorAcquisition(AcquisitionFunction):
         return variance_X, covariance[:b, b:], covariance[b:, b:]
 
     def _candidates(self, X: Tensor) -> Tensor:
-        if X.ndim != 3 or X.shape[-2] != 1:
+        inputs = self.models[0].train_inputs[0].shape[-1]
+        if X.ndim != 3 or X.shape[-2] != 1 or X.shape[-1] != inputs:
             raise InputDataError(
-                f"`X` must be a b x 1 x d tensor; got shape {tuple(X.shape)}. For q > 1 use "
+                f"`X` must be a b x 1 x {inputs} tensor; got shape {tuple(X.shape)}. For q > 1 use "
                 "optimize_acqf_discrete, which picks greedily through X_pending."
             )
         return X[:, 0, :]

@@ -48,10 +48,14 @@ class Journal:
     Args:
         path: The database file (created if absent).
         config: JSON-compatible settings of the loop that wrote it.
+        resume: Continue a journal that holds evaluations; without it such a file is
+            refused, so that running the same script twice never appends to the first run.
     """
 
-    def __init__(self, path: str | Path, config: dict[str, Any]) -> None:
+    def __init__(self, path: str | Path, config: dict[str, Any], resume: bool = False) -> None:
         self.path = Path(path)
+        if self.path.is_dir():
+            raise InputDataError(f"`journal` {self.path} is a directory; give a file path.")
         self._connection = sqlite3.connect(self.path, isolation_level=None)
         self._connection.execute("PRAGMA journal_mode=WAL")
         self._connection.execute("CREATE TABLE IF NOT EXISTS config (body TEXT NOT NULL)")
@@ -59,12 +63,24 @@ class Journal:
             "CREATE TABLE IF NOT EXISTS evaluations (step INTEGER PRIMARY KEY, body TEXT NOT NULL)"
         )
         stored = self._connection.execute("SELECT body FROM config").fetchone()
+        count = self._connection.execute("SELECT COUNT(*) FROM evaluations").fetchone()[0]
+        if count and not resume:
+            self.close()
+            raise InputDataError(
+                f"the journal {self.path} already holds {count} evaluations; continue it with "
+                "SafeBayesianOptimization.resume(path, problem, ...) (or resume=True), or give a new file."
+            )
         if stored is None:
             self._connection.execute("INSERT INTO config VALUES (?)", (json.dumps(config, sort_keys=True),))
-        elif json.loads(stored[0]) != json.loads(json.dumps(config, sort_keys=True)):
+            return
+        written, wanted = json.loads(stored[0]), json.loads(json.dumps(config, sort_keys=True))
+        differing = sorted(key for key in written.keys() | wanted.keys() if written.get(key) != wanted.get(key))
+        if differing:
+            self.close()
+            details = "; ".join(f"{key}: journal {written.get(key)!r}, now {wanted.get(key)!r}" for key in differing)
             raise InputDataError(
-                f"the journal {self.path} was written by a loop with other settings "
-                f"({stored[0]}); resume with the same settings or use a new file."
+                f"the journal {self.path} was written by a loop with other settings ({details}); "
+                "resume with the same settings or use a new file."
             )
 
     def append(self, record: EvaluationRecord) -> None:

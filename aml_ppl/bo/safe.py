@@ -2,6 +2,7 @@ r"""Safe Bayesian optimisation with transductive acquisitions (notes AML §7.5).
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import math
 import time
@@ -72,8 +73,10 @@ class SafeBayesianOptimization:
             notes' per-step bounds. :meth:`resume` rebuilds the intersection from the journal.
         lipschitz: For ``"safeopt"`` only: Lipschitz constants of the constraints (one
             number for all, or one per constraint); ``None`` for GP-based expanders.
-        journal: Path of the SQLite journal, or ``None`` for none.
+        journal: Path of the SQLite journal, or ``None`` for none. A file that already
+            holds evaluations is refused unless ``resume`` (see :meth:`resume`).
         device: Where tensors live (``"cuda"`` when there is one).
+        resume: Continue the evaluations in ``journal`` (the settings must match).
     """
 
     def __init__(
@@ -88,6 +91,7 @@ class SafeBayesianOptimization:
         lipschitz: float | Sequence[float] | None = None,
         journal: str | Path | None = None,
         device: str | torch.device = "cpu",
+        resume: bool = False,
     ) -> None:
         if acquisition not in ACQUISITIONS:
             raise InputDataError(f"`acquisition` must be one of {ACQUISITIONS}; got {acquisition!r}.")
@@ -101,6 +105,8 @@ class SafeBayesianOptimization:
         self.device = torch.device(device)
         self.domain = problem.domain.to(self.device)
         self.beta = beta if beta is not None else problem.beta
+        if not callable(self.beta):
+            _check_beta(self.beta)
         self.acquisition = acquisition
         self.lengthscale = lengthscale if lengthscale is not None else problem.lengthscale
         self.noise_variance = noise_variance if noise_variance is not None else max(problem.noise_std, 1e-3) ** 2
@@ -113,8 +119,9 @@ class SafeBayesianOptimization:
             "intersect_bounds": intersect_bounds,
             "lipschitz": None if lipschitz is None else lipschitz.tolist(),
             "beta": self.beta if not callable(self.beta) else getattr(self.beta, "__name__", "schedule"),
+            "domain": _fingerprint(problem.domain),
         }
-        self.journal = Journal(journal, config) if journal is not None else None
+        self.journal = Journal(journal, config, resume) if journal is not None else None
         self.records: list[EvaluationRecord] = self.journal.records() if self.journal else []
         self._bounds: tuple[Tensor, Tensor] | None = None  # intersected over time, after
         self._bounds_count = 0  # this many records
@@ -126,18 +133,25 @@ class SafeBayesianOptimization:
         r"""Rebuild a loop from its journal (same settings), with every finished evaluation."""
         if not Path(journal).exists():
             raise InputDataError(f"no journal at {journal}.")
-        return cls(problem, journal=journal, **settings)
+        return cls(problem, journal=journal, resume=True, **settings)
 
     @property
     def observations(self) -> tuple[Tensor, Tensor]:
         r"""``(X, Y)`` of the successful evaluations: ``n x d`` and ``n x (1 + c)``."""
         return self._observations(self.records)
 
+    @property
+    def num_outputs(self) -> int | None:
+        r""":math:`1 + c`, the values per evaluation (fixed by the first seed), or ``None``
+        before any seed."""
+        return next((len(record.values) for record in self.records if record.status == "seed"), None)
+
     def _observations(self, records: list[EvaluationRecord]) -> tuple[Tensor, Tensor]:
-        good = [record for record in records if record.values is not None]
+        width = self.num_outputs or 1
+        good = [record for record in records if record.values is not None and len(record.values) == width]
         X = torch.tensor([record.x for record in good], dtype=torch.float64, device=self.device)
         Y = torch.tensor([record.values for record in good], dtype=torch.float64, device=self.device)
-        return X.reshape(-1, self.domain.shape[1]), Y.reshape(len(good), -1)
+        return X.reshape(len(good), self.domain.shape[1]), Y.reshape(len(good), width)
 
     def _append(self, record: EvaluationRecord) -> None:
         if self.journal is not None:
@@ -156,12 +170,20 @@ class SafeBayesianOptimization:
                 f"seed `X` must be n x {self.domain.shape[1]} and `Y` n x (1 + c); got "
                 f"{tuple(X.shape)} and {tuple(Y.shape)}."
             )
-        if not torch.isfinite(Y).all():
-            raise InputDataError("seed `Y` has NaN or infinite values.")
+        if self.num_outputs not in (None, Y.shape[1]):
+            raise InputDataError(f"seed `Y` has {Y.shape[1]} columns; the journal's seeds have {self.num_outputs}.")
+        for name, value in (("X", X), ("Y", Y)):
+            if not torch.isfinite(value).all():
+                raise InputDataError(f"seed `{name}` has NaN or infinite values.")
         constraints = Y[:, :1] if self.problem.objective_is_constraint else Y[:, 1:]
         if (constraints < 0).any():
             raise InputDataError("a seed point is not safe (a constraint value below 0); seed with safe points.")
+        recorded = torch.tensor(
+            [record.x for record in self.records if record.status == "seed"], dtype=torch.float64
+        ).reshape(-1, X.shape[1])
         for x, y in zip(X, Y):
+            if recorded.numel() and (recorded - x).abs().max(1).values.min() < 1e-12:
+                continue  # already in the journal (a resumed script seeding again)
             self._append(EvaluationRecord(len(self.records), x.tolist(), y.tolist(), "seed"))
 
     # -- the model and the sets ------------------------------------------------------------
@@ -180,7 +202,7 @@ class SafeBayesianOptimization:
         return posteriors
 
     def _beta_at(self, count: int) -> float:
-        return self.beta(count) if callable(self.beta) else self.beta
+        return _check_beta(self.beta(count)) if callable(self.beta) else self.beta
 
     def _confidence_bounds(self, posteriors: list, count: int) -> tuple[Tensor, Tensor]:
         beta = self._beta_at(count)
@@ -302,15 +324,18 @@ class SafeBayesianOptimization:
         return expanders
 
     def observe(self, x: Tensor, values: Tensor | None, sets: dict[str, Tensor], seconds: float, message: str = "") -> EvaluationRecord:
-        r"""Record the evaluation of ``x``: ``values`` (``1 + c``) or ``None``/NaN for a failure."""
-        values = None if values is None else torch.as_tensor(values, dtype=torch.float64).reshape(-1)
-        ok = values is not None and bool(torch.isfinite(values).all())
+        r"""Record the evaluation of ``x``: ``values`` (``1 + c``) or ``None`` for a failure.
+
+        A return that is not ``1 + c`` finite numbers is recorded as a failed evaluation
+        with the reason, never as data."""
+        values, problem = self._checked_values(values)
+        ok = problem is None and not message
         record = EvaluationRecord(
             step=len(self.records),
             x=x.tolist(),
-            values=values.tolist() if ok else None,
+            values=values if ok else None,
             status="ok" if ok else "failed",
-            message="" if ok else (message or "the objective returned NaN or infinite values"),
+            message="" if ok else (message or problem),
             safe_set_size=int(sets["safe_set_pessimistic"].sum()),
             area_size=int(sets["area_of_interest"].sum()),
             certificate=float(sets["certificate"]),
@@ -318,6 +343,23 @@ class SafeBayesianOptimization:
         )
         self._append(record)
         return record
+
+    def _checked_values(self, values: object) -> tuple[list[float] | None, str | None]:
+        r"""``(values as floats, None)`` for a well-formed return, else ``(None, why not)``."""
+        if values is None:
+            return None, "the objective returned None"
+        try:
+            flat = torch.as_tensor(values, dtype=torch.float64).reshape(-1)
+        except (TypeError, ValueError, RuntimeError) as error:
+            return None, f"the objective returned {type(values).__name__}, not numbers ({error})"
+        if self.num_outputs is not None and flat.numel() != self.num_outputs:
+            return None, (
+                f"the objective returned {flat.numel()} values; expected {self.num_outputs} "
+                "(the objective, then each constraint), as the seeds have"
+            )
+        if not torch.isfinite(flat).all():
+            return None, "the objective returned NaN or infinite values"
+        return flat.tolist(), None
 
     def run(
         self,
@@ -353,3 +395,15 @@ class SafeBayesianOptimization:
         sets = self.current_sets()
         lower = sets["lower"][0].masked_fill(~sets["safe_set_pessimistic"], -math.inf)
         return self.domain[lower.argmax()]
+
+
+def _check_beta(beta: object) -> float:
+    if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not math.isfinite(beta) or beta <= 0:
+        raise InputDataError(f"`beta` must be a positive number (or a function returning one); got {beta!r}.")
+    return float(beta)
+
+
+def _fingerprint(domain: Tensor) -> str:
+    r"""The candidate domain's shape and a hash of its values, for the journal's settings check."""
+    values = domain.detach().to("cpu", torch.float64).contiguous().numpy().tobytes()
+    return f"{tuple(domain.shape)} sha256:{hashlib.sha256(values).hexdigest()[:16]}"

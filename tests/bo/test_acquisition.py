@@ -113,5 +113,9 @@ def test_bad_acquisition_input(gp):
     model, _ = gp
     with pytest.raises(ValueError, match="`target`"):
         ITL(model, target=torch.zeros(0, 1, dtype=torch.float64))
-    with pytest.raises(ValueError, match="b x 1 x d"):
+    with pytest.raises(ValueError, match="b x 1 x 1"):
         ITL(model)(torch.rand(2, 2, 1, dtype=torch.float64))
+    with pytest.raises(ValueError, match=r"`target` must be a non-empty m x 1 tensor"):
+        ITL(model, target=torch.zeros(3, 2, dtype=torch.float64))
+    with pytest.raises(ValueError, match="b x 1 x 1"):
+        ITL(model)(torch.rand(2, 1, 3, dtype=torch.float64))

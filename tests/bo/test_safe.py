@@ -1,5 +1,6 @@
 """Safe BO on the paper's 1d_hard task, crash safety, failures, bad input (notes AML §7.5)."""
 
+import dataclasses
 import os
 import signal
 import sqlite3
@@ -190,6 +191,43 @@ def test_bad_safe_bo_input(tmp_path):
     with pytest.raises(ValueError, match="lower < upper"):
         candidate_domain(torch.tensor([[1.0, 0.0], [0.0, 1.0]]), 100)
     assert candidate_domain(torch.tensor([[0.0] * 3, [1.0] * 3]), 64).shape == (64, 3)
-    SafeBayesianOptimization(problem, journal=tmp_path / "j.sqlite")
-    with pytest.raises(ValueError, match="other settings"):
-        SafeBayesianOptimization(problem, journal=tmp_path / "j.sqlite", acquisition="vtl")
+    for beta in (0, -1.0, float("nan"), True):
+        with pytest.raises(ValueError, match="`beta` must be a positive number"):
+            SafeBayesianOptimization(problem, beta=beta)
+    with pytest.raises(ValueError, match="`beta` must be a positive number"):
+        seeded_loop(problem, seed=0, beta=lambda t: -1.0)[0].suggest()
+    with pytest.raises(ValueError, match="seed `X` has NaN"):
+        loop.add_seed(torch.tensor([[float("nan")]], dtype=torch.float64), torch.tensor([[1.0]], dtype=torch.float64))
+    with pytest.raises(ValueError, match="add safe seed points"):
+        SafeBayesianOptimization(problem).suggest()
+
+
+def test_the_journal_takes_no_malformed_return_and_no_duplicate(tmp_path):
+    """A wrong number of values, a string or None is recorded as a failed evaluation with the
+    reason, never as data; suggestions go on. An existing journal is refused without resume;
+    resuming and seeding again adds no seed twice; changed settings (the domain included) are
+    named."""
+    problem = one_d_hard()
+    path = tmp_path / "j.sqlite"
+    loop, objective = seeded_loop(problem, seed=0, journal=path)
+    returns = iter([torch.tensor([1.0, 2.0]), "oops", None, torch.zeros(1, 1, 3)])
+    loop.run(lambda x: next(returns, None) if len(loop.records) < 12 else objective(x), budget=6, progress_bar=False)
+    failed = [record for record in loop.records if record.status == "failed"]
+    assert [record.step for record in failed] == [8, 9, 10, 11]
+    assert "returned 2 values; expected 1" in failed[0].message and "str" in failed[1].message
+    assert all(record.values is None for record in failed)
+    assert [record.status for record in loop.records[12:]] == ["ok", "ok"]
+    loop.suggest()  # the journal is not poisoned
+    loop.journal.close()
+    with pytest.raises(ValueError, match="already holds 14 evaluations; continue it with"):
+        SafeBayesianOptimization(problem, journal=path)
+    resumed = SafeBayesianOptimization.resume(path, problem)
+    seeds = problem.seed_points(generator=torch.Generator().manual_seed(0))
+    resumed.add_seed(seeds, problem.observe(seeds))  # the same script run again
+    assert len(resumed.records) == 14
+    resumed.journal.close()
+    with pytest.raises(ValueError, match=r"acquisition: journal 'itl', now 'vtl'"):
+        SafeBayesianOptimization.resume(path, problem, acquisition="vtl")
+    moved = dataclasses.replace(problem, domain=problem.domain + 0.1)
+    with pytest.raises(ValueError, match=r"domain: journal"):
+        SafeBayesianOptimization.resume(path, moved)
