@@ -24,10 +24,10 @@ import pyro
 import torch
 
 from aml_ppl._data import check_count, check_finite_arguments, check_new_arguments, convert_arguments
-from aml_ppl.errors import IncompatibleEngineError, InputDataError
+from aml_ppl.errors import AmlPplError, IncompatibleEngineError, InputDataError
 from aml_ppl.inference.replay import Replayed, Structure, inspect_model, replay
 from aml_ppl.models.base import Model
-from aml_ppl.models.protocols import ConditionalPredictive, PointwiseLikelihood, VariationalBound
+from aml_ppl.models.protocols import BoTorchExportable, ConditionalPredictive, PointwiseLikelihood, VariationalBound
 
 ENGINES: dict[str, type["Engine"]] = {}
 POSTERIORS: dict[str, type["Posterior"]] = {}
@@ -366,6 +366,24 @@ class Posterior(ABC):
                 raise InputDataError(f"the arguments hold no observations for site {site!r}.")
             terms = replayed.log_likelihood[site]
         return torch.logsumexp(terms, 0) - math.log(terms.shape[0])
+
+    def to_botorch(self, num_samples: int = 64) -> Any:
+        r"""A BoTorch ``Model`` of this posterior, for any BoTorch acquisition function: at a
+        point estimate (MAP, a delta guide) the model at that point; otherwise a model
+        batched over ``num_samples`` draws of the hyperparameters (evenly thinned MCMC
+        draws), which BoTorch reads as fully Bayesian (its posterior is the equal-weight
+        mixture over the draws).
+
+        Raises:
+            AmlPplError: If the model offers no BoTorch form.
+        """
+        if not isinstance(self.model, BoTorchExportable):
+            raise AmlPplError(f"{type(self.model).__name__} has no BoTorch form.")
+        return self._botorch_form(num_samples)
+
+    def _botorch_form(self, num_samples: int) -> Any:
+        draws = self.sample(1 if self.is_point_estimate else num_samples)
+        return self.model.botorch_ensemble(draws, *self.data_args, **self.data_kwargs)
 
     def credible_interval(
         self, site: str, level: float = 0.95, num_samples: int = 4000

@@ -10,7 +10,7 @@ import torch
 from pyro.distributions import MultivariateNormal, Normal
 
 from aml_ppl._data import check_count
-from aml_ppl.errors import AmlPplError, ConvergenceWarning, InputDataError, ModelFittingError
+from aml_ppl.errors import ConvergenceWarning, InputDataError, ModelFittingError
 from aml_ppl.inference.base import (
     Engine,
     Posterior,
@@ -21,7 +21,6 @@ from aml_ppl.inference.base import (
 from aml_ppl.inference.io import recorded, stored
 from aml_ppl.inference.optimise import OptimisationResult, minimise_adam, minimise_lbfgs
 from aml_ppl.models.protocols import (
-    BoTorchExportable,
     EvidenceMaximisation,
     EvidenceObjective,
     ExactGaussian,
@@ -119,15 +118,8 @@ class GaussianPosterior(Posterior):
             raise InputDataError(f"the arguments hold no observations for site {site!r}.")
         return predictive.log_prob(observed[site].to(predictive.mean))
 
-    def to_botorch(self) -> Any:
-        r"""A BoTorch ``Model`` with this posterior's hyperparameters and data (a GP's
-        ``SingleTaskGP``), for any BoTorch acquisition function.
-
-        Raises:
-            AmlPplError: If the model offers no BoTorch form.
-        """
-        if not isinstance(self.model, BoTorchExportable):
-            raise AmlPplError(f"{type(self.model).__name__} has no BoTorch form.")
+    def _botorch_form(self, num_samples: int) -> Any:
+        r"""The model at the fitted hyperparameters (a GP's ``SingleTaskGP``)."""
         return self.model.botorch_model(self.latents, *self.data_args, **self.data_kwargs)
 
     def credible_interval(

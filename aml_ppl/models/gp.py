@@ -126,13 +126,17 @@ class _GaussianProcessBase(Model):
             return dist.Uniform(zero + support.lower_bound, zero + support.upper_bound).to_event(value.dim())
         return dist.Normal(zero, 10.0).to_event(value.dim())
 
-    def _module_call(self, values: dict[str, torch.Tensor], *args: Any, **kwargs: Any):
-        r"""``moments(*args)`` of the ExactGP with hyperparameters set to ``values``."""
-        raw = {
-            f"gp.{raw_name}": _unconstrained(values[site], constraint)
+    def _raw_values(self, values: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        r"""Hyperparameter values by site as GPyTorch raw values by parameter name."""
+        return {
+            raw_name: _unconstrained(values[site], constraint)
             for site, (raw_name, constraint) in self.hyperparameters().items()
             if site in values
         }
+
+    def _module_call(self, values: dict[str, torch.Tensor], *args: Any, **kwargs: Any):
+        r"""``moments(*args)`` of the ExactGP with hyperparameters set to ``values``."""
+        raw = {f"gp.{name}": value for name, value in self._raw_values(values).items()}
         return functional_call(self._moments, raw, args, kwargs, strict=False)
 
     def _noise(self, values: dict[str, torch.Tensor], y_scale: torch.Tensor | float = 1.0) -> torch.Tensor:
@@ -434,30 +438,26 @@ class GaussianProcess(_GaussianProcessBase):
         }
 
     def botorch_model(self, latents: GaussianLatents, X: torch.Tensor, y: torch.Tensor) -> Any:
-        r"""A BoTorch ``SingleTaskGP`` with these hyperparameters and data, for any BoTorch
-        acquisition function. Imports BoTorch (which changes GPyTorch settings
-        process-wide), so it is called only on request."""
-        from botorch.models import SingleTaskGP
-        from botorch.models.transforms import Normalize
+        r"""A BoTorch ``SingleTaskGP`` with the exact fit's hyperparameters and data (and its
+        input normalisation and output standardisation), for any BoTorch acquisition
+        function. Imports BoTorch (which changes GPyTorch settings process-wide), so it is
+        called only on request."""
+        from aml_ppl.models.botorch_forms import single_task_gp
 
-        stats = latents.statistics
-        gp = copy.deepcopy(self.gp)
-        parameters = dict(gp.named_parameters())
-        with torch.no_grad():
-            for site, (raw_name, constraint) in self.hyperparameters().items():
-                parameters[raw_name].copy_(_unconstrained(latents.fixed[site], constraint))
-        likelihood = gp.likelihood
-        if self.noise is not None:  # kept just above the likelihood's floor when it is 0
-            floor = self.noise_floor * (1 + 1e-6)
-            likelihood.noise = max(self.noise / stats["y_scale"].item() ** 2, floor)
-        bounds = torch.stack([stats["x_offset"], stats["x_offset"] + stats["x_scale"]])
-        model = SingleTaskGP(
-            X, y[:, None], likelihood=likelihood, covar_module=gp.covar_module, mean_module=gp.mean_module,
-            input_transform=Normalize(X.shape[1], bounds=bounds) if self.normalize_inputs else None,
-            outcome_transform=_fixed_standardize(stats) if stats["y_scale"] != 1 or stats["y_offset"] != 0 else None,
-        )
-        model.eval()
-        return model
+        raw = self._raw_values(latents.fixed)
+        return single_task_gp(self.gp, raw, latents.statistics, X, y, self.noise, self.noise_floor)
+
+    def botorch_ensemble(self, draws: dict[str, torch.Tensor], X: torch.Tensor, y: torch.Tensor) -> Any:
+        r"""The BoTorch form of a fit of the Pyro program (MAP, SVI, NUTS) on the raw data:
+        hyperparameter ``draws`` (site to ``S x ...``) become one ``SingleTaskGP`` when
+        ``S = 1`` and otherwise a :class:`~aml_ppl.models.botorch_forms.HyperparameterEnsembleGP`
+        batched over the draws, which BoTorch reads as a fully Bayesian model."""
+        from aml_ppl.models.botorch_forms import single_task_gp
+
+        stats = self._transforms(X, y, normalize=False, standardize=False)
+        count = next(iter(draws.values())).shape[0] if draws else 1
+        raw = self._raw_values({site: value[0] if count == 1 else value for site, value in draws.items()})
+        return single_task_gp(self.gp, raw, stats, X, y, self.noise, self.noise_floor, None if count == 1 else count)
 
 
 class MarginalLikelihood:
@@ -782,15 +782,3 @@ def robust_cholesky(matrix: torch.Tensor, what: str = "K(X, X) + noise I") -> to
         "remove duplicate inputs or learn the noise, use float64, and check the kernel: the "
         "sigmoid kernel, for one, is not positive semi-definite in general."
     )
-
-
-def _fixed_standardize(stats: dict[str, torch.Tensor]) -> Any:
-    from botorch.models.transforms import Standardize
-
-    transform = Standardize(m=1)
-    transform.means = stats["y_offset"].reshape(1, 1)
-    transform.stdvs = stats["y_scale"].reshape(1, 1)
-    transform._stdvs_sq = transform.stdvs.square()
-    transform._is_trained = torch.tensor(True)
-    transform.eval()
-    return transform

@@ -132,9 +132,12 @@ class PointwiseLikelihood(Protocol):
 
 @runtime_checkable
 class BoTorchExportable(Protocol):
-    r"""A BoTorch ``Model`` from a fitted exact posterior."""
+    r"""A BoTorch ``Model`` from a fitted exact posterior (``botorch_model``) or from draws
+    of the Pyro program's latent sites (``botorch_ensemble``: MAP, SVI, NUTS)."""
 
     def botorch_model(self, latents: GaussianLatents, *args: Any, **kwargs: Any) -> Any: ...
+
+    def botorch_ensemble(self, draws: dict[str, torch.Tensor], *args: Any, **kwargs: Any) -> Any: ...
 
 
 @runtime_checkable

@@ -14,7 +14,7 @@ from gpytorch.kernels import (
 )
 
 import aml_ppl as aml
-from aml_ppl.inference import NUTS, Exact
+from aml_ppl.inference import MAP, NUTS, Exact
 from aml_ppl.models import BayesianLinearRegression, GaussianProcess, SigmoidKernel
 
 
@@ -165,6 +165,47 @@ def test_nuts_over_hyperparameters_runs_and_exports(gp_data):
     assert idata.log_likelihood["obs"].shape == (1, 30, 20)  # pointwise: leave-one-out per draw
     assert "covar_module.outputscale" in aml.analysis.summary(post).index
     assert aml.analysis.loo(post).n_data_points == 20
+
+    # BoTorch form: a model batched over 6 draws whose posterior is the mixture of the
+    # per-draw GPs; BoTorch's acquisition functions average over the draws.
+    from botorch.acquisition import qLogExpectedImprovement
+    from botorch.optim import optimize_acqf
+
+    model = post.to_botorch(num_samples=6)
+    X_new = torch.rand(5, 2, dtype=torch.float64) * 4
+    draws = post.sample(6)
+    members = [post.model.botorch_ensemble({k: v[i : i + 1] for k, v in draws.items()}, X[:20], y[:20]) for i in range(6)]
+    with torch.no_grad():
+        mixture = model.posterior(X_new)
+        means = torch.stack([member.posterior(X_new).mean[:, 0] for member in members])
+        variances = torch.stack([member.posterior(X_new).variance[:, 0] for member in members])
+    torch.testing.assert_close(mixture.mixture_mean[:, 0], means.mean(0), rtol=0, atol=1e-9)
+    torch.testing.assert_close(mixture.mixture_variance[:, 0], (variances + means.square()).mean(0) - means.mean(0).square(), rtol=0, atol=1e-9)
+    acquisition = qLogExpectedImprovement(model, best_f=y[:20].max())
+    bounds = torch.tensor([[0.0, 0.0], [4.0, 4.0]], dtype=torch.float64)
+    candidate, value = optimize_acqf(acquisition, bounds, q=1, num_restarts=2, raw_samples=16)
+    assert candidate.shape == (1, 2) and value.shape == () and torch.isfinite(value)
+
+
+def test_a_map_fit_exports_the_gp_at_its_hyperparameters(gp_data):
+    """MAP of the hyperparameters (the Pyro program on the raw data) to BoTorch: the
+    SingleTaskGP's posterior is the closed-form one at the MAP values."""
+    X, y = gp_data
+    post = aml.fit(GaussianProcess(), X, y, engine=MAP(num_steps=200), seed=0)
+    model = post.to_botorch()
+    values = {site: value[0] for site, value in post.sample(1).items()}
+    kernel = ScaleKernel(RBFKernel()).double()
+    kernel.outputscale = values["covar_module.outputscale"]
+    kernel.base_kernel.lengthscale = values["covar_module.base_kernel.lengthscale"]
+    fixed = GaussianProcess(kernel, noise=values["likelihood.noise_covar.noise"].item(), standardize_outputs=False)
+    fixed.gp.mean_module.constant = values["mean_module.constant"]
+    closed_form = aml.fit(fixed, X, y, engine=Exact(learn=False))
+    X_new = torch.rand(7, 2, dtype=torch.float64) * 4
+    with torch.no_grad():
+        theirs = model.posterior(X_new)
+    latent = closed_form.predict(X_new, site="f")
+    torch.testing.assert_close(theirs.mean[:, 0], latent.mean, rtol=0, atol=1e-6)
+    torch.testing.assert_close(theirs.variance[:, 0], latent.variance, rtol=0, atol=1e-6)
 
 
 def test_exported_log_likelihood_is_the_exact_leave_one_out_predictive(gp_data):
