@@ -66,11 +66,12 @@ def held_out_bound(posterior, test: torch.Tensor, repeats: int = 4) -> torch.Ten
     return torch.stack([-posterior.log_prob(test) for _ in range(repeats)]).mean(0)
 
 
-def two_d(name: str, steps: int, hidden: int, variance: str, batch: int, ema: float | None) -> None:
+def two_d(name: str, steps: int, hidden: int, variance: str, batch: int, ema: float | None, timesteps: int) -> None:
     make = {"gaussians": eight_gaussians, "moons": two_moons}[name]
     train, test = make(20000, 0), make(5000, 1)
     model = aml.models.DDPM(
-        (2,), batch_size=batch, reverse_variance=variance, network_options={"hidden": hidden, "depth": 4}
+        (2,), batch_size=batch, reverse_variance=variance, network_options={"hidden": hidden, "depth": 4},
+        num_timesteps=timesteps,
     )
     engine = aml.inference.SVI(num_steps=steps, optim=decaying_adam(2e-3, steps), progress_bar=False, ema_decay=ema)
     start = time.perf_counter()
@@ -88,11 +89,11 @@ def two_d(name: str, steps: int, hidden: int, variance: str, batch: int, ema: fl
         return f"{values.mean():.3f} ± {values.std() / math.sqrt(len(values)):.3f}"
 
     print(
-        f"{name} (reverse variance {variance}, {steps} steps, batch {batch}, EMA {ema}): DDPM bound {mean_se(bound)} nats/pt "
+        f"{name} (T = {timesteps}, reverse variance {variance}, {steps} steps, batch {batch}, EMA {ema}): DDPM bound {mean_se(bound)} nats/pt "
         f"({bound.mean() / (2 * math.log(2)):.3f} bits/dim), entropy {ENTROPY[name]:.3f}, gap "
         f"{bound.mean() - ENTROPY[name]:.3f}; mixture (EM, k={k} by BIC) {mixture.mean():.3f}, "
         f"bound - mixture {mean_se(difference)} (paired); energy distance to held-out {energy:.4f}; "
-        f"{steps / training:.0f} training steps/s, {2000 / sampling:.0f} samples/s (T = 1000)"
+        f"{steps / training:.0f} training steps/s, {2000 / sampling:.0f} samples/s (T = {timesteps})"
     )
 
 
@@ -152,6 +153,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=512)
     parser.add_argument("--ema", type=float, default=None)
     parser.add_argument("--variance", default="learned", choices=["beta", "posterior", "learned"])
+    parser.add_argument("--timesteps", type=int, default=1000, help="T of the 2-d models")
     options = parser.parse_args()
     torch.set_num_threads(1)
     print(machine_line())
@@ -159,7 +161,7 @@ def main() -> None:
         if name == "digits":
             digits(options.digit_steps, Path(__file__).with_name("ddpm_digits.png"), options.variance)
         else:
-            two_d(name, options.steps, options.hidden, options.variance, options.batch, options.ema)
+            two_d(name, options.steps, options.hidden, options.variance, options.batch, options.ema, options.timesteps)
 
 
 if __name__ == "__main__":

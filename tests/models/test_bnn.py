@@ -120,7 +120,8 @@ def test_the_95_percent_predictive_interval_covers_held_out_data_at_about_its_ra
     strict=True,
     reason="not met yet: on make_moons (noise 0.3, 300 training points, 32-32 or 64-64) the "
     "mean-field BNN's ECE is 0.048-0.10 against MAP's 0.035-0.095 (it under-fits; with 100 "
-    "points it collapses to the prior). See issue 11's note.",
+    "points it collapses to the prior); local reparameterisation does not change that "
+    "(benchmarks/RESULTS.md). See issue 11's note.",
 )
 def test_a_bnn_is_better_calibrated_than_the_same_network_as_a_point_estimate():
     from sklearn.datasets import make_moons
