@@ -14,7 +14,9 @@ class PointEstimateError(AmlPplError, ValueError):
 
 def summary(posterior: Posterior, *args: Any, num_samples: int = 1000, **kwargs: Any) -> Any:
     r"""``arviz.summary`` of the latent sites (mean, sd, HDI, ESS, R-hat) as a DataFrame;
-    for a point estimate (MAP, a delta guide, an EM estimate), the ``value`` of each site.
+    for a point estimate (MAP, a delta guide, an EM estimate), the ``value`` of each site;
+    with one chain, ESS and R-hat are left out (R-hat needs two chains, and the draws of a
+    non-MCMC posterior are independent).
 
     Args:
         posterior: A fitted posterior from any engine.
@@ -26,7 +28,7 @@ def summary(posterior: Posterior, *args: Any, num_samples: int = 1000, **kwargs:
     idata = posterior.to_arviz(*args, num_samples=num_samples, **kwargs)
     if posterior.is_point_estimate:
         return az.summary(idata, stat_funcs={"value": lambda draws: draws.mean()}, extend=False)
-    return az.summary(idata)
+    return az.summary(idata, kind="all" if idata.posterior.sizes["chain"] > 1 else "stats")
 
 
 def loo(posterior: Posterior, *args: Any, num_samples: int = 1000, **kwargs: Any) -> Any:
