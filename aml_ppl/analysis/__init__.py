@@ -17,27 +17,35 @@ from aml_ppl.analysis.metrics import (
     regression_uncertainty,
     rmse,
 )
+from aml_ppl.analysis.linear import LeastSquaresFit, least_squares
 from aml_ppl.analysis.plots import plot_predictive_1d
 from aml_ppl.analysis.two_sample import energy_distance, mmd
+from aml_ppl.analysis.validation import RiskEstimate, bootstrap_632, cross_validate, negative_log_predictive
 
 __all__ = [
     "ABSTAIN",
     "PCA",
     "AnomalyDetector",
     "ClassificationUncertainty",
+    "LeastSquaresFit",
     "GaussianMixtureClassifier",
     "PointEstimateError",
     "RegressionUncertainty",
+    "RiskEstimate",
     "accuracy",
     "auroc",
     "bayes_optimal_action",
+    "bootstrap_632",
     "calibration_bins",
     "classification_uncertainty",
     "compare",
+    "cross_validate",
     "energy_distance",
     "expected_calibration_error",
+    "least_squares",
     "loo",
     "mmd",
+    "negative_log_predictive",
     "negative_log_likelihood",
     "plot_predictive_1d",
     "plot_reliability_diagram",
