@@ -6,7 +6,7 @@ PY      = $(VENV)/bin/python
 # `torch>=` range in pyproject.toml is already met and pip pulls no CUDA build.
 TORCH_CPU ?= torch==2.13.0
 
-.PHONY: install demo test bench gpu-check clean
+.PHONY: install demo test browser bench gpu-check clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -19,10 +19,16 @@ $(VENV)/.installed: pyproject.toml
 install: $(VENV)/.installed
 
 demo: install
-	$(PY) examples/demo.py --out out
+	$(VENV)/bin/aml-ppl demo --out out
 
-test: install
+test: install browser
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q
+
+# The report's browser test needs Chromium; on Debian as root, install it when missing (never fatal:
+# without it that one test skips and says why).
+browser:
+	@command -v chromium >/dev/null 2>&1 || { command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ] \
+		&& timeout 600 apt-get install -y -qq chromium >/dev/null 2>&1; } || echo "no Chromium: the browser test will skip"
 
 bench: install
 	$(PY) benchmarks/bench_blr.py

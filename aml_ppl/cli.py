@@ -2,6 +2,7 @@ r"""The ``aml-ppl`` command (also ``python -m aml_ppl``): fit a built-in model t
 
 Example::
 
+    aml-ppl demo --quick                     # every model family, an HTML report
     aml-ppl fit blr data.csv --target y --engine nuts --num-samples 500 --out fits/blr
     aml-ppl fit gmm points.parquet --components 3 --out fits/gmm
 
@@ -225,10 +226,26 @@ def fit_command(options: argparse.Namespace) -> None:
     print(f"wrote {options.out / 'inference_data.nc'}, {options.out / 'posterior.pt'} and {options.out / 'predictive.png'}")
 
 
+def demo_command(options: argparse.Namespace) -> None:
+    from aml_ppl.demo import run_demo
+
+    check_output_folder(options.out)
+    report = run_demo(options.out, quick=options.quick)
+    print(f"\nreport: {report}\nfigures: {report.parent}")
+
+
 def parser() -> argparse.ArgumentParser:
     command = argparse.ArgumentParser(prog="aml-ppl", description="Fit aml_ppl models from the command line.")
     command.add_argument("--version", action="version", version=f"aml_ppl {__version__}")
     commands = command.add_subparsers(dest="command", required=True)
+    demo = commands.add_parser(
+        "demo", help="fit every model family and write an HTML report",
+        description="Fit every model family with its default engine and one alternative, run a safe-BO loop, "
+        "and write a self-contained HTML report with its figures into a new run folder under --out.",
+    )
+    demo.add_argument("--quick", action="store_true", help="a smoke run with tiny budgets (under a minute)")
+    demo.add_argument("--out", type=Path, default=Path("aml-ppl-demo"), help="where run folders go (default: ./aml-ppl-demo)")
+    demo.add_argument("--debug", action="store_true", help="show tracebacks")
     fitting = commands.add_parser(
         "fit", help="fit a built-in model to a CSV or Parquet file",
         description="Fit a built-in model; print the ArviZ summary; write NetCDF, the posterior and a figure to --out.",
@@ -257,7 +274,10 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     options = parser().parse_args(argv)
     try:
-        fit_command(options)
+        if options.command == "demo":
+            demo_command(options)
+        else:
+            fit_command(options)
     except AmlPplError as error:
         if options.debug:
             raise
