@@ -2,6 +2,7 @@ r"""ArviZ summaries, leave-one-out cross-validation and model comparison for any
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 from aml_ppl.errors import AmlPplError
@@ -67,7 +68,10 @@ def compare(posteriors: dict[str, Posterior], num_samples: int = 1000, **options
 
     for name, posterior in posteriors.items():
         _refuse_point_estimate(posterior, name)
-    return az.compare({name: post.to_arviz(num_samples=num_samples) for name, post in posteriors.items()}, **options)
+    idata = {name: post.to_arviz(num_samples=num_samples) for name, post in posteriors.items()}
+    with warnings.catch_warnings():  # arviz 0.23 sorts in place, which pandas 3 deprecates
+        warnings.filterwarnings("ignore", message="The inplace keyword", category=DeprecationWarning)
+        return az.compare(idata, **options)
 
 
 def _refuse_point_estimate(posterior: Posterior, name: str | None = None) -> None:

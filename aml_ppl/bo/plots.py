@@ -26,7 +26,7 @@ def plot_safe_bo_1d(loop: SafeBayesianOptimization, ax: Any = None, problem: Saf
     lower, upper = sets["lower"][0].cpu(), sets["upper"][0].cpu()
     ax.fill_between(x, lower, upper, alpha=0.2, label="objective: confidence band")
     if problem is not None:
-        ax.plot(x, problem.values(problem.domain)[:, 0], "k", lw=1, label="true objective")
+        ax.plot(x, problem.true_values(problem.domain)[:, 0], "k", lw=1, label="true objective")
     ax.axhline(0, color="grey", lw=0.8)
     bottom = float(lower.min())
     for name, label, level, colour in (
@@ -60,7 +60,7 @@ def plot_progress(loop: SafeBayesianOptimization, problem: SafeProblem | None = 
         for record in records:
             x = torch.tensor([record.x], dtype=torch.float64)
             if problem.safe_mask(x).item():
-                best = max(best, problem.values(x)[0, 0].item())
+                best = max(best, problem.true_values(x)[0, 0].item())
             regrets.append(optimum - best)
         ax.plot(steps, regrets, label="simple regret")
     ax.set(xlabel="evaluation", yscale="symlog")

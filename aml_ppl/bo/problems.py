@@ -1,8 +1,10 @@
 r"""Safe-BO and active-learning test problems (Hübotter et al. 2024; BoTorch's test functions).
 
-A problem is a finite candidate ``domain`` and noise-free ``values(X)``: column 0 the
-objective (maximised), further columns the constraints (safe where all are >= 0). When
-``objective_is_constraint`` the objective is its own constraint (safe where it is >= 0).
+A problem is a finite candidate ``domain`` and, for the benchmark problems here, noise-free
+``values(X)``: column 0 the objective (maximised), further columns the constraints (safe
+where all are >= 0). When ``objective_is_constraint`` the objective is its own constraint
+(safe where it is >= 0). A user's own problem leaves ``values=None``: the loop needs only
+the domain, the noise and the confidence multiplier; the evaluations come from ``run``.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ class SafeProblem:
     Attributes:
         name: Its name.
         domain: ``N x d`` candidate points.
-        values: Maps ``n x d`` points to ``n x (1 + c)`` noise-free values.
+        values: Maps ``n x d`` points to ``n x (1 + c)`` noise-free values (benchmarks:
+            regret, true safety); ``None`` for a problem whose true values are unknown.
         noise_std: Standard deviation of the observation noise.
         beta: The confidence multiplier the reference experiments use.
         seed_region: ``N`` boolean mask of the domain where seed points are drawn.
@@ -34,7 +37,7 @@ class SafeProblem:
 
     name: str
     domain: Tensor
-    values: Callable[[Tensor], Tensor]
+    values: Callable[[Tensor], Tensor] | None
     noise_std: float
     beta: float
     seed_region: Tensor
@@ -42,25 +45,34 @@ class SafeProblem:
     lengthscale: float = 1.0
     num_seeds: int = 1
 
+    def true_values(self, X: Tensor) -> Tensor:
+        r"""The noise-free ``values(X)``; an error for a problem that has none."""
+        if self.values is None:
+            raise InputDataError(
+                f"problem {self.name!r} has no noise-free `values` (a problem of your own): regret, true "
+                "safety and simulated observations need them; evaluate your objective instead."
+            )
+        return self.values(X)
+
     def observe(self, X: Tensor, generator: torch.Generator | None = None) -> Tensor:
         r"""Noisy values at ``X`` (``n x d``): ``n x (1 + c)``."""
-        clean = self.values(X)
+        clean = self.true_values(X)
         noise = torch.randn(clean.shape, dtype=clean.dtype, generator=generator)
         return clean + self.noise_std * noise
 
     def safe_mask(self, X: Tensor | None = None) -> Tensor:
         r"""Where the true constraints hold (on the domain by default)."""
-        values = self.values(self.domain if X is None else X)
+        values = self.true_values(self.domain if X is None else X)
         constraints = values[:, :1] if self.objective_is_constraint else values[:, 1:]
         return (constraints >= 0).all(1)
 
     def safe_optimum(self) -> float:
         r"""The largest objective value over the truly safe part of the domain."""
-        return self.values(self.domain)[self.safe_mask(), 0].max().item()
+        return self.true_values(self.domain)[self.safe_mask(), 0].max().item()
 
     def simple_regret(self, x: Tensor) -> float:
         r"""The safe optimum minus the true objective at the point ``x`` (``d``)."""
-        return self.safe_optimum() - self.values(x.reshape(1, -1))[0, 0].item()
+        return self.safe_optimum() - self.true_values(x.reshape(1, -1))[0, 0].item()
 
     def seed_points(self, count: int | None = None, generator: torch.Generator | None = None) -> Tensor:
         r"""``count`` (by default ``num_seeds``) distinct domain points from the seed region,

@@ -117,14 +117,8 @@ class GaussianMixture(Model):
         }
 
     def validate(self, X: Any) -> tuple[tuple, dict]:
-        r"""Check ``X``: an ``n x d`` finite float tensor with ``n >= n_components``."""
-        X = check_float_tensor("X", X, ndim=2)
-        if X.shape[0] < self.n_components:
-            raise InputDataError(
-                f"`X` has {X.shape[0]} points but the mixture has {self.n_components} "
-                "components; use fewer components or more data."
-            )
-        return (X,), {}
+        r"""Check ``X``: an ``n x d`` finite float tensor."""
+        return (check_float_tensor("X", X, ndim=2),), {}
 
     # -- the Pyro program ------------------------------------------------------------
 
@@ -208,6 +202,11 @@ class GaussianMixture(Model):
         """
         if isinstance(init, dict):
             return self._given_params(X, init)
+        if X.shape[0] < self.n_components:
+            raise InputDataError(
+                f"`X` has {X.shape[0]} points but the mixture has {self.n_components} "
+                "components; use fewer components or more data."
+            )
         if init == "kmeans":
             centres = lloyd(X, kmeans_plusplus(X, self.n_components, trials=2 + int(math.log(self.n_components))))
         elif init == "kmeans++":

@@ -1,0 +1,25 @@
+"""Every script in examples/ runs with --smoke (tiny budgets), as a user would run it."""
+
+import runpy
+import sys
+from pathlib import Path
+
+import matplotlib
+import pytest
+
+EXAMPLES = Path(__file__).parents[1] / "examples"
+SCRIPTS = sorted(path.name for path in EXAMPLES.glob("[!_]*.py"))
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_example_runs(script, monkeypatch, capsys):
+    matplotlib.use("Agg")
+    monkeypatch.setattr(sys, "argv", [script, "--smoke"])
+    monkeypatch.syspath_prepend(str(EXAMPLES))
+    runpy.run_path(str(EXAMPLES / script), run_name="__main__")
+    assert capsys.readouterr().out.strip()
+
+
+def test_there_is_an_example_per_model_family():
+    assert {"blr.py", "logistic.py", "mixture.py", "gp.py", "bnn.py", "ddpm.py", "custom_model.py",
+            "botorch_loop.py", "safe_bo_own_problem.py"} <= set(SCRIPTS)
