@@ -41,3 +41,14 @@ def test_models_never_import_inference():
     for path in (package / "inference").rglob("*.py"):
         for line in path.read_text().splitlines():
             assert not line.startswith(("from aml_ppl.analysis", "from aml_ppl.bo", "import aml_ppl.bo")), path
+
+
+def test_the_readme_engine_table_is_current():
+    """The README's engine-by-model table is what the registry and the engines' checks say now."""
+    from pathlib import Path
+
+    from aml_ppl.inference.capabilities import capability_table
+
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    table = readme.split("<!-- engine-table -->\n")[1].split("\n<!-- /engine-table -->")[0]
+    assert table == capability_table(), "regenerate it with: python -m aml_ppl.inference.capabilities"
