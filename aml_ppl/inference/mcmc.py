@@ -2,6 +2,12 @@ r"""The No-U-Turn sampler (Pyro ``MCMC(NUTS)``) behind :func:`aml_ppl.fit`."""
 
 from __future__ import annotations
 
+import multiprocessing
+import os
+import pickle
+import warnings
+from concurrent.futures import Executor, ProcessPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, Callable, ClassVar
 
 import numpy as np
@@ -9,7 +15,7 @@ import pyro.infer
 import torch
 
 from aml_ppl._data import check_count, check_positive
-from aml_ppl.errors import InputDataError
+from aml_ppl.errors import AmlPplWarning, InputDataError, ModelFittingError
 from aml_ppl.inference.base import (
     Engine,
     Posterior,
@@ -141,8 +147,15 @@ class _RecordingNUTS(pyro.infer.NUTS):
 class NUTS(Engine):
     r"""Hamiltonian Monte Carlo with the No-U-Turn sampler.
 
-    Chains run one after another in this process (each with its own warm-up),
-    which is robust where Pyro's multiprocessing chains are not; R-hat and ESS
+    Each chain (with its own warm-up) is seeded from the run's seed and its index, so
+    where it runs does not change its draws: on an ``executor`` (any
+    ``concurrent.futures.Executor``: ``"processes"`` for a pool of spawned processes with
+    one thread each, Dask's ``Client.get_executor()`` for other machines) or one after
+    another in this process. The default ``"auto"`` uses processes when there are several
+    chains and cores and the model can be sent to a worker (not defined in ``__main__``,
+    a script or notebook, which a spawned process cannot import), else runs the chains in
+    turn. A worker that dies or runs past ``timeout`` fails the run with an error naming
+    the chain; nothing hangs. R-hat and ESS
     come from ArviZ on :meth:`~aml_ppl.inference.base.Posterior.to_arviz`, whose
     ``sample_stats`` hold ArviZ's usual diagnostics (``az.bfmi``, ``az.plot_energy``).
     ``history`` holds ``lp`` of each kept draw, chain after chain.
@@ -160,6 +173,9 @@ class NUTS(Engine):
         full_mass: Adapt a dense mass matrix.
         jit_compile: Trace the potential with the PyTorch JIT.
         progress_bar: Show Pyro's bar.
+        executor: ``"auto"``, ``"processes"``, ``None`` (in turn, in this process) or an
+            ``Executor`` to submit chains to (left running for its owner to shut down).
+        timeout: Seconds to wait for each chain on an executor; ``None`` waits.
 
     Example:
         >>> import torch, aml_ppl as aml
@@ -182,7 +198,15 @@ class NUTS(Engine):
         full_mass: bool = False,
         jit_compile: bool = False,
         progress_bar: bool = True,
+        executor: str | Executor | None = "auto",
+        timeout: float | None = None,
     ) -> None:
+        if not (executor is None or executor in ("auto", "processes") or isinstance(executor, Executor)):
+            raise InputDataError(f"`executor` must be 'auto', 'processes', None or a concurrent.futures.Executor; got {executor!r}.")
+        if timeout is not None:
+            check_positive("timeout", timeout)
+        self.executor = executor
+        self.timeout = timeout
         self.num_samples = check_count("num_samples", num_samples)
         self.warmup_steps = check_count("warmup_steps", warmup_steps, minimum=0)
         self.num_chains = check_count("num_chains", num_chains)
@@ -216,19 +240,15 @@ class NUTS(Engine):
 
     def fit(self, model: Callable, *args: Any, **kwargs: Any) -> SamplePosterior:
         self.check_supports(model, args, kwargs)
-        chains, stats = [], []
-        with isolated_param_store():
-            for _ in range(self.num_chains):
-                kernel = _RecordingNUTS(model, **self.kernel_options)
-                mcmc = pyro.infer.MCMC(
-                    kernel,
-                    num_samples=self.num_samples,
-                    warmup_steps=self.warmup_steps,
-                    disable_progbar=not self.progress_bar,
-                )
-                mcmc.run(*args, **kwargs)
-                chains.append(mcmc.get_samples())
-                stats.append(kernel.records)
+        # Chain seeds from the run's seeded generator: the same draws wherever a chain runs.
+        seeds = torch.randint(2**31 - 1, (self.num_chains,)).tolist()
+        settings = (self.kernel_options, self.num_samples, self.warmup_steps, self.progress_bar)
+        executor = self._chain_executor(model)
+        if executor is None:
+            results = [sample_chain(model, args, kwargs, settings, seed) for seed in seeds]
+        else:
+            results = self._on_executor(executor, model, args, kwargs, settings, seeds)
+        chains, stats = [chain for chain, _ in results], [records for _, records in results]
         samples = {name: torch.stack([chain[name] for chain in chains]) for name in chains[0]}
         stats = {
             name: torch.tensor([chain[name] for chain in stats], dtype=torch.bool if name == "diverging" else None)
@@ -244,3 +264,75 @@ class NUTS(Engine):
             history=stats["lp"].flatten(),
             objective="lp",
         )
+
+    def _chain_executor(self, model: Callable) -> Executor | str | None:
+        r"""Where the chains run: an executor, ``"pool"`` (a process pool this run owns), or
+        ``None`` (in turn, in this process)."""
+        if isinstance(self.executor, Executor):
+            return self.executor
+        several = self.num_chains > 1 and (os.cpu_count() or 1) > 1
+        if self.executor is None or (self.executor == "auto" and not several):
+            return None
+        reason = _unsendable(model)
+        if reason is None:
+            return "pool"
+        if self.executor == "processes":
+            warnings.warn(f"chains run one after another: {reason}.", ChainsInTurnWarning, stacklevel=4)
+        return None
+
+    def _on_executor(
+        self, executor: Executor | str, model: Callable, args: tuple, kwargs: dict, settings: tuple, seeds: list[int]
+    ) -> list[tuple[dict, dict]]:
+        owned = executor == "pool"
+        if owned:
+            context = multiprocessing.get_context("spawn")
+            executor = ProcessPoolExecutor(min(self.num_chains, os.cpu_count() or 1), mp_context=context)
+        futures = [executor.submit(sample_chain, model, args, kwargs, settings, seed, 1) for seed in seeds]
+        results = []
+        try:
+            for index, future in enumerate(futures):
+                try:
+                    results.append(future.result(timeout=self.timeout))
+                except FutureTimeout as error:
+                    raise ModelFittingError(f"NUTS chain {index} did not finish within timeout = {self.timeout} s.") from error
+                except Exception as error:  # a dead worker (BrokenProcessPool) or an error in the chain
+                    raise ModelFittingError(f"NUTS chain {index} failed in its worker: {type(error).__name__}: {error}") from error
+        finally:
+            if owned:
+                if len(results) < len(futures):  # a failed run leaves no worker behind
+                    for process in list(getattr(executor, "_processes", {}).values()):
+                        process.terminate()
+                executor.shutdown(wait=False, cancel_futures=True)
+        return results
+
+
+class ChainsInTurnWarning(AmlPplWarning):
+    r"""``executor="processes"`` was asked for, but the chains run one after another."""
+
+
+def sample_chain(
+    model: Callable, args: tuple, kwargs: dict, settings: tuple, seed: int, threads: int | None = None
+) -> tuple[dict[str, torch.Tensor], dict[str, list[float]]]:
+    r"""One NUTS chain from ``seed``: its kept draws and per-draw statistics. Runs in this
+    process or in a worker (``threads`` then caps the worker's torch threads)."""
+    kernel_options, num_samples, warmup_steps, progress_bar = settings
+    if threads is not None:
+        torch.set_num_threads(threads)
+    pyro.set_rng_seed(seed)
+    with isolated_param_store():
+        kernel = _RecordingNUTS(model, **kernel_options)
+        mcmc = pyro.infer.MCMC(kernel, num_samples=num_samples, warmup_steps=warmup_steps, disable_progbar=not progress_bar)
+        mcmc.run(*args, **kwargs)
+        return mcmc.get_samples(), kernel.records
+
+
+def _unsendable(model: Callable) -> str | None:
+    r"""Why ``model`` cannot be sent to a spawned worker, or ``None`` if it can."""
+    defined_in = getattr(model, "__module__", None) or type(model).__module__
+    if defined_in in ("__main__", "__mp_main__") or type(model).__module__ == "__main__":
+        return "the model is defined in __main__ (a script or notebook), which a worker cannot import; move it into a module"
+    try:
+        pickle.dumps(model)
+    except Exception as error:  # lambdas, closures, open handles
+        return f"the model cannot be pickled ({type(error).__name__}: {error})"
+    return None

@@ -1,0 +1,78 @@
+"""NUTS chains in worker processes: the same draws as in turn, and clear failures (no hangs)."""
+
+import multiprocessing
+import os
+import time
+
+import pyro
+import pyro.distributions as dist
+import pytest
+import torch
+
+import aml_ppl as aml
+from aml_ppl.errors import ModelFittingError
+from aml_ppl.inference import NUTS
+from aml_ppl.inference.mcmc import ChainsInTurnWarning
+
+
+def data():
+    generator = torch.Generator().manual_seed(0)
+    X = torch.randn(40, 2, dtype=torch.float64, generator=generator)
+    return X, X @ torch.tensor([1.0, -1.0], dtype=torch.float64) + 0.3 * torch.randn(40, dtype=torch.float64, generator=generator)
+
+
+def regression(X, y=None):
+    beta = pyro.sample("beta", dist.Normal(torch.zeros(2, dtype=X.dtype), 1.0).to_event(1))
+    with pyro.plate("data", X.shape[0]):
+        pyro.sample("obs", dist.Normal(X @ beta, 0.3), obs=y)
+
+
+def dies_in_a_worker(X, y=None):
+    if multiprocessing.parent_process() is not None:
+        os._exit(3)
+    regression(X, y)
+
+
+def hangs_in_a_worker(X, y=None):
+    if multiprocessing.parent_process() is not None:
+        time.sleep(60)
+    regression(X, y)
+
+
+def engine(**options):
+    return NUTS(num_samples=30, warmup_steps=30, num_chains=2, progress_bar=False, **options)
+
+
+def test_chains_in_two_processes_equal_the_same_chains_in_turn():
+    X, y = data()
+    for model in (regression, aml.models.BayesianLinearRegression(noise_scale=0.3)):
+        parallel = aml.fit(model, X, y, engine=engine(executor="processes"), seed=4)
+        in_turn = aml.fit(model, X, y, engine=engine(executor=None), seed=4)
+        for site, draws in in_turn.samples.items():
+            assert torch.equal(parallel.samples[site], draws)
+        assert torch.equal(parallel.stats["lp"], in_turn.stats["lp"])
+        assert not torch.equal(in_turn.samples["beta"][0], in_turn.samples["beta"][1])  # two different chains
+
+
+def test_a_dead_or_stuck_worker_fails_the_run_naming_the_chain():
+    X, y = data()
+    start = time.perf_counter()
+    with pytest.raises(ModelFittingError, match="NUTS chain 0 failed in its worker"):
+        aml.fit(dies_in_a_worker, X, y, engine=engine(executor="processes"), seed=0)
+    with pytest.raises(ModelFittingError, match="NUTS chain 0 did not finish within timeout = 8"):
+        aml.fit(hangs_in_a_worker, X, y, engine=engine(executor="processes", timeout=8), seed=0)
+    assert time.perf_counter() - start < 50
+
+
+def test_a_model_from_main_runs_its_chains_in_turn_with_a_warning():
+    X, y = data()
+
+    def local(X, y=None):
+        regression(X, y)
+
+    local.__module__ = "__main__"
+    with pytest.warns(ChainsInTurnWarning, match="defined in __main__"):
+        post = aml.fit(local, X, y, engine=engine(executor="processes"), seed=0)
+    assert post.samples["beta"].shape == (2, 30, 2)
+    with pytest.raises(ValueError, match="`executor`"):
+        NUTS(executor="threads")
