@@ -4,7 +4,7 @@ anomaly detection, classifiers."""
 from aml_ppl.analysis.anomaly import PCA, AnomalyDetector, auroc, roc_curve
 from aml_ppl.analysis.classification import GaussianMixtureClassifier
 from aml_ppl.analysis.decisions import ABSTAIN, bayes_optimal_action, uncertainty_sampling
-from aml_ppl.analysis.diagnostics import PointEstimateError, compare, loo, summary
+from aml_ppl.analysis.diagnostics import ParetoKWarning, PointEstimateError, compare, loo, plot_ppc, summary
 from aml_ppl.analysis.metrics import (
     ClassificationUncertainty,
     RegressionUncertainty,
@@ -29,6 +29,7 @@ __all__ = [
     "ClassificationUncertainty",
     "LeastSquaresFit",
     "GaussianMixtureClassifier",
+    "ParetoKWarning",
     "PointEstimateError",
     "RegressionUncertainty",
     "RiskEstimate",
@@ -47,6 +48,7 @@ __all__ = [
     "mmd",
     "negative_log_predictive",
     "negative_log_likelihood",
+    "plot_ppc",
     "plot_predictive_1d",
     "plot_reliability_diagram",
     "regression_uncertainty",

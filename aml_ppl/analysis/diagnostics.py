@@ -5,7 +5,7 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-from aml_ppl.errors import AmlPplError
+from aml_ppl.errors import AmlPplError, AmlPplWarning
 from aml_ppl.inference.base import Posterior
 
 
@@ -45,11 +45,50 @@ def loo(posterior: Posterior, *args: Any, num_samples: int = 1000, **kwargs: Any
     Raises:
         PointEstimateError: For a point estimate, whose in-sample density would be
             reported as out-of-sample (an optimistic elpd that outranks real posteriors).
+
+    Warns:
+        ParetoKWarning: Where the Pareto :math:`\hat k` of a point exceeds 0.7, naming the
+            points and what to do: PSIS cannot stand in for refitting without them there.
     """
     import arviz as az
 
     _refuse_point_estimate(posterior)
-    return az.loo(posterior.to_arviz(*args, num_samples=num_samples, **kwargs), pointwise=True)
+    idata = posterior.to_arviz(*args, num_samples=num_samples, **kwargs)
+    with warnings.catch_warnings():  # ArviZ's generic notice; ours below names the points
+        warnings.filterwarnings("ignore", message="Estimated shape parameter of Pareto distribution")
+        result = az.loo(idata, pointwise=True)
+    shape = result.pareto_k.values.reshape(-1)
+    high = [int(index) for index in (shape > 0.7).nonzero()[0]]
+    if high:
+        listed = ", ".join(map(str, high[:10])) + (", ..." if len(high) > 10 else "")
+        warnings.warn(
+            f"PSIS-LOO is unreliable for {len(high)} of {shape.size} observations (Pareto k > 0.7 at "
+            f"{listed}; largest {shape.max():.2f}): those points sway the posterior too much to be left out by "
+            "reweighting. Use K-fold cross-validation (aml.analysis.cross_validate), more draws, or a model "
+            "less sensitive to them (heavier-tailed noise).",
+            ParetoKWarning,
+            stacklevel=2,
+        )
+    return result
+
+
+class ParetoKWarning(AmlPplWarning):
+    r"""PSIS-LOO's Pareto :math:`\hat k` exceeds 0.7 for some observations."""
+
+
+def plot_ppc(posterior: Posterior, *args: Any, num_samples: int = 200, ax: Any = None, **kwargs: Any) -> Any:
+    r"""Posterior predictive check (``arviz.plot_ppc``): the observed data's density against
+    ``num_samples`` replicated data sets from the posterior predictive, for any engine.
+
+    Returns:
+        The matplotlib axes.
+    """
+    import arviz as az
+
+    idata = posterior.to_arviz(*args, num_samples=num_samples, **kwargs)
+    with warnings.catch_warnings():  # arviz 0.23 calls an API that matplotlib 3.11 deprecates
+        warnings.filterwarnings("ignore", message="Passing a dict or None as alias_mapping")
+        return az.plot_ppc(idata, num_pp_samples=num_samples, ax=ax)
 
 
 def compare(posteriors: dict[str, Posterior], num_samples: int = 1000, **options: Any) -> Any:

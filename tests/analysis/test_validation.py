@@ -104,3 +104,18 @@ def test_least_squares_bad_input(regression):
         aml.analysis.least_squares(torch.cat([X, X[:, 1:2]], 1), y)
     with pytest.raises(ValueError, match="`level`"):
         aml.analysis.least_squares(X, y).confidence_intervals(1.5)
+
+
+def test_loo_names_the_points_with_high_pareto_k_and_ppc_plots_any_posterior(regression):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    X, y = regression
+    y = y.clone()
+    y[7] += 30.0  # an outlier that moves the posterior: leaving it out is no small reweighting
+    post = aml.fit(BayesianLinearRegression(prior_precision=PRIOR_PRECISION, noise_scale=NOISE), X, y)
+    with pytest.warns(aml.analysis.ParetoKWarning, match=r"Pareto k > 0.7 at 7\b"):
+        result = aml.analysis.loo(post)
+    assert result.pareto_k.values[7] > 0.7
+    axes = aml.analysis.plot_ppc(post, num_samples=50)
+    assert len(axes.lines) > 50  # one line per replicated data set, the observed one and the mean
