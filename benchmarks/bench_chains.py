@@ -1,0 +1,93 @@
+"""NUTS chains in worker processes against the same chains in turn, and against Pyro's
+default `MCMC(NUTS, num_chains=2)`: wall time and effective samples per second.
+
+Posteriors with a published reference: eight schools (non-centred) and a Bayesian linear
+regression with n = 1000, d = 10 (known noise, Normal prior). 2 chains x (500 warm-up + 500
+kept draws), seed 0, one thread per process. ESS: ArviZ's bulk ESS, the smallest over the
+parameters. Goals (issue 14): processes <= 0.65x the wall time in turn; ESS/s >= 1.6x Pyro's
+default.
+Usage: python benchmarks/bench_chains.py
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import arviz as az
+import pyro
+import pyro.distributions as dist
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _common import machine_line  # noqa: E402
+
+import aml_ppl as aml  # noqa: E402
+from aml_ppl.inference import NUTS  # noqa: E402
+
+EFFECTS = torch.tensor([28.0, 8.0, -3.0, 7.0, -1.0, 1.0, 18.0, 12.0])
+SIGMAS = torch.tensor([15.0, 10.0, 16.0, 11.0, 9.0, 11.0, 10.0, 18.0])
+
+
+def eight_schools(sigma, y=None):
+    mu = pyro.sample("mu", dist.Normal(0.0, 5.0))
+    tau = pyro.sample("tau", dist.HalfCauchy(5.0))
+    with pyro.plate("schools", len(sigma)):
+        offset = pyro.sample("offset", dist.Normal(0.0, 1.0))
+        pyro.sample("obs", dist.Normal(mu + tau * offset, sigma), obs=y)
+
+
+def regression(X, y=None):
+    beta = pyro.sample("beta", dist.Normal(torch.zeros(X.shape[1], dtype=X.dtype), 1.0).to_event(1))
+    with pyro.plate("data", X.shape[0]):
+        pyro.sample("obs", dist.Normal(X @ beta, 0.5), obs=y)
+
+
+def problems() -> dict:
+    generator = torch.Generator().manual_seed(0)
+    X = torch.randn(1000, 10, dtype=torch.float64, generator=generator)
+    y = X @ torch.linspace(-1, 1, 10, dtype=torch.float64) + 0.5 * torch.randn(1000, dtype=torch.float64, generator=generator)
+    return {"eight schools (non-centred)": (eight_schools, (SIGMAS, EFFECTS)), "BLR n = 1000, d = 10": (regression, (X, y))}
+
+
+def smallest_ess(samples: dict) -> float:
+    return float(min(az.ess(az.from_dict(posterior={k: v.numpy() for k, v in samples.items()})).to_array().min(), 1e12))
+
+
+def ours(model, args, executor):
+    engine = NUTS(num_samples=500, warmup_steps=500, num_chains=2, progress_bar=False, executor=executor)
+    start = time.perf_counter()
+    posterior = aml.fit(model, *args, engine=engine, seed=0)
+    return time.perf_counter() - start, smallest_ess(posterior.samples)
+
+
+def pyro_default(model, args):
+    pyro.set_rng_seed(0)
+    mcmc = pyro.infer.MCMC(pyro.infer.NUTS(model), num_samples=500, warmup_steps=500, num_chains=2, disable_progbar=True)
+    start = time.perf_counter()
+    mcmc.run(*args)
+    seconds = time.perf_counter() - start
+    return seconds, smallest_ess(mcmc.get_samples(group_by_chain=True))
+
+
+def main() -> None:
+    torch.set_num_threads(1)
+    print(machine_line())
+    for name, (model, args) in problems().items():
+        runs = {
+            "aml_ppl, 2 processes": lambda: ours(model, args, "processes"),
+            "aml_ppl, in turn": lambda: ours(model, args, None),
+            "Pyro MCMC(NUTS), default": lambda: pyro_default(model, args),
+        }
+        results = {label: run() for label, run in runs.items()}
+        base_seconds, base_ess = results["Pyro MCMC(NUTS), default"]
+        turn_seconds = results["aml_ppl, in turn"][0]
+        for label, (seconds, ess) in results.items():
+            print(f"{name:28s} {label:26s} {seconds:7.1f} s  min bulk ESS {ess:7.0f}  ESS/s {ess / seconds:6.1f}  "
+                  f"wall vs in turn {seconds / turn_seconds:4.2f}x  ESS/s vs Pyro {(ess / seconds) / (base_ess / base_seconds):4.2f}x",
+                  flush=True)
+
+
+if __name__ == "__main__":
+    main()
