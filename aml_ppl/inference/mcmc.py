@@ -2,13 +2,15 @@ r"""The No-U-Turn sampler (Pyro ``MCMC(NUTS)``) behind :func:`aml_ppl.fit`."""
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import pickle
+import sys
 import warnings
 from concurrent.futures import Executor, ProcessPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
-from typing import Any, Callable, ClassVar
+from typing import Any, Callable, ClassVar, Iterator
 
 import numpy as np
 import pyro.infer
@@ -287,7 +289,8 @@ class NUTS(Engine):
         if owned:
             context = multiprocessing.get_context("spawn")
             executor = ProcessPoolExecutor(min(self.num_chains, os.cpu_count() or 1), mp_context=context)
-        futures = [executor.submit(sample_chain, model, args, kwargs, settings, seed, 1) for seed in seeds]
+        with _main_hidden() if owned else contextlib.nullcontext():  # workers start on submit
+            futures = [executor.submit(sample_chain, model, args, kwargs, settings, seed, 1) for seed in seeds]
         results = []
         try:
             for index, future in enumerate(futures):
@@ -324,6 +327,25 @@ def sample_chain(
         mcmc = pyro.infer.MCMC(kernel, num_samples=num_samples, warmup_steps=warmup_steps, disable_progbar=not progress_bar)
         mcmc.run(*args, **kwargs)
         return mcmc.get_samples(), kernel.records
+
+
+@contextlib.contextmanager
+def _main_hidden() -> Iterator[None]:
+    r"""Start spawned workers without re-running the user's script: a spawned process
+    re-imports ``__main__`` from its ``__file__`` or ``__spec__``, which runs an unguarded
+    script (no ``if __name__ == "__main__"``) again, fits and all. The chains' model and data
+    come pickled from importable modules (``_unsendable`` checks), so workers need none of it."""
+    main = sys.modules["__main__"]
+    spec, has_file, path = getattr(main, "__spec__", None), hasattr(main, "__file__"), getattr(main, "__file__", None)
+    main.__spec__ = None
+    if has_file:
+        del main.__file__
+    try:
+        yield
+    finally:
+        main.__spec__ = spec
+        if has_file:
+            main.__file__ = path
 
 
 def _unsendable(model: Callable) -> str | None:
