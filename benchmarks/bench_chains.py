@@ -45,6 +45,9 @@ def regression(X, y=None):
 
 
 def problems() -> dict:
+    # The models by their importable name, not __main__'s, so that worker processes can load them.
+    from bench_chains import eight_schools, regression
+
     generator = torch.Generator().manual_seed(0)
     X = torch.randn(1000, 10, dtype=torch.float64, generator=generator)
     y = X @ torch.linspace(-1, 1, 10, dtype=torch.float64) + 0.5 * torch.randn(1000, dtype=torch.float64, generator=generator)
