@@ -44,7 +44,7 @@ class Report:
     folder: Path
     quick: bool
     sections: list[Section] = field(default_factory=list)
-    rows: list[tuple[str, str, str, float, str, str]] = field(default_factory=list)
+    rows: list[tuple[str, str, str, float, float, str]] = field(default_factory=list)
 
     def section(self, title: str) -> None:
         self.sections.append(Section(title))
@@ -70,13 +70,13 @@ class Report:
         posterior = aml.fit(model, *args, engine=engine, seed=0)
         seconds = time.perf_counter() - start
         held_out = score(posterior)
-        self.rows.append((family, data, posterior.engine, seconds, f"{held_out:.3f}", key(posterior)))
+        self.rows.append((family, data, posterior.engine, seconds, held_out, key(posterior)))
         return posterior
 
     def write_html(self) -> Path:
         rows = "".join(
             f"<tr><td>{html.escape(family)}</td><td>{html.escape(data)}</td><td>{engine}</td><td>{seconds:.1f}</td>"
-            f"<td>{held_out}</td><td>{html.escape(key)}</td></tr>"
+            f"<td>{held_out:.3f}</td><td>{html.escape(key)}</td></tr>"
             for family, data, engine, seconds, held_out, key in self.rows
         )
         body = []
@@ -305,7 +305,7 @@ def diffusion(report: Report) -> None:
     score = lambda posterior: posterior.log_prob(held_out).mean().item()  # noqa: E731
     post = report.timed_fit("DDPM, MLP denoiser", "two moons", model, (train,), SVI(num_steps=steps, lr=2e-3, progress_bar=False),
                             score, lambda posterior: f"T = {timesteps} (its only engine: SVI)")
-    bits = -float(report.rows[-1][4]) / (2 * math.log(2))
+    bits = -report.rows[-1][4] / (2 * math.log(2))
     generated = post.predict(num_samples=1000, seed=0, progress_bar=False).samples
     report.say(f"two moons, held out: bound {bits:.3f} bits/dim (the data's entropy: 0.726 bits/dim); "
                f"energy distance to held-out points {aml.analysis.energy_distance(generated, held_out):.4f}")
@@ -377,5 +377,5 @@ def run_demo(out: Path | str = "aml-ppl-demo", quick: bool = False) -> Path:
         tour(report)
     print("\n== Every model family: default engine and an alternative (held-out mean log density) ==")
     for family, data, engine, seconds, held_out, key in report.rows:
-        print(f"{family:28s} {data:26s} {engine:6s} {seconds:7.1f} s  {held_out:>9s}  {key}")
+        print(f"{family:28s} {data:26s} {engine:6s} {seconds:7.1f} s  {held_out:9.3f}  {key}")
     return report.write_html()

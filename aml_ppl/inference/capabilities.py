@@ -3,7 +3,7 @@ each engine's ``incompatibility`` check (the capability protocols), so it cannot
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Callable
 
 import pyro
 import pyro.distributions as dist
@@ -59,9 +59,5 @@ def capability_table() -> str:
     return "\n".join(lines)
 
 
-def _main() -> Any:
-    print(capability_table())
-
-
 if __name__ == "__main__":
-    _main()
+    print(capability_table())
