@@ -56,6 +56,11 @@ class AmlPplWarning(UserWarning):
     r"""Base class of aml_ppl's warnings."""
 
 
+class JitFallbackWarning(AmlPplWarning):
+    r"""The JIT was asked for (or is the engine's default), but the model does not trace
+    faithfully; the engine ran without it."""
+
+
 class ConvergenceWarning(AmlPplWarning):
     r"""An optimiser stopped on its iteration cap, not on a tolerance."""
 

@@ -5,7 +5,8 @@ Posteriors with a published reference: eight schools (non-centred) and a Bayesia
 regression with n = 1000, d = 10 (known noise, Normal prior). 2 chains x (500 warm-up + 500
 kept draws), seed 0, one thread per process. ESS: ArviZ's bulk ESS, the smallest over the
 parameters. Goals (issue 14): processes <= 0.65x the wall time in turn; ESS/s >= 1.6x Pyro's
-default.
+default. aml_ppl's NUTS traces the potential with the JIT by default where the model traces;
+the rows without it and Pyro's own JIT are for comparison.
 Usage: python benchmarks/bench_chains.py
 """
 
@@ -58,16 +59,17 @@ def smallest_ess(samples: dict) -> float:
     return float(min(az.ess(az.from_dict(posterior={k: v.numpy() for k, v in samples.items()})).to_array().min(), 1e12))
 
 
-def ours(model, args, executor):
-    engine = NUTS(num_samples=500, warmup_steps=500, num_chains=2, progress_bar=False, executor=executor)
+def ours(model, args, executor, jit_compile=None):
+    engine = NUTS(num_samples=500, warmup_steps=500, num_chains=2, progress_bar=False, executor=executor, jit_compile=jit_compile)
     start = time.perf_counter()
     posterior = aml.fit(model, *args, engine=engine, seed=0)
     return time.perf_counter() - start, smallest_ess(posterior.samples)
 
 
-def pyro_default(model, args):
+def pyro_default(model, args, **kernel_options):
     pyro.set_rng_seed(0)
-    mcmc = pyro.infer.MCMC(pyro.infer.NUTS(model), num_samples=500, warmup_steps=500, num_chains=2, disable_progbar=True)
+    kernel = pyro.infer.NUTS(model, **kernel_options)
+    mcmc = pyro.infer.MCMC(kernel, num_samples=500, warmup_steps=500, num_chains=2, disable_progbar=True)
     start = time.perf_counter()
     mcmc.run(*args)
     seconds = time.perf_counter() - start
@@ -81,13 +83,15 @@ def main() -> None:
         runs = {
             "aml_ppl, 2 processes": lambda: ours(model, args, "processes"),
             "aml_ppl, in turn": lambda: ours(model, args, None),
+            "aml_ppl, 2 processes, no JIT": lambda: ours(model, args, "processes", jit_compile=False),
             "Pyro MCMC(NUTS), default": lambda: pyro_default(model, args),
+            "Pyro MCMC(NUTS(jit_compile=True))": lambda: pyro_default(model, args, jit_compile=True, ignore_jit_warnings=True),
         }
         results = {label: run() for label, run in runs.items()}
         base_seconds, base_ess = results["Pyro MCMC(NUTS), default"]
         turn_seconds = results["aml_ppl, in turn"][0]
         for label, (seconds, ess) in results.items():
-            print(f"{name:28s} {label:26s} {seconds:7.1f} s  min bulk ESS {ess:7.0f}  ESS/s {ess / seconds:6.1f}  "
+            print(f"{name:28s} {label:34s} {seconds:7.1f} s  min bulk ESS {ess:7.0f}  ESS/s {ess / seconds:6.1f}  "
                   f"wall vs in turn {seconds / turn_seconds:4.2f}x  ESS/s vs Pyro {(ess / seconds) / (base_ess / base_seconds):4.2f}x",
                   flush=True)
 

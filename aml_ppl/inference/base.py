@@ -167,9 +167,12 @@ class Posterior(ABC):
         structure: The model's sites by kind (:class:`~aml_ppl.inference.replay.Structure`).
         param_sites: Learned values of the model's ``pyro.param`` sites (exported to
             ArviZ's ``constant_data`` group); empty when there are none.
+        rank: The rank of the process that holds this posterior in a data-parallel fit
+            (0 otherwise); only rank 0 writes it with :meth:`save`.
     """
 
     kind: ClassVar[str]
+    rank: int = 0
 
     def __init__(
         self,
@@ -411,10 +414,12 @@ class Posterior(ABC):
 
     def save(self, path: str | Path) -> None:
         r"""Write tensors and JSON metadata; :func:`aml_ppl.load` reads them back
-        without unpickling arbitrary objects (``torch.load(weights_only=True)``)."""
+        without unpickling arbitrary objects (``torch.load(weights_only=True)``). In a
+        data-parallel fit only rank 0 writes (the ranks hold the same posterior)."""
         from aml_ppl.inference.io import save
 
-        save(self, path)
+        if self.rank == 0:
+            save(self, path)
 
     # -- the shared machinery --------------------------------------------------------
 

@@ -2,6 +2,7 @@ r"""Expectation-maximisation: closed-form steps where a model has them, generali
 
 from __future__ import annotations
 
+import inspect
 import math
 import warnings
 from typing import Any, Callable, ClassVar
@@ -21,6 +22,7 @@ from aml_ppl.inference.base import (
     register_engine,
     register_posterior,
 )
+from aml_ppl.inference.distributed import Ranks
 from aml_ppl.inference.io import recorded, stored
 from aml_ppl.inference.optimise import Checkpoint, minimise_lbfgs
 from aml_ppl.inference.replay import inspect_model, is_enumerated, structure_trace
@@ -180,6 +182,14 @@ class EM(Engine):
         num_replicates: Draws kept for ``"fisher"`` and ``"bootstrap"``.
         m_step_iterations: L-BFGS iterations per M-step on the generic path.
         progress_bar: Show a tqdm bar over iterations.
+        distributed: Data-parallel closed-form EM over the ranks of a ``torchrun`` launch:
+            every rank calls ``fit`` with its shard of the points; each E-step is local,
+            the M-step's sums over points (:math:`N_j`, :math:`\sum_i\gamma_{ij}x_i`, the
+            scatter) are summed over the ranks, and every rank takes the same M-step: the
+            result of one process on all the points. Starts are drawn on rank 0's shard
+            and broadcast; point estimates only.
+        timeout: Seconds a distributed step waits for the other ranks (see
+            :class:`~aml_ppl.inference.SVI`).
 
     Example:
         >>> import torch, aml_ppl as aml
@@ -202,6 +212,8 @@ class EM(Engine):
         num_replicates: int = 200,
         m_step_iterations: int = 20,
         progress_bar: bool = False,
+        distributed: bool = False,
+        timeout: float = 300.0,
     ) -> None:
         if not tol >= 0:
             raise InputDataError(f"`tol` must be non-negative; got {tol}.")
@@ -218,8 +230,12 @@ class EM(Engine):
         self.num_replicates = check_count("num_replicates", num_replicates)
         self.m_step_iterations = check_count("m_step_iterations", m_step_iterations)
         self.progress_bar = progress_bar
+        self.distributed = distributed
+        self.timeout = timeout
 
     def incompatibility(self, model: Callable, args: tuple, kwargs: dict) -> str | None:
+        if self.distributed:
+            return self._distributed_incompatibility(model)
         if isinstance(model, ClosedFormEM):
             return None
         if not callable(model):
@@ -249,6 +265,15 @@ class EM(Engine):
             )
         return None
 
+    def _distributed_incompatibility(self, model: Callable) -> str | None:
+        if not isinstance(model, ClosedFormEM):
+            return "data-parallel EM needs closed-form EM steps (such as GaussianMixture's)"
+        if "total" not in inspect.signature(model.em_m_step).parameters:
+            return "data-parallel EM needs an `em_m_step(X, responsibilities, total)` that sums over shards"
+        if self.uncertainty != "point":
+            return f"data-parallel EM gives point estimates; uncertainty={self.uncertainty!r} needs all points in one process"
+        return None
+
     def fit(self, model: Callable, *args: Any, **kwargs: Any) -> MixturePosterior:
         self.check_supports(model, args, kwargs)
         if isinstance(model, ClosedFormEM):
@@ -259,11 +284,13 @@ class EM(Engine):
 
     def _fit_closed_form(self, model: Any, args: tuple, kwargs: dict) -> MixturePosterior:
         X = args[0].double() if args[0].dtype != torch.float64 else args[0]
+        ranks = Ranks.join(self.timeout) if self.distributed else Ranks()
         best: tuple[dict, list[float], bool] | None = None
         failures = []
         for restart in range(self.n_init):
             try:
-                result = self._run(model, X, model.em_initial_params(X, self.init), restart)
+                start = ranks.share(lambda: model.em_initial_params(X, self.init))
+                result = self._run(model, X, start, restart, ranks)
             except ModelFittingError as error:  # one bad start loses nothing else
                 failures.append(str(error))
                 warnings.warn(f"EM restart {restart} failed: {error}", AmlPplWarning, stacklevel=3)
@@ -280,20 +307,24 @@ class EM(Engine):
             "fisher": lambda: self._fisher(model, X, params),
             "bootstrap": lambda: self._bootstrap(model, X, params),
         }[self.uncertainty]()
-        return MixturePosterior(
+        posterior = MixturePosterior(
             model, args, kwargs, params=params, replicates=replicates, converged=converged,
             engine=self.name, history=history,
             objective="mean_classification_log_likelihood" if self.hard else "mean_log_likelihood",
         )
+        posterior.rank = ranks.rank
+        return posterior
 
     def _run(
-        self, model: Any, X: torch.Tensor, params: dict[str, torch.Tensor], restart: int = 0
+        self, model: Any, X: torch.Tensor, params: dict[str, torch.Tensor], restart: int = 0, ranks: Ranks = Ranks()
     ) -> tuple[dict[str, torch.Tensor], list[float], bool]:
-        r"""One EM run from ``params``: alternate E- and M-steps until ``tol`` or ``max_iter``."""
+        r"""One EM run from ``params``: alternate E- and M-steps until ``tol`` or ``max_iter``
+        (the M-step's sums over points taken over all ``ranks``' shards)."""
+        shards = {"total": ranks.sum} if ranks.world_size > 1 else {}
         log_responsibilities, log_density = model.em_e_step(X, params)
-        history = [self._objective(log_responsibilities, log_density)]
+        history = [self._objective(log_responsibilities, log_density, ranks)]
         converged = False
-        steps = tqdm(range(self.max_iter), desc=f"em run {restart}", disable=not self.progress_bar)
+        steps = tqdm(range(self.max_iter), desc=f"em run {restart}", disable=not (self.progress_bar and ranks.is_main))
         for _ in steps:
             if self.hard:
                 labels = log_responsibilities.argmax(1)
@@ -301,18 +332,20 @@ class EM(Engine):
                 responsibilities = responsibilities.to(X.dtype)
             else:  # in place: the log responsibilities are not needed again
                 responsibilities = log_responsibilities.exp_()
-            params = model.em_m_step(X, responsibilities)
+            params = model.em_m_step(X, responsibilities, **shards)
             log_responsibilities, log_density = model.em_e_step(X, params)
-            history.append(self._objective(log_responsibilities, log_density))
+            history.append(self._objective(log_responsibilities, log_density, ranks))
             if abs(history[-1] - history[-2]) < self.tol:
                 converged = True
                 break
         return params, history, converged
 
-    def _objective(self, log_responsibilities: torch.Tensor, log_density: torch.Tensor) -> float:
-        if self.hard:  # max_z log p(x, z) = log p(x) + max_z log p(z | x)
-            return (log_density + log_responsibilities.max(1).values).mean().item()
-        return log_density.mean().item()
+    def _objective(self, log_responsibilities: torch.Tensor, log_density: torch.Tensor, ranks: Ranks) -> float:
+        r"""The mean over all points (every rank's) of the log-likelihood, or for hard EM of
+        :math:`\max_z \log p(x_i, z) = \log p(x_i) + \max_z \log p(z \mid x_i)`."""
+        values = log_density + log_responsibilities.max(1).values if self.hard else log_density
+        total, count = ranks.sum(torch.stack([values.sum(), values.new_tensor(values.numel())])).tolist()
+        return total / count
 
     def _bootstrap(self, model: Any, X: torch.Tensor, params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         r"""Refit on ``bootstrap`` resamples of the points, started at the estimate (AML §7.1)."""

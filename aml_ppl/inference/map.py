@@ -6,6 +6,7 @@ from typing import Any, Callable, ClassVar
 
 
 from aml_ppl.errors import InputDataError
+from aml_ppl.inference.distributed import Ranks
 from aml_ppl.inference.base import register_engine
 from aml_ppl.inference.replay import inspect_model
 from aml_ppl.inference.svi import SVI, minimise_elbo_lbfgs
@@ -32,6 +33,9 @@ class MAP(SVI):
         optimizer: ``"lbfgs"`` or ``"adam"`` (for minibatched models).
         lr: The Adam learning rate (L-BFGS uses its line search).
         progress_bar: Show a tqdm bar (Adam only).
+        distributed, data_plate, timeout: Data-parallel over the ranks of a ``torchrun``
+            launch, as :class:`~aml_ppl.inference.SVI`'s; with L-BFGS every evaluation's
+            loss and gradient are averaged over the ranks, so all take the same steps.
 
     Example:
         >>> import torch, aml_ppl as aml
@@ -51,6 +55,9 @@ class MAP(SVI):
         optimizer: str = "lbfgs",
         lr: float = 0.01,
         progress_bar: bool = True,
+        distributed: bool = False,
+        data_plate: str = "data",
+        timeout: float = 300.0,
     ) -> None:
         if optimizer not in ("lbfgs", "adam"):
             raise InputDataError(f"`optimizer` must be 'lbfgs' or 'adam'; got {optimizer!r}.")
@@ -59,6 +66,9 @@ class MAP(SVI):
             lr=lr,
             guide="laplace" if laplace else "delta",
             progress_bar=progress_bar,
+            distributed=distributed,
+            data_plate=data_plate,
+            timeout=timeout,
         )
         self.optimizer = optimizer
 
@@ -80,11 +90,12 @@ class MAP(SVI):
         return reason
 
     def _optimise(
-        self, model: Callable, guide: Callable, loss: Any, args: tuple, kwargs: dict
+        self, model: Callable, guide: Callable, loss: Any, args: tuple, kwargs: dict, ranks: Ranks
     ) -> tuple[list[float], int | None]:
         if self.optimizer == "adam":
-            return super()._optimise(model, guide, loss, args, kwargs)
+            return super()._optimise(model, guide, loss, args, kwargs, ranks)
         result = minimise_elbo_lbfgs(
-            loss, model, guide, args, kwargs, self.num_steps, tolerance_grad=1e-10, tolerance_change=1e-14, history_size=50
+            loss, model, guide, args, kwargs, self.num_steps, tolerance_grad=1e-10, tolerance_change=1e-14,
+            history_size=50, ranks=ranks,
         )
         return result.losses, len(result.losses) if result.failed else None

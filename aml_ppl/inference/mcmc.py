@@ -15,9 +15,11 @@ from typing import Any, Callable, ClassVar, Iterator
 import numpy as np
 import pyro.infer
 import torch
+from pyro.infer.mcmc.util import initialize_model
+from pyro.ops.integrator import potential_grad
 
 from aml_ppl._data import check_count, check_positive
-from aml_ppl.errors import AmlPplWarning, InputDataError, ModelFittingError
+from aml_ppl.errors import AmlPplWarning, InputDataError, JitFallbackWarning, ModelFittingError
 from aml_ppl.inference.base import (
     Engine,
     Posterior,
@@ -173,7 +175,11 @@ class NUTS(Engine):
         target_accept_prob: Step-size adaptation target.
         max_tree_depth: NUTS tree depth at most.
         full_mass: Adapt a dense mass matrix.
-        jit_compile: Trace the potential with the PyTorch JIT.
+        jit_compile: Trace the potential energy and its gradient with the PyTorch JIT
+            (Pyro's ``jit_compile``). ``None`` (the default): where the model traces
+            faithfully (see :func:`jit_problem`), else without it and with a
+            ``JitFallbackWarning`` (silently for a model that declares
+            ``jit_traceable = False``, the GPs); ``False`` never.
         progress_bar: Show Pyro's bar.
         executor: ``"auto"``, ``"processes"``, ``None`` (in turn, in this process) or an
             ``Executor`` to submit chains to (left running for its owner to shut down).
@@ -198,7 +204,7 @@ class NUTS(Engine):
         target_accept_prob: float = 0.8,
         max_tree_depth: int = 10,
         full_mass: bool = False,
-        jit_compile: bool = False,
+        jit_compile: bool | None = None,
         progress_bar: bool = True,
         executor: str | Executor | None = "auto",
         timeout: float | None = None,
@@ -214,11 +220,11 @@ class NUTS(Engine):
         self.num_chains = check_count("num_chains", num_chains)
         if not 0 < check_positive("target_accept_prob", target_accept_prob) < 1:
             raise InputDataError(f"`target_accept_prob` must lie in (0, 1); got {target_accept_prob}.")
+        self.jit_compile = jit_compile
         self.kernel_options = {
             "target_accept_prob": target_accept_prob,
             "max_tree_depth": check_count("max_tree_depth", max_tree_depth),
             "full_mass": full_mass,
-            "jit_compile": jit_compile,
             "ignore_jit_warnings": True,
         }
         self.progress_bar = progress_bar
@@ -244,7 +250,8 @@ class NUTS(Engine):
         self.check_supports(model, args, kwargs)
         # Chain seeds from the run's seeded generator: the same draws wherever a chain runs.
         seeds = torch.randint(2**31 - 1, (self.num_chains,)).tolist()
-        settings = (self.kernel_options, self.num_samples, self.warmup_steps, self.progress_bar)
+        kernel_options = {**self.kernel_options, "jit_compile": self._use_jit(model, args, kwargs)}
+        settings = (kernel_options, self.num_samples, self.warmup_steps, self.progress_bar)
         executor = self._chain_executor(model)
         if executor is None:
             results = [sample_chain(model, args, kwargs, settings, seed) for seed in seeds]
@@ -266,6 +273,21 @@ class NUTS(Engine):
             history=stats["lp"].flatten(),
             objective="lp",
         )
+
+    def _use_jit(self, model: Callable, args: tuple, kwargs: dict) -> bool:
+        if self.jit_compile is not None:
+            return self.jit_compile
+        if not getattr(model, "jit_traceable", True):
+            return False
+        problem = jit_problem(model, args, kwargs)
+        if problem is not None:
+            warnings.warn(
+                f"NUTS runs without the JIT: the model does not trace faithfully ({problem}). "
+                "Pass jit_compile=False to skip the check.",
+                JitFallbackWarning,
+                stacklevel=4,
+            )
+        return problem is None
 
     def _chain_executor(self, model: Callable) -> Executor | str | None:
         r"""Where the chains run: an executor, ``"pool"`` (a process pool this run owns), or
@@ -311,6 +333,54 @@ class NUTS(Engine):
 
 class ChainsInTurnWarning(AmlPplWarning):
     r"""``executor="processes"`` was asked for, but the chains run one after another."""
+
+
+# Where a JIT trace freezes a tensor into a Python value, torch warns; in torch's and Pyro's
+# own code (and ours) these are checks of arguments, in a user's model control flow.
+_TRUSTED_SOURCES = tuple(os.path.dirname(module.__file__) for module in (torch, pyro, sys.modules["aml_ppl"]))
+
+
+def jit_problem(model: Callable, args: tuple, kwargs: dict, num_points: int = 4) -> str | None:
+    r"""Why the JIT-traced potential energy of ``model`` cannot be trusted, or ``None``.
+
+    A trace records one run; a branch on a latent value, or a tensor turned into a Python
+    number, is frozen into it. The potential is traced at Pyro's initial point, and refused
+    when tracing fails, when torch warns that the model's own code turned a tensor into a
+    Python value, or when the traced potential or its gradient differs from the model's at
+    the initial point and ``num_points - 1`` points around it (unconstrained offsets of
+    scale 0.5 to 2). The random state is left as it was.
+    """
+    state = pyro.util.get_rng_state()
+    try:
+        with isolated_param_store(), warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            start, traced, _, _ = initialize_model(model, args, kwargs, jit_compile=True)
+            plain = initialize_model(model, args, kwargs)[1]
+            points = [start] + [
+                {name: value + scale * torch.randn_like(value) for name, value in start.items()}
+                for scale in torch.linspace(0.5, 2.0, num_points - 1).tolist()
+            ]
+            for point in points:
+                (traced_grads, traced_value), (grads, value) = (
+                    potential_grad(potential, {name: v.detach().clone() for name, v in point.items()})
+                    for potential in (traced, plain)
+                )
+                if not _agree(traced_value, value) or not all(_agree(traced_grads[k], grads[k]) for k in grads):
+                    return "the traced potential differs from the model's away from the point it was traced at"
+    except Exception as error:  # tracing fails in many ways
+        return f"{type(error).__name__}: {str(error).splitlines()[0][:200] if str(error) else ''}"
+    finally:
+        pyro.util.set_rng_state(state)
+    for warning in caught:
+        frozen = issubclass(warning.category, torch.jit.TracerWarning) and "to a Python" in str(warning.message)
+        if frozen and not warning.filename.startswith(_TRUSTED_SOURCES):
+            return f"{os.path.basename(warning.filename)}, line {warning.lineno}: {str(warning.message).split('.')[0]}"
+    return None
+
+
+def _agree(traced: torch.Tensor, plain: torch.Tensor) -> bool:
+    both_nan = torch.isnan(traced) & torch.isnan(plain)
+    return bool((both_nan | torch.isclose(traced, plain, rtol=1e-6, atol=1e-8)).all())
 
 
 def sample_chain(

@@ -10,6 +10,8 @@ from typing import Callable, Iterable
 
 import torch
 
+from aml_ppl.inference.distributed import Ranks
+
 
 class Checkpoint:
     r"""A copy of some parameters, to go back to.
@@ -60,16 +62,21 @@ class _NonFinite(Exception):
     pass
 
 
-def _evaluate(params: list[torch.Tensor], objective: Callable, best: Checkpoint, result: OptimisationResult) -> torch.Tensor:
-    r"""One evaluation: loss and gradient, recorded; the parameters saved when the loss is
-    the lowest so far; :class:`_NonFinite` raised on a non-finite loss or gradient."""
+def _evaluate(
+    params: list[torch.Tensor], objective: Callable, best: Checkpoint, result: OptimisationResult, ranks: Ranks
+) -> torch.Tensor:
+    r"""One evaluation: loss and gradient (averaged over ``ranks``), recorded; the parameters
+    saved when the loss is the lowest so far; :class:`_NonFinite` raised on a non-finite loss
+    or gradient."""
     for param in params:
         param.grad = None
     loss, differentiable = objective()
     value = loss.detach().item() if isinstance(loss, torch.Tensor) else float(loss)
+    if math.isfinite(value):
+        differentiable.backward()
+    value = ranks.average_step(value, params)
     if not math.isfinite(value):
         raise _NonFinite
-    differentiable.backward()
     gradient_norm = max((param.grad.abs().max().item() for param in params if param.grad is not None), default=0.0)
     if not math.isfinite(gradient_norm):
         raise _NonFinite
@@ -77,7 +84,7 @@ def _evaluate(params: list[torch.Tensor], objective: Callable, best: Checkpoint,
         best.save()
     result.losses.append(value)
     result.gradient_norm = gradient_norm
-    return loss.detach()
+    return torch.tensor(value, dtype=params[0].dtype, device=params[0].device)
 
 
 def minimise_lbfgs(
@@ -87,6 +94,7 @@ def minimise_lbfgs(
     tolerance_grad: float = 1e-5,
     tolerance_change: float = 1e-7,
     history_size: int = 20,
+    ranks: Ranks = Ranks(),
 ) -> OptimisationResult:
     r"""Minimise with ``torch.optim.LBFGS`` (strong-Wolfe line search), keeping the best
     finite point when the loss or its gradient stops being finite.
@@ -100,6 +108,9 @@ def minimise_lbfgs(
             gradient is the loss's (the loss itself, or a cheaper surrogate).
         max_iter: Iterations at most.
         tolerance_grad, tolerance_change, history_size: As ``torch.optim.LBFGS``'s.
+        ranks: Processes whose losses and gradients are averaged at every evaluation (each
+            holds a shard of the data, ``params`` in the same order on all): every rank
+            then takes the same steps.
 
     Returns:
         An :class:`OptimisationResult`; the parameters hold the optimum reached.
@@ -112,7 +123,7 @@ def minimise_lbfgs(
     result = OptimisationResult()
 
     def closure() -> torch.Tensor:
-        return _evaluate(params, objective, best, result)
+        return _evaluate(params, objective, best, result, ranks)
 
     try:
         optimizer.step(closure)
@@ -136,7 +147,7 @@ def minimise_adam(
     result = OptimisationResult()
     try:
         for _ in range(num_steps):
-            _evaluate(params, objective, best, result)
+            _evaluate(params, objective, best, result, Ranks())
             optimizer.step()
             result.iterations += 1
     except _NonFinite:

@@ -33,7 +33,8 @@ from pyro.infer.util import zero_grads
 from tqdm.auto import tqdm
 
 from aml_ppl._data import check_count, check_positive
-from aml_ppl.errors import AmlPplWarning, InputDataError, ModelFittingError, NonFiniteLossError
+from aml_ppl.errors import AmlPplWarning, InputDataError, JitFallbackWarning, ModelFittingError, NonFiniteLossError
+from aml_ppl.inference.distributed import DataPlateScale, RankFailureError, Ranks
 from aml_ppl.inference.base import (
     Engine,
     Posterior,
@@ -44,13 +45,9 @@ from aml_ppl.inference.base import (
 from aml_ppl.inference.io import recorded, stored
 from aml_ppl.inference.optimise import OptimisationResult, minimise_lbfgs
 from aml_ppl.inference.replay import inspect_model, is_enumerated
-from aml_ppl.models.protocols import HasGuide, InitialValues, PreferredLoss, VariationalBound
+from aml_ppl.models.protocols import DataScaledLoss, HasGuide, InitialValues, PreferredLoss, VariationalBound
 
 JIT_LOSSES = {Trace_ELBO: JitTrace_ELBO, TraceMeanField_ELBO: JitTraceMeanField_ELBO, TraceEnum_ELBO: JitTraceEnum_ELBO}
-
-
-class JitFallbackWarning(AmlPplWarning):
-    r"""``jit=True`` was asked for, but the model does not trace; SVI ran without the JIT."""
 
 
 class BoundaryWarning(AmlPplWarning):
@@ -228,6 +225,18 @@ class SVI(Engine):
         jit: Compile the default loss with Pyro's JIT (``JitTrace_ELBO`` and kin); a model
             that does not trace falls back to the plain loss with a ``JitFallbackWarning``.
         progress_bar: Show a tqdm bar.
+        distributed: Data-parallel over the ranks of a ``torchrun`` launch (or of a process
+            group you initialised): every rank calls ``fit`` with its own shard of the data
+            (:func:`~aml_ppl.inference.distributed.shard`) and the same seed; the sites inside
+            the plate ``data_plate`` are scaled by the world size, the parameters are created
+            once and broadcast from rank 0, and after each step the gradients are averaged
+            over the ranks in parameter-name order, so every rank takes the same step on the
+            full-data objective (:mod:`~aml_ppl.inference.distributed`). Every rank returns
+            the posterior; only rank 0 shows progress and writes it with ``save``.
+        data_plate: The name of the plate over data points (the built-in models' ``"data"``).
+        timeout: Seconds a distributed step waits for the other ranks before failing with
+            :class:`~aml_ppl.inference.distributed.RankFailureError` (a rank that dies fails
+            the others at once); used when ``fit`` initialises the process group.
 
     Example:
         >>> import torch, aml_ppl as aml
@@ -255,8 +264,12 @@ class SVI(Engine):
         progress_bar: bool = True,
         ema_decay: float | None = None,
         init: str = "map",
+        distributed: bool = False,
+        data_plate: str = "data",
+        timeout: float = 300.0,
     ) -> None:
         check_count("num_steps", num_steps)
+        check_positive("timeout", timeout)
         if init not in ("map", "median"):
             raise InputDataError(f"`init` must be 'map' or 'median'; got {init!r}.")
         if ema_decay is not None and not (isinstance(ema_decay, (int, float)) and 0 <= ema_decay < 1):
@@ -282,6 +295,9 @@ class SVI(Engine):
         self.ema_decay = ema_decay
         self.init = init
         self.progress_bar = progress_bar
+        self.distributed = distributed
+        self.data_plate = data_plate
+        self.timeout = timeout
 
     def incompatibility(self, model: Callable, args: tuple, kwargs: dict) -> str | None:
         if not callable(model):
@@ -295,13 +311,27 @@ class SVI(Engine):
 
     def fit(self, model: Callable, *args: Any, **kwargs: Any) -> GuidePosterior:
         self.check_supports(model, args, kwargs)
-        guide, spec = self._make_guide(model, args, kwargs)
+        ranks = Ranks.join(self.timeout) if self.distributed else Ranks()
+        loss = self.loss if self.loss is not None else self._default_loss(model, args, kwargs, self.jit)
+        scale = DataPlateScale(self.data_plate, ranks.world_size)
+        traced = self.distributed and not isinstance(loss, DataScaledLoss)
+        if self.distributed and not traced:  # the model's own loss scales its data terms
+            loss = copy.copy(loss)
+            loss.data_scale = ranks.world_size
+        fitted_model = scale(model) if traced else model
+        guide, spec = self._make_guide(model, args, kwargs, fitted_model, ranks)
+        fitted_guide = scale(guide) if traced else guide
         with isolated_param_store():
-            loss = self.loss if self.loss is not None else self._default_loss(model, args, kwargs, self.jit)
-            if self.jit and self.loss is None:
-                loss = self._traced_or_plain(loss, model, guide, args, kwargs)
-            history, failed_step = self._optimise(model, guide, loss, args, kwargs)
+            loss, params = self._first_evaluation(loss, fitted_model, fitted_guide, args, kwargs)
+            if traced and not scale.seen:
+                raise InputDataError(
+                    f"`distributed=True`: the model has no sample site inside a plate named "
+                    f"{self.data_plate!r}; name the plate over data points so, or pass `data_plate=`."
+                )
+            ranks.broadcast(params[name] for name in sorted(params))
+            history, failed_step = self._optimise(fitted_model, fitted_guide, loss, args, kwargs, ranks)
             posterior = self._freeze(model, guide, spec, args, kwargs, history)
+        posterior.rank = ranks.rank
         if failed_step is not None:
             raise NonFiniteLossError(
                 f"the {self.name} loss was not finite at step {failed_step + 1}; the "
@@ -313,13 +343,15 @@ class SVI(Engine):
             )
         return posterior
 
-    def _make_guide(self, model: Callable, args: tuple, kwargs: dict) -> tuple[Callable, str]:
+    def _make_guide(
+        self, model: Callable, args: tuple, kwargs: dict, fitted_model: Callable, ranks: Ranks
+    ) -> tuple[Callable, str]:
         if self.guide is None and isinstance(model, HasGuide):
             return model.guide, "model"
         if self.guide is None or isinstance(self.guide, str):
             name = self.guide or "normal"
             wants_start = self.init == "map" and name in ("normal", "mvn", "lowrank") and not isinstance(model, InitialValues)
-            start = map_start(model, args, kwargs) if wants_start else None
+            start = map_start(fitted_model, args, kwargs, ranks=ranks) if wants_start else None
             return make_autoguide(name, model, args, kwargs, start), name
         return self.guide, "custom"
 
@@ -348,35 +380,46 @@ class SVI(Engine):
             options["max_plate_nesting"] = structure.max_plate_nesting
         return JIT_LOSSES[type(loss)](**options)
 
-    def _traced_or_plain(self, loss: Any, model: Callable, guide: Callable, args: tuple, kwargs: dict) -> Any:
-        r"""The JIT loss if the model traces (one compiled evaluation, no step taken), else the
-        plain loss with a warning."""
+    def _first_evaluation(
+        self, loss: Any, model: Callable, guide: Callable, args: tuple, kwargs: dict
+    ) -> tuple[Any, dict[str, torch.Tensor]]:
+        r"""Evaluate the loss once before the first step: it creates every parameter (so that
+        rank 0's values can be broadcast before any gradient is taken) and compiles a JIT
+        loss. A JIT loss whose model does not trace is replaced by the plain loss, with a
+        warning. Returns the loss to use and the parameters by name (unconstrained leaves)."""
+        evaluate = getattr(loss, "differentiable_loss", loss.loss)
         try:
-            loss.differentiable_loss(model, guide, *args, **kwargs)  # compiles; no gradient taken
+            with poutine.trace(param_only=True) as capture:
+                finite_or_nan(evaluate, model, guide, *args, **kwargs)
         except Exception as error:  # tracing fails in many ways (data-dependent control flow, ...)
+            if not (self.jit and self.loss is None):
+                raise
             warnings.warn(
                 f"jit=True: the model does not trace ({type(error).__name__}: {str(error)[:200]}); "
                 "running SVI without the JIT.",
                 JitFallbackWarning,
                 stacklevel=4,
             )
-            return self._default_loss(model, args, kwargs)
-        return loss
+            return self._first_evaluation(self._default_loss(model, args, kwargs), model, guide, args, kwargs)
+        return loss, {name: site["value"].unconstrained() for name, site in capture.trace.nodes.items()}
 
     def _optimise(
-        self, model: Callable, guide: Callable, loss: Any, args: tuple, kwargs: dict
+        self, model: Callable, guide: Callable, loss: Any, args: tuple, kwargs: dict, ranks: Ranks
     ) -> tuple[list[float], int | None]:
-        r"""Run the steps; return the losses and the failing step (``None`` if none failed)."""
+        r"""Run the steps (losses and gradients averaged over ``ranks``); return the losses and
+        the failing step (``None`` if none failed)."""
         optim = OPTIMIZERS[self.optim](self.lr) if isinstance(self.optim, str) else self.optim
         history: list[float] = []
         last_finite: dict[torch.Tensor, torch.Tensor] = {}
         averages: dict[torch.Tensor, torch.Tensor] = {}
         failed_step = None
-        steps = tqdm(range(self.num_steps), desc=self.name, disable=not self.progress_bar)
+        steps = tqdm(range(self.num_steps), desc=self.name, disable=not (self.progress_bar and ranks.is_main))
         for step in steps:
             with poutine.trace(param_only=True) as capture:
                 value = finite_or_nan(loss.loss_and_grads, model, guide, *args, **kwargs)
-            params = {site["value"].unconstrained() for site in capture.trace.nodes.values()}
+            named = {name: site["value"].unconstrained() for name, site in capture.trace.nodes.items()}
+            value = ranks.average_step(value, (named[name] for name in sorted(named)))
+            params = set(named.values())
             with torch.no_grad():
                 if not math.isfinite(value):
                     for param, saved in last_finite.items():
@@ -477,10 +520,11 @@ def minimise_elbo_lbfgs(
     loss: Any, model: Callable, guide: Callable, args: tuple, kwargs: dict, max_iter: int, **options: Any
 ) -> OptimisationResult:
     r"""L-BFGS (:func:`~aml_ppl.inference.optimise.minimise_lbfgs`, ``options`` its
-    tolerances) on a deterministic ELBO loss over every parameter the pair creates."""
+    tolerances and ``ranks``) on a deterministic ELBO loss over every parameter the pair
+    creates, in name order."""
     with poutine.trace(param_only=True) as capture:
         loss.differentiable_loss(model, guide, *args, **kwargs)
-    params = [site["value"].unconstrained() for site in capture.trace.nodes.values()]
+    params = [capture.trace.nodes[name]["value"].unconstrained() for name in sorted(capture.trace.nodes)]
 
     def objective() -> tuple[torch.Tensor, torch.Tensor]:
         value = finite_or_nan(loss.differentiable_loss, model, guide, *args, **kwargs)
@@ -489,21 +533,26 @@ def minimise_elbo_lbfgs(
     return minimise_lbfgs(params, objective, max_iter, **options)
 
 
-def map_start(model: Callable, args: tuple, kwargs: dict, max_iter: int = 100) -> dict[str, torch.Tensor] | None:
+def map_start(
+    model: Callable, args: tuple, kwargs: dict, max_iter: int = 100, ranks: Ranks = Ranks()
+) -> dict[str, torch.Tensor] | None:
     r"""The MAP estimate of every latent site after at most ``max_iter`` L-BFGS iterations
-    (an ``AutoDelta`` on ``Trace_ELBO``, in a private parameter store); ``None`` for a
-    model with subsampled plates or enumerated sites (no deterministic joint to climb)
-    or when the run fails or ends at a non-finite point."""
+    (an ``AutoDelta`` on ``Trace_ELBO``, in a private parameter store, losses and gradients
+    averaged over ``ranks``); ``None`` for a model with subsampled plates or enumerated
+    sites (no deterministic joint to climb) or when the run fails or ends at a non-finite
+    point."""
     structure = inspect_model(model, args, kwargs)
     if structure.subsampled or structure.enumerated:
         return None
     with isolated_param_store():
         guide, elbo = AutoDelta(model), Trace_ELBO()
         try:
-            if minimise_elbo_lbfgs(elbo, model, guide, args, kwargs, max_iter).failed:
+            if minimise_elbo_lbfgs(elbo, model, guide, args, kwargs, max_iter, ranks=ranks).failed:
                 return None
             with torch.no_grad():
                 mode = {name: value.detach().clone() for name, value in guide.median(*args, **kwargs).items()}
+        except RankFailureError:
+            raise
         except (ValueError, RuntimeError):  # a model the point guide cannot run: Pyro's default start
             return None
     return mode if all(bool(torch.isfinite(value).all()) for value in mode.values()) else None

@@ -55,9 +55,15 @@ class Model(PyroModule):
     subclass that defines ``guide(*args, **kwargs)`` gets it used by SVI; one that
     does not gets an explicit autoguide (``AutoNormal``, SVI's documented default),
     never a silent no-op guide.
+
+    Attributes:
+        default_engine: The engine ``fit`` uses when none is named.
+        jit_traceable: Whether NUTS may trace the model's potential with the PyTorch JIT
+            (it still checks the trace); ``False`` runs it without, silently.
     """
 
     default_engine: ClassVar[str] = "svi"
+    jit_traceable: ClassVar[bool] = True
 
     @abstractmethod
     def model(self, *args: Any, **kwargs: Any) -> None:
@@ -79,10 +85,18 @@ class Model(PyroModule):
 class ModelLoss:
     r"""A training loss that the model computes itself, behind Pyro's ELBO interface
     (``differentiable_loss``, ``loss``, ``loss_and_grads``), so that SVI runs it as any ELBO.
-    Subclasses implement :meth:`differentiable_loss`."""
+    Subclasses implement :meth:`differentiable_loss`, multiplying the terms that sum over
+    data points by ``data_scale``.
+
+    Attributes:
+        num_particles: Draws per estimate.
+        data_scale: The factor on terms summed over data points: 1, or in data-parallel
+            SVI the world size (each rank holds a shard; the ranks' gradients are averaged).
+    """
 
     def __init__(self, num_particles: int = 1) -> None:
         self.num_particles = num_particles
+        self.data_scale = 1.0
 
     @abstractmethod
     def differentiable_loss(self, model: Any, guide: Any, *args: Any, **kwargs: Any) -> torch.Tensor:

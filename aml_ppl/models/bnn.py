@@ -249,7 +249,7 @@ class BayesianNeuralNetwork(Model):
             pyro.sample("obs", likelihood, obs=observed)
 
     def local_reparameterized_loss(
-        self, guide: Any, X: torch.Tensor, y: torch.Tensor, num_particles: int = 1
+        self, guide: Any, X: torch.Tensor, y: torch.Tensor, num_particles: int = 1, data_scale: float = 1.0
     ) -> torch.Tensor:
         r"""One estimate of the negative ELBO with the local reparameterisation trick
         (Kingma, Salimans & Welling 2015; notes AML §7.4 for the ELBO):
@@ -266,7 +266,8 @@ class BayesianNeuralNetwork(Model):
         noise per point. Each point's expected log-likelihood, hence the ELBO, is the one
         that drawing whole weight matrices estimates, with less variance across the batch.
         The weight KLs are analytic; any other latent site (a learned noise precision)
-        contributes :math:`\log q - \log p` at the guide's draw.
+        contributes :math:`\log q - \log p` at the guide's draw. ``data_scale`` multiplies
+        the likelihood term (the world size when each rank holds a shard of the data).
         """
         guide_trace = poutine.trace(guide).get_trace(X, y)
         moments, divergence = {}, X.new_zeros(())
@@ -301,7 +302,7 @@ class BayesianNeuralNetwork(Model):
                 hidden = ACTIVATIONS[self.activation](hidden)
         observed = y.long() if self.likelihood == "categorical" else y
         expected = self._likelihood(hidden, noise_precision).log_prob(observed).sum(-1).mean(0)
-        return divergence - expected * (count / X.shape[0])
+        return divergence - expected * (data_scale * count / X.shape[0])
 
     def guide(self, X: torch.Tensor, y: torch.Tensor | None = None) -> None:
         r""":math:`q = \mathcal{N}(\mu, \mathrm{diag}(s^2))` (``"meanfield"``) or
@@ -359,4 +360,4 @@ class LocalReparameterizationELBO(ModelLoss):
     def differentiable_loss(
         self, model: BayesianNeuralNetwork, guide: Any, X: torch.Tensor, y: torch.Tensor
     ) -> torch.Tensor:
-        return model.local_reparameterized_loss(guide, X, y, self.num_particles)
+        return model.local_reparameterized_loss(guide, X, y, self.num_particles, self.data_scale)

@@ -26,6 +26,12 @@ BLOCK_ELEMENTS = 1 << 20
 
 # (values, event_dims) -> each data point's component's value; see GaussianMixture.model.
 Chooser = Callable[[Tensor, int], Tensor]
+Total = Callable[[Tensor], Tensor]  # a per-shard sum to the sum over all shards
+
+
+def unsharded(statistic: Tensor) -> Tensor:
+    r"""The :data:`Total` of data held whole by one process: the statistic itself."""
+    return statistic
 
 
 def block_rows(k: int, d: int) -> int:
@@ -106,7 +112,7 @@ def precision_cholesky(covariances: Tensor, reg_covar: float) -> Tensor:
 # -- M-step estimates (IML §14.2), before regularisation ----------------------------------
 
 
-def _full_estimate(X: Tensor, responsibilities: Tensor, counts: Tensor, means: Tensor) -> Tensor:
+def _full_estimate(X: Tensor, responsibilities: Tensor, counts: Tensor, means: Tensor, total: Total) -> Tensor:
     r"""Scatter about the overall mean :math:`c`, one matrix product per block:
     :math:`\Sigma_j = \sum_i \gamma_{ij}(x_i-c)(x_i-c)^\top / N_j - (\mu_j-c)(\mu_j-c)^\top`."""
     k, d = means.shape
@@ -116,23 +122,24 @@ def _full_estimate(X: Tensor, responsibilities: Tensor, counts: Tensor, means: T
     for block, weight in zip(X.split(rows), responsibilities.split(rows)):
         centred = block - centre
         scatter += (centred[:, :, None] * weight[:, None, :]).reshape(-1, d * k).T @ centred
+    scatter = total(scatter)
     offset = means - centre
     return scatter.view(d, k, d).permute(1, 0, 2) / counts[:, None, None] - offset[:, :, None] * offset[:, None, :]
 
 
-def _tied_estimate(X: Tensor, responsibilities: Tensor, counts: Tensor, means: Tensor) -> Tensor:
+def _tied_estimate(X: Tensor, responsibilities: Tensor, counts: Tensor, means: Tensor, total: Total) -> Tensor:
     r""":math:`\Sigma = (\sum_i x_i x_i^\top - \sum_j N_j \mu_j\mu_j^\top) / n`."""
-    return (X.T @ X - (counts[:, None] * means).T @ means) / counts.sum()
+    return (total(X.T @ X) - (counts[:, None] * means).T @ means) / counts.sum()
 
 
-def _diag_estimate(X: Tensor, responsibilities: Tensor, counts: Tensor, means: Tensor) -> Tensor:
+def _diag_estimate(X: Tensor, responsibilities: Tensor, counts: Tensor, means: Tensor, total: Total) -> Tensor:
     r""":math:`s_{je} = \sum_i \gamma_{ij} x_{ie}^2 / N_j - \mu_{je}^2`."""
-    return responsibilities.T @ X.square() / counts[:, None] - means.square()
+    return total(responsibilities.T @ X.square()) / counts[:, None] - means.square()
 
 
-def _spherical_estimate(X: Tensor, responsibilities: Tensor, counts: Tensor, means: Tensor) -> Tensor:
+def _spherical_estimate(X: Tensor, responsibilities: Tensor, counts: Tensor, means: Tensor, total: Total) -> Tensor:
     r""":math:`\sigma_j^2`, the mean over coordinates of the diagonal estimate."""
-    return _diag_estimate(X, responsibilities, counts, means).mean(1)
+    return _diag_estimate(X, responsibilities, counts, means, total).mean(1)
 
 
 def _add_to_diagonal(covariances: Tensor, reg_covar: float) -> Tensor:
@@ -174,8 +181,10 @@ class CovarianceStructure:
     Attributes:
         storage: ``(k, d)`` to the shape the covariances are stored in.
         num_parameters: ``(k, d)`` to the number of free covariance parameters.
-        estimate: ``(X, responsibilities, counts, means)`` to the M-step's maximum-
-            likelihood covariances (IML §14.2), before ``reg_covar``.
+        estimate: ``(X, responsibilities, counts, means, total)`` to the M-step's maximum-
+            likelihood covariances (IML §14.2), before ``reg_covar``; ``total`` sums a
+            statistic of these points over every shard of the data (see
+            ``GaussianMixture.em_m_step``).
         regularise: ``(covariances, reg_covar)`` to :math:`\Sigma + v^2 I` (IML §14.3).
         density_terms: ``(means, covariances, reg_covar)`` to an object whose
             ``log_densities(block)`` gives the ``rows x k`` :math:`\log\mathcal{N}`.
@@ -191,7 +200,7 @@ class CovarianceStructure:
 
     storage: Callable[[int, int], tuple[int, ...]]
     num_parameters: Callable[[int, int], int]
-    estimate: Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
+    estimate: Callable[[Tensor, Tensor, Tensor, Tensor, Total], Tensor]
     regularise: Callable[[Tensor, float], Tensor]
     density_terms: Callable[[Tensor, Tensor, float], DiagonalTerms | CholeskyTerms]
     variances: Callable[[Tensor], Tensor]

@@ -184,7 +184,7 @@ class DiffusionELBO(ModelLoss):
     .. math:: -\mathcal{L} = \sum_{i}\Big[\mathrm{KL}(q(x_T \mid x_0^i) \,\|\, p(x_T))
         + T\,\ell_{t_i}(x_0^i)\Big], \qquad t_i \sim \mathcal{U}\{1, \dots, T\},
 
-    scaled by ``n / batch``, where :math:`\ell_1 = -\log p_\theta(x_0 \mid x_1)` and
+    scaled by ``n / batch`` (and by ``data_scale``), where :math:`\ell_1 = -\log p_\theta(x_0 \mid x_1)` and
     :math:`\ell_t = \mathrm{KL}(q(x_{t-1} \mid x_t, x_0) \,\|\, p_\theta(x_{t-1} \mid x_t))`.
     ``weighting="simple"``: Ho et al.'s :math:`L_\text{simple} = \mathbb{E}_{t,\epsilon}
     \lVert \epsilon - \epsilon_\theta(x_t, t)\rVert^2` (mean over the batch and the data's
@@ -201,7 +201,7 @@ class DiffusionELBO(ModelLoss):
         self.weighting = weighting
 
     def differentiable_loss(self, model: "DDPM", guide: Any, x0: torch.Tensor) -> torch.Tensor:
-        return model.subsampled_loss(x0, self.weighting, self.num_particles)
+        return model.subsampled_loss(x0, self.weighting, self.num_particles, self.data_scale)
 
 
 @register_model
@@ -527,8 +527,12 @@ class DDPM(Model):
         decoder = -self._decoder(decoder_mean, decoder_scale).log_prob(x0.expand_as(x_t))
         return torch.where(timesteps == 1, decoder, kl)
 
-    def subsampled_loss(self, x0: torch.Tensor, weighting: str, num_particles: int = 1) -> torch.Tensor:
-        r"""The :class:`DiffusionELBO` estimate on a random minibatch of ``batch_size`` points."""
+    def subsampled_loss(
+        self, x0: torch.Tensor, weighting: str, num_particles: int = 1, data_scale: float = 1.0
+    ) -> torch.Tensor:
+        r"""The :class:`DiffusionELBO` estimate on a random minibatch of ``batch_size`` points;
+        ``data_scale`` multiplies the bound's sum over points (:math:`L_\text{simple}`, a
+        mean, has none)."""
         count = x0.shape[0]
         size = min(self.batch_size, count)
         batch = self.to_model_scale(x0[torch.randperm(count, device=x0.device)[:size]] if size < count else x0)
@@ -539,7 +543,7 @@ class DDPM(Model):
         if weighting == "bound":
             terms = self._bound_terms_given(batch, x_t, timesteps, noise, predicted)
             per_point = self.schedule.prior_kl(batch, self.event_dims) + self.num_timesteps * terms.mean(0)
-            return per_point.sum() * (count / size)
+            return per_point.sum() * (data_scale * count / size)
         simple = (noise - predicted).square().mean()
         if self.reverse_variance != "learned":
             return simple

@@ -57,6 +57,8 @@ class _Moments(torch.nn.Module):
 class _GaussianProcessBase(Model):
     r"""What exact and sparse GPs share: the GPyTorch modules, hyperparameter sites, validation."""
 
+    jit_traceable: ClassVar[bool] = False  # GPyTorch's parameters would be constants of the trace
+
     def _setup(
         self,
         kernel: gpytorch.kernels.Kernel | None,

@@ -15,7 +15,7 @@ from pyro.ops.indexing import Vindex
 from aml_ppl._data import check_float_tensor
 from aml_ppl.errors import AmlPplWarning, InputDataError
 from aml_ppl.models.base import Model, register_model
-from aml_ppl.models.covariances import STRUCTURES, CovarianceStructure, block_rows
+from aml_ppl.models.covariances import STRUCTURES, CovarianceStructure, Total, block_rows, unsharded
 
 COVARIANCE_TYPES = tuple(STRUCTURES)
 class CollapsedComponentWarning(AmlPplWarning):
@@ -265,7 +265,9 @@ class GaussianMixture(Model):
             torch.sub(weighted, density[:, None], out=responsibilities)
         return log_responsibilities, log_density
 
-    def em_m_step(self, X: torch.Tensor, responsibilities: torch.Tensor) -> dict[str, torch.Tensor]:
+    def em_m_step(
+        self, X: torch.Tensor, responsibilities: torch.Tensor, total: Total = unsharded
+    ) -> dict[str, torch.Tensor]:
         r"""Maximum-likelihood parameters given responsibilities (IML §14.2):
 
         .. math::
@@ -276,18 +278,21 @@ class GaussianMixture(Model):
 
         with :math:`N_j = \sum_i \gamma_{ij}` and :math:`v^2` = ``reg_covar``
         (IML §14.3), constrained by the covariance type. Hard EM passes one-hot
-        responsibilities.
+        responsibilities. Every sum over points goes through ``total``, which turns the sum
+        over this shard of the data into the sum over all shards (data-parallel EM passes
+        an all-reduce; one process, the identity).
         """
-        n = X.shape[0]
         k = self.n_components
-        counts = responsibilities.sum(0) + 10 * torch.finfo(X.dtype).eps
-        means = responsibilities.T @ X / counts[:, None]
+        counts = total(responsibilities.sum(0)) + 10 * torch.finfo(X.dtype).eps
+        means = total(responsibilities.T @ X) / counts[:, None]
+        n = total(X.new_tensor(X.shape[0]))
         weights = counts / n if not self.equal_weights else X.new_full((k,), 1.0 / k)
         if self.fixed_variance is not None:
             covariances = X.new_full((k,), self.fixed_variance)
         else:
             structure = self._covariance
-            covariances = structure.regularise(structure.estimate(X, responsibilities, counts, means), self.reg_covar)
+            estimate = structure.estimate(X, responsibilities, counts, means, total)
+            covariances = structure.regularise(estimate, self.reg_covar)
         return {"weights": weights, "means": means, "covariances": covariances}
 
     def em_check(self, params: dict[str, torch.Tensor]) -> None:

@@ -40,7 +40,11 @@ class GaussianLatents:
 
 @runtime_checkable
 class ClosedFormEM(Protocol):
-    r"""Closed-form EM steps (the ``"em"`` engine's fast path; IML §14.2)."""
+    r"""Closed-form EM steps (the ``"em"`` engine's fast path; IML §14.2).
+
+    For data-parallel EM (``EM(distributed=True)``) ``em_m_step`` also takes ``total``, a
+    function that turns a sum over this process's shard of the points into the sum over
+    all shards, and passes every sum over points through it."""
 
     def em_initial_params(self, X: torch.Tensor, init: Any) -> dict[str, torch.Tensor]: ...
 
@@ -157,6 +161,16 @@ class PreferredLoss(Protocol):
     """
 
     def default_loss(self, num_particles: int = 1) -> Any: ...
+
+
+@runtime_checkable
+class DataScaledLoss(Protocol):
+    r"""A loss the model computes itself rather than through Pyro's trace (a
+    ``ModelLoss``): its terms summed over data points are multiplied by ``data_scale``,
+    which data-parallel SVI sets to the world size (as it scales a Pyro program's data
+    plate)."""
+
+    data_scale: float
 
 
 @runtime_checkable

@@ -76,3 +76,30 @@ def test_a_model_from_main_runs_its_chains_in_turn_with_a_warning():
     assert post.samples["beta"].shape == (2, 30, 2)
     with pytest.raises(ValueError, match="`executor`"):
         NUTS(executor="threads")
+
+
+def branches_on_a_latent(X, y=None):
+    beta = pyro.sample("beta", dist.Normal(torch.zeros(2, dtype=X.dtype), 1.0).to_event(1))
+    slope = beta if beta[0] > 0 else 2 * beta  # a Python branch on a latent value
+    with pyro.plate("data", X.shape[0]):
+        pyro.sample("obs", dist.Normal(X @ slope, 0.3), obs=y)
+
+
+@pytest.mark.parametrize("model", [regression, aml.models.BayesianLinearRegression()], ids=["plain", "blr"])
+def test_nuts_traces_by_default_and_draws_what_it_draws_without_the_jit(model) -> None:
+    r"""The JIT is on by default where the model traces; the traced potential is the
+    model's, so on the same seed the chains are the same draws."""
+    X, y = data()
+    assert aml.inference.mcmc.jit_problem(model, (X, y), {}) is None
+    runs = [
+        aml.fit(model, X, y, engine=NUTS(num_samples=30, warmup_steps=30, progress_bar=False, jit_compile=jit), seed=0)
+        for jit in (None, False)
+    ]
+    torch.testing.assert_close(runs[0].samples["beta"], runs[1].samples["beta"], atol=1e-9, rtol=0)
+
+
+def test_a_model_that_does_not_trace_runs_without_the_jit_and_says_why() -> None:
+    X, y = data()
+    with pytest.warns(aml.errors.JitFallbackWarning, match="test_chains.py, line .*Converting a tensor to a Python boolean"):
+        posterior = aml.fit(branches_on_a_latent, X, y, engine=NUTS(num_samples=20, warmup_steps=20, progress_bar=False), seed=0)
+    assert posterior.samples["beta"].shape == (1, 20, 2)
