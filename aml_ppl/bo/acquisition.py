@@ -11,12 +11,16 @@ posterior covariance does not depend on the observed values), so a batch spreads
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, NamedTuple, Sequence
 
+import numpy as np
 import torch
 from botorch.acquisition import AcquisitionFunction
 from botorch.models import ModelListGP
 from botorch.models.model import Model
+from gpytorch.kernels import Kernel
+from gpytorch.likelihoods import FixedNoiseGaussianLikelihood, GaussianLikelihood
+from gpytorch.models import ExactGP
 from torch import Tensor
 
 from aml_ppl.errors import InputDataError
@@ -42,8 +46,28 @@ class _JointPosteriorAcquisition(AcquisitionFunction):
         self.X_pending = None
 
     @staticmethod
-    def _noise(model: Model) -> Tensor:
-        return model.likelihood.noise.mean()
+    def _output_scale(model: Model) -> Tensor | float:
+        r"""The variance of one model-space output unit in the units of ``model.posterior``
+        (a BoTorch outcome transform's scale, squared)."""
+        scales = getattr(getattr(model, "outcome_transform", None), "stdvs", None)
+        return 1.0 if scales is None else scales.square().mean()
+
+    def _noise(self, model: Model) -> Tensor:
+        r"""The observation noise variance in the units of ``model.posterior``."""
+        return model.likelihood.noise.mean() * self._output_scale(model)
+
+    def _summed(self, X: Tensor, value: Callable[[Model, Tensor], Tensor]) -> Tensor:
+        r"""``value(model, X)`` summed over the models, computed once for models with the
+        same posterior covariance (the GPs of a safe-BO loop), on which these acquisitions
+        depend alone."""
+        total = X.new_zeros(X.shape[0])
+        done: list[tuple[Model, Tensor]] = []
+        for model in self.models:
+            same = next((result for other, result in done if _same_covariance(model, other)), None)
+            result = same if same is not None else value(model, X)
+            done.append((model, result))
+            total = total + result
+        return total
 
     def _joint(self, model: Model, X: Tensor) -> tuple[Tensor, Tensor | None, Tensor | None]:
         r"""Posterior (co)variances for ``b`` candidates ``X`` (``b x d``):
@@ -100,6 +124,8 @@ class ITL(_JointPosteriorAcquisition):
         models: One BoTorch model, or several sharing the target set.
         target: An ``m x d`` tensor, the target set :math:`A`.
         jitter: Added to :math:`\Sigma_{AA}`'s diagonal, relative to its mean.
+        tolerance: The variance a target point may keep given the selected ones, relative
+            to the noise (0: every point with variance left is selected).
 
     Example:
         >>> import torch
@@ -111,22 +137,194 @@ class ITL(_JointPosteriorAcquisition):
         torch.Size([4])
     """
 
+    def __init__(
+        self, models: Model | Sequence[Model], target: Tensor | None = None, jitter: float = 1e-9, tolerance: float = 1e-6
+    ) -> None:
+        super().__init__(models, target, jitter)
+        self.tolerance = tolerance
+
     def forward(self, X: Tensor) -> Tensor:
-        X = self._candidates(X)
-        total = X.new_zeros(X.shape[0])
-        for model in self.models:
-            noise = self._noise(model)
-            variance, cross, target_covariance = self._joint(model, X)
-            variance = variance.clamp_min(0)
-            if cross is None:
-                total = total + 0.5 * torch.log1p(variance / noise)
-                continue
-            scale = target_covariance.diagonal().mean().clamp_min(1e-12)
-            chol = torch.linalg.cholesky(plus_diagonal(target_covariance, self.jitter * scale))
-            explained = torch.linalg.solve_triangular(chol, cross.T, upper=False).square().sum(0)
-            conditional = (variance - explained).clamp_min(0)
-            total = total + 0.5 * torch.log((variance + noise) / (conditional + noise))
-        return total.clamp_min(0)
+        return self._summed(self._candidates(X), self._information).clamp_min(0)
+
+    def _information(self, model: Model, X: Tensor) -> Tensor:
+        r""":math:`I(f_A; y_x \mid \mathcal D)` for one model at candidates ``X`` (``b x d``)."""
+        parts = _ExactParts.of(model, self.X_pending)
+        if parts is not None:
+            target = None if self.target is None else model.transform_inputs(self.target)
+            variance, conditional = parts.conditional_variances(model.transform_inputs(X), target, self.jitter, self.tolerance)
+            return 0.5 * torch.log((variance + parts.noise) / (conditional + parts.noise))
+        noise = self._noise(model)
+        variance, cross, target_covariance = self._joint(model, X)
+        variance = variance.clamp_min(0)
+        if cross is None:
+            return 0.5 * torch.log1p(variance / noise)
+        scale = target_covariance.diagonal().mean().clamp_min(1e-12)
+        chol = torch.linalg.cholesky(plus_diagonal(target_covariance, self.jitter * scale))
+        explained = torch.linalg.solve_triangular(chol, cross.T, upper=False).square().sum(0)
+        conditional = (variance - explained).clamp_min(0)
+        return 0.5 * torch.log((variance + noise) / (conditional + noise))
+
+
+class _ExactParts(NamedTuple):
+    r"""An exact GP's prior covariance, training inputs (pending points appended) and
+    noise, in the model's own (transformed) space, where ITL is computed without forming
+    the candidates' joint covariance: ITL is unchanged by scaling the outputs and the
+    noise together.
+
+    Attributes:
+        kernel: The prior covariance function.
+        inputs: ``n x d`` training inputs, then the pending points.
+        noise_variances: ``n`` noise variances of those observations.
+        noise: The noise variance :math:`\rho^2` of a new observation.
+    """
+
+    kernel: Kernel
+    inputs: Tensor
+    noise_variances: Tensor
+    noise: Tensor
+
+    @classmethod
+    def of(cls, model: Model, pending: Tensor | None) -> "_ExactParts | None":
+        r"""The parts of a single-output, non-batched exact GP (a ``SingleTaskGP``), else ``None``."""
+        likelihood = getattr(model, "likelihood", None)
+        if not (isinstance(model, ExactGP) and isinstance(likelihood, GaussianLikelihood | FixedNoiseGaussianLikelihood)):
+            return None
+        inputs = model.train_inputs[0]
+        noise = likelihood.noise.reshape(-1)
+        if inputs.dim() != 2 or getattr(model, "num_outputs", 1) != 1 or noise.numel() not in (1, inputs.shape[0]):
+            return None
+        noise_variances = noise.expand(inputs.shape[0])
+        if pending is not None:
+            pending = model.transform_inputs(pending.reshape(-1, inputs.shape[-1]))
+            inputs = torch.cat([inputs, pending])
+            noise_variances = torch.cat([noise_variances, noise.mean().expand(pending.shape[0])])
+        return cls(model.covar_module, inputs, noise_variances, noise.mean())
+
+    def projected(self, X: Tensor) -> tuple[Tensor, Tensor]:
+        r"""The posterior variances at ``X`` and :math:`L^{-1}K_{DX}` (``n x b``), with
+        :math:`LL^\top = K_{DD} + \mathrm{diag}(\rho_D^2)`: posterior covariances are
+        :math:`K_{XY} - (L^{-1}K_{DX})^\top L^{-1}K_{DY}`."""
+        chol = torch.linalg.cholesky(self.kernel(self.inputs).to_dense() + torch.diag(self.noise_variances))
+        projection = torch.linalg.solve_triangular(chol, self.kernel(self.inputs, X).to_dense(), upper=False)
+        return (self.kernel(X, diag=True) - projection.square().sum(0)).clamp_min(0), projection
+
+    def cross_covariances(self, X: Tensor, target: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        r"""``(variance_X, covariance_XA, variance_A)``: the candidates' and targets'
+        posterior variances and their ``b x m`` posterior covariances."""
+        variances, projection = self.projected(torch.cat([X, target]))
+        b = X.shape[0]
+        cross = self.kernel(X, target).to_dense() - projection[:, :b].T @ projection[:, b:]
+        return variances[:b], cross, variances[b:]
+
+    def conditional_variances(
+        self, X: Tensor, target: Tensor | None, jitter: float, tolerance: float
+    ) -> tuple[Tensor, Tensor]:
+        r""":math:`\mathrm{Var}[f_x \mid \mathcal D]` and :math:`\mathrm{Var}[f_x \mid f_P, \mathcal D]`
+        for the candidates, :math:`P \subseteq A` the target points a pivoted Cholesky
+        factorisation of :math:`\Sigma_{AA}` selects until every target point's variance
+        given :math:`f_P` is at most ``tolerance`` :math:`\rho^2`: conditioning on the
+        rest of :math:`A` then changes nothing measurable (``tolerance=0`` keeps every point
+        with variance left). Without a target, :math:`A` holds every candidate, and the
+        second is 0."""
+        if target is None:
+            variance = self.projected(X)[0]
+            return variance, torch.zeros_like(variance)
+        variances, projection = self.projected(torch.cat([X, target]))
+        b = X.shape[0]
+        variance, projected_X, diagonal, projected_A = variances[:b], projection[:, :b], variances[b:], projection[:, b:]
+
+        def covariance(rows: Tensor, rows_projected: Tensor, index: Tensor) -> Tensor:
+            return self.kernel(rows, target[index]).to_dense() - rows_projected.T @ projected_A[:, index]
+
+        pivots = _pivots(
+            diagonal,
+            lambda index: covariance(target, projected_A, index),
+            lambda index: covariance(target[index], projected_A[:, index], index),
+            tolerance * float(self.noise.detach()),
+        )
+        pivot_covariance = covariance(target[pivots], projected_A[:, pivots], pivots)
+        scale = pivot_covariance.diagonal().mean().clamp_min(1e-12)
+        pivot_chol = torch.linalg.cholesky(plus_diagonal(pivot_covariance, jitter * scale))
+        cross = covariance(X, projected_X, pivots)
+        explained = torch.linalg.solve_triangular(pivot_chol, cross.T, upper=False).square().sum(0)
+        return variance, (variance - explained).clamp_min(0)
+
+
+def _pivots(
+    diagonal: Tensor, columns: Callable[[Tensor], Tensor], submatrix: Callable[[Tensor], Tensor], tolerance: float,
+    block: int = 32,
+) -> Tensor:
+    r"""Indices of a greedy pivoted Cholesky factorisation of an ``m x m`` PSD matrix given
+    its diagonal, ``columns(index)`` (its ``m x len(index)`` columns) and
+    ``submatrix(index)`` (the rows and columns ``index``), stopping when every residual
+    variance is at most ``tolerance``. Blocked: each round takes the ``2 * block`` points of
+    largest residual variance, chooses up to ``block`` pivots among them greedily on their
+    small residual matrix (:func:`_greedy_pivots`: neighbours a chosen pivot already
+    explains are passed over), and only then forms the chosen pivots' columns."""
+    residual = diagonal.detach().clone()
+    limit = max(float(tolerance), 1e-12 * float(residual.max().clamp_min(1e-300)))
+    factor = residual.new_zeros(min(residual.shape[0], 4 * block), residual.shape[0])  # a row per pivot
+    rank, chosen = 0, []
+    while True:
+        pool = residual.topk(min(2 * block, residual.shape[0])).indices
+        pool = pool[residual[pool] > limit]
+        if pool.numel() == 0:
+            return torch.cat(chosen) if chosen else residual.new_zeros(0, dtype=torch.long)
+        pool_factor = factor[:rank, pool]
+        pool_matrix = submatrix(pool) - pool_factor.T @ pool_factor
+        picked = _greedy_pivots(pool_matrix, limit, block)
+        selected = pool[picked]
+        selected_rows = columns(selected).T - pool_factor[:, picked].T @ factor[:rank]
+        block_chol = torch.linalg.cholesky(plus_diagonal(pool_matrix[picked][:, picked], limit))
+        new = torch.linalg.solve_triangular(block_chol, selected_rows, upper=False)
+        if rank + new.shape[0] > factor.shape[0]:
+            factor = torch.cat([factor, torch.zeros_like(factor)])
+        factor[rank : rank + new.shape[0]] = new
+        rank += new.shape[0]
+        residual = (residual - new.square().sum(0)).clamp_min(0)
+        residual[selected] = 0  # chosen: known up to the added variance
+        chosen.append(selected)
+
+
+def _greedy_pivots(matrix: Tensor, limit: float, count: int) -> Tensor:
+    r"""Up to ``count`` pivots of a greedy pivoted Cholesky factorisation of a small PSD
+    ``matrix`` (largest residual variance first, none at or below ``limit``); on NumPy,
+    whose per-operation cost is small next to torch's on such matrices."""
+    residual_matrix = matrix.detach().cpu().numpy()
+    residual = residual_matrix.diagonal().copy()
+    factor = np.zeros((residual.shape[0], count))
+    picked = []
+    for step in range(count):
+        pivot = int(residual.argmax())
+        if residual[pivot] <= limit:
+            break
+        column = (residual_matrix[:, pivot] - factor[:, :step] @ factor[pivot, :step]) / np.sqrt(residual[pivot])
+        factor[:, step] = column
+        residual -= column**2
+        residual[pivot] = 0.0
+        picked.append(pivot)
+    return torch.tensor(picked, dtype=torch.long, device=matrix.device)
+
+
+def _same_covariance(model: Model, other: Model) -> bool:
+    r"""Whether two models have the same posterior covariance (the same kernel, training
+    inputs and noise; their targets may differ): the objective and constraint GPs of a
+    safe-BO loop share it, so ITL computes it once."""
+    if model is other:
+        return True
+    if not all(isinstance(m, ExactGP) and hasattr(m, "covar_module") for m in (model, other)):
+        return False
+    if type(model.covar_module) is not type(other.covar_module) or repr(model.covar_module) != repr(other.covar_module):
+        return False
+    pairs = [
+        (model.train_inputs[0], other.train_inputs[0]),
+        (model.likelihood.noise, other.likelihood.noise),
+        *zip(model.covar_module.parameters(), other.covar_module.parameters()),
+    ]
+    transforms = [getattr(m, "input_transform", None) for m in (model, other)]
+    if any(t is not None for t in transforms):
+        return False
+    return all(a.shape == b.shape and torch.equal(a, b) for a, b in pairs)
 
 
 class VTL(_JointPosteriorAcquisition):
@@ -147,13 +345,19 @@ class VTL(_JointPosteriorAcquisition):
         super().__init__(models, target)
 
     def forward(self, X: Tensor) -> Tensor:
-        X = self._candidates(X)
-        total = X.new_zeros(X.shape[0])
-        for model in self.models:
-            variance, cross, target_covariance = self._joint(model, X)
-            reduction = cross.square().sum(1) / (variance.clamp_min(0) + self._noise(model))
-            total = total - (target_covariance.diagonal().sum() - reduction)
-        return total
+        return self._summed(self._candidates(X), self._remaining_variance)
+
+    def _remaining_variance(self, model: Model, X: Tensor) -> Tensor:
+        parts = _ExactParts.of(model, self.X_pending)
+        if parts is not None:  # in model units, then in the posterior's
+            variance, cross, target_variance = parts.cross_covariances(
+                model.transform_inputs(X), model.transform_inputs(self.target)
+            )
+            reduction = cross.square().sum(1) / (variance + parts.noise)
+            return -(target_variance.sum() - reduction) * self._output_scale(model)
+        variance, cross, target_covariance = self._joint(model, X)
+        reduction = cross.square().sum(1) / (variance.clamp_min(0) + self._noise(model))
+        return -(target_covariance.diagonal().sum() - reduction)
 
 
 class UncertaintySampling(_JointPosteriorAcquisition):
@@ -168,5 +372,10 @@ class UncertaintySampling(_JointPosteriorAcquisition):
         super().__init__(models, None)
 
     def forward(self, X: Tensor) -> Tensor:
-        X = self._candidates(X)
-        return sum(self._joint(model, X)[0].clamp_min(0) for model in self.models)
+        return self._summed(self._candidates(X), self._variance)
+
+    def _variance(self, model: Model, X: Tensor) -> Tensor:
+        parts = _ExactParts.of(model, self.X_pending)
+        if parts is not None:
+            return parts.projected(model.transform_inputs(X))[0] * self._output_scale(model)
+        return self._joint(model, X)[0].clamp_min(0)

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from aml_ppl.errors import InputDataError
 
@@ -19,8 +20,10 @@ class EvaluationRecord:
         step: 0, 1, ... in the order of evaluation (seed points first).
         x: The point, as a list.
         values: The observed objective and constraint values, or ``None`` when it failed.
-        status: ``"seed"``, ``"ok"`` or ``"failed"``.
-        message: Why it failed, else ``""``.
+        status: ``"seed"``, ``"ok"``, ``"failed"``, or ``"interrupted"`` (dispatched to an
+            executor but not finished when the loop's process ended: no data, and the
+            point may be proposed again).
+        message: Why it failed or was interrupted, else ``""``.
         safe_set_size: :math:`|S_n|` when the point was chosen (0 for seeds).
         area_size: :math:`|A_n|` likewise.
         certificate: :math:`\max_{\hat S_n} u_f - \max_{S_n} l_f` likewise (NaN for seeds).
@@ -43,6 +46,9 @@ class Journal:
 
     Each :meth:`append` is its own committed transaction (SQLite's journal makes it
     atomic), so a process killed at any moment leaves exactly the finished evaluations.
+    Points dispatched to an executor are kept in a ``pending`` table until their result is
+    committed (:meth:`complete` removes the one and adds the other in one transaction);
+    reopening turns any left over into ``"interrupted"`` records (:meth:`interrupt_pending`).
     The loop's configuration is stored once and checked when the journal is reopened.
 
     Args:
@@ -62,6 +68,7 @@ class Journal:
         self._connection.execute(
             "CREATE TABLE IF NOT EXISTS evaluations (step INTEGER PRIMARY KEY, body TEXT NOT NULL)"
         )
+        self._connection.execute("CREATE TABLE IF NOT EXISTS pending (id INTEGER PRIMARY KEY, x TEXT NOT NULL)")
         stored = self._connection.execute("SELECT body FROM config").fetchone()
         count = self._connection.execute("SELECT COUNT(*) FROM evaluations").fetchone()[0]
         if count and not resume:
@@ -88,6 +95,41 @@ class Journal:
         self._connection.execute(
             "INSERT INTO evaluations VALUES (?, ?)", (record.step, json.dumps(asdict(record)))
         )
+
+    def add_pending(self, x: list[float]) -> int:
+        r"""Record a point dispatched for evaluation; its id for :meth:`complete`."""
+        return self._connection.execute("INSERT INTO pending (x) VALUES (?)", (json.dumps(x),)).lastrowid
+
+    def complete(self, pending_id: int, record: EvaluationRecord) -> None:
+        r"""Commit a dispatched point's result and drop it from the pending points, atomically."""
+        with self._transaction():
+            self._connection.execute("DELETE FROM pending WHERE id = ?", (pending_id,))
+            self.append(record)
+
+    def interrupt_pending(self, first_step: int) -> list[EvaluationRecord]:
+        r"""Turn the points left pending (by a process that ended with evaluations in flight)
+        into ``"interrupted"`` records from step ``first_step`` on, atomically; those records."""
+        with self._transaction():
+            rows = self._connection.execute("SELECT id, x FROM pending ORDER BY id").fetchall()
+            records = [
+                EvaluationRecord(first_step + offset, json.loads(x), None, "interrupted",
+                                 "dispatched, but the loop's process ended before the result came")
+                for offset, (_, x) in enumerate(rows)
+            ]
+            for record in records:
+                self.append(record)
+            self._connection.execute("DELETE FROM pending")
+        return records
+
+    @contextmanager
+    def _transaction(self) -> Iterator[None]:
+        self._connection.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        except BaseException:
+            self._connection.execute("ROLLBACK")
+            raise
+        self._connection.execute("COMMIT")
 
     def records(self) -> list[EvaluationRecord]:
         rows = self._connection.execute("SELECT body FROM evaluations ORDER BY step").fetchall()

@@ -48,7 +48,7 @@ def plot_progress(loop: SafeBayesianOptimization, problem: SafeProblem | None = 
     regret of the best evaluated safe point so far."""
     import matplotlib.pyplot as plt
 
-    records = [record for record in loop.records if record.status != "seed"]
+    records = [record for record in loop.records if record.status in ("ok", "failed")]
     if ax is None:
         ax = plt.subplots(figsize=(7, 4))[1]
     steps = [record.step for record in records]

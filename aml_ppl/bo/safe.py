@@ -6,6 +6,7 @@ import hashlib
 import itertools
 import math
 import time
+from concurrent.futures import FIRST_COMPLETED, Executor, Future, wait
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -123,6 +124,8 @@ class SafeBayesianOptimization:
         }
         self.journal = Journal(journal, config, resume) if journal is not None else None
         self.records: list[EvaluationRecord] = self.journal.records() if self.journal else []
+        if self.journal is not None:  # points in flight when an earlier process ended
+            self.records += self.journal.interrupt_pending(first_step=len(self.records))
         self._bounds: tuple[Tensor, Tensor] | None = None  # intersected over time, after
         self._bounds_count = 0  # this many records
 
@@ -250,13 +253,23 @@ class SafeBayesianOptimization:
 
     # -- ask / tell ---------------------------------------------------------------------------
 
-    def suggest(self) -> tuple[Tensor, dict[str, Tensor]]:
-        r"""The next point (``d``) and the sets it was chosen from."""
+    def suggest(self, pending: Tensor | None = None) -> tuple[Tensor, dict[str, Tensor]]:
+        r"""The next point (``d``) and the sets it was chosen from.
+
+        Args:
+            pending: Points dispatched but not yet evaluated (``k x d``): they are not
+                proposed again, and ITL, VTL and uncertainty sampling condition on them
+                (BoTorch's ``X_pending``), but the sets come from finished evaluations only,
+                so a pending point never certifies or expands the safe set.
+        """
         posteriors = self._posteriors()
         sets = self._sets(posteriors)
         failed = torch.tensor(
             [record.x for record in self.records if record.status == "failed"], dtype=torch.float64
         ).reshape(-1, self.domain.shape[1]).to(self.device)
+        if pending is not None:
+            pending = torch.as_tensor(pending, dtype=torch.float64, device=self.device).reshape(-1, self.domain.shape[1])
+            failed = torch.cat([failed, pending])
         allowed = ~(torch.cdist(self.domain, failed) < 1e-12).any(1) if failed.numel() else torch.ones_like(sets["safe_set_pessimistic"])
         sample_space = sets["safe_set_pessimistic"] & allowed
         if self.acquisition == "unsafe_ei":
@@ -275,6 +288,8 @@ class SafeBayesianOptimization:
             "us": lambda: UncertaintySampling(objective_only),
             "unsafe_ei": lambda: LogExpectedImprovement(models[0], best_f=self.observations[1][:, 0].max()),
         }[self.acquisition]()
+        if pending is not None and pending.numel() and self.acquisition != "unsafe_ei":
+            acquisition.set_X_pending(pending)
         choice, _ = optimize_acqf_discrete(acquisition, q=1, choices=self.domain[sample_space])
         return choice[0], sets
 
@@ -323,11 +338,16 @@ class SafeBayesianOptimization:
         expanders[candidates] = becomes_safe.any(1)
         return expanders
 
-    def observe(self, x: Tensor, values: Tensor | None, sets: dict[str, Tensor], seconds: float, message: str = "") -> EvaluationRecord:
+    def observe(
+        self, x: Tensor, values: Tensor | None, sets: dict[str, Tensor], seconds: float, message: str = "",
+        pending_id: int | None = None,
+    ) -> EvaluationRecord:
         r"""Record the evaluation of ``x``: ``values`` (``1 + c``) or ``None`` for a failure.
 
         A return that is not ``1 + c`` finite numbers is recorded as a failed evaluation
-        with the reason, never as data."""
+        with the reason, never as data. ``pending_id``: the journal's id of the point when
+        it was dispatched to an executor (the pending entry is dropped as the result is
+        committed)."""
         values, problem = self._checked_values(values)
         ok = problem is None and not message
         record = EvaluationRecord(
@@ -341,7 +361,11 @@ class SafeBayesianOptimization:
             certificate=float(sets["certificate"]),
             seconds=seconds,
         )
-        self._append(record)
+        if self.journal is not None and pending_id is not None:
+            self.journal.complete(pending_id, record)
+            self.records.append(record)
+        else:
+            self._append(record)
         return record
 
     def _checked_values(self, values: object) -> tuple[list[float] | None, str | None]:
@@ -367,22 +391,63 @@ class SafeBayesianOptimization:
         budget: int,
         stop_on_failure: bool = False,
         progress_bar: bool = True,
+        executor: Executor | None = None,
+        max_pending: int = 1,
     ) -> list[EvaluationRecord]:
         r"""Evaluate ``objective`` (``d`` -> ``1 + c`` values) until ``budget`` evaluations
-        beyond the seeds are in the journal; returns every record."""
-        done = sum(record.status != "seed" for record in self.records)
-        for _ in tqdm(range(max(budget - done, 0)), desc=f"safe BO ({self.acquisition})", disable=not progress_bar):
-            start = time.perf_counter()
-            x, sets = self.suggest()
-            seconds = time.perf_counter() - start
-            try:
-                values, message = objective(x), ""
-            except Exception as error:  # any failure of the user's objective is recorded
-                values, message = None, f"{type(error).__name__}: {error}"
-            record = self.observe(x, values, sets, seconds, message)
-            if record.status == "failed" and stop_on_failure:
-                raise RuntimeError(f"evaluation {record.step} at {record.x} failed: {record.message}")
+        beyond the seeds are in the journal; returns every record.
+
+        Args:
+            objective: The function to evaluate (for a process pool, a picklable one: a
+                module-level function).
+            budget: Finished evaluations beyond the seeds, in all (a resumed loop counts
+                those already in the journal).
+            stop_on_failure: Raise on the first failed evaluation.
+            progress_bar: Show a tqdm bar.
+            executor: A ``concurrent.futures.Executor`` to evaluate on (a local
+                ``ProcessPoolExecutor``, Dask's ``Client.get_executor()`` for many
+                machines); ``None`` evaluates here, one point at a time.
+            max_pending: Points in flight at once on ``executor``. Each new point is chosen
+                given the pending ones (see :meth:`suggest`); each is journalled as pending
+                when dispatched and replaced by its result, atomically, when it returns, so a
+                loop killed with points in flight resumes with exactly the finished
+                evaluations (the others become ``"interrupted"`` records).
+        """
+        if executor is None and max_pending != 1:
+            raise InputDataError("`max_pending` > 1 needs an `executor` to evaluate on.")
+        if isinstance(max_pending, bool) or not isinstance(max_pending, int) or max_pending < 1:
+            raise InputDataError(f"`max_pending` must be a positive integer; got {max_pending!r}.")
+        remaining = max(budget - self._finished(), 0)
+        bar = tqdm(total=remaining, desc=f"safe BO ({self.acquisition})", disable=not progress_bar)
+        in_flight: dict[Future, tuple[Tensor, dict[str, Tensor], float, int | None]] = {}
+        try:
+            while remaining > 0:
+                while len(in_flight) < max_pending and len(in_flight) < remaining:
+                    start = time.perf_counter()
+                    pending = torch.stack([entry[0] for entry in in_flight.values()]) if in_flight else None
+                    x, sets = self.suggest(pending)
+                    seconds = time.perf_counter() - start
+                    pending_id = self.journal.add_pending(x.tolist()) if self.journal and executor else None
+                    future = executor.submit(objective, x) if executor else _evaluated_here(objective, x)
+                    in_flight[future] = (x, sets, seconds, pending_id)
+                finished, _ = wait(in_flight, return_when=FIRST_COMPLETED)
+                for future in finished:
+                    x, sets, seconds, pending_id = in_flight.pop(future)
+                    try:
+                        values, message = future.result(), ""
+                    except Exception as error:  # any failure of the user's objective is recorded
+                        values, message = None, f"{type(error).__name__}: {error}"
+                    record = self.observe(x, values, sets, seconds, message, pending_id)
+                    remaining -= 1
+                    bar.update()
+                    if record.status == "failed" and stop_on_failure:
+                        raise RuntimeError(f"evaluation {record.step} at {record.x} failed: {record.message}")
+        finally:
+            bar.close()
         return self.records
+
+    def _finished(self) -> int:
+        return sum(record.status in ("ok", "failed") for record in self.records)
 
     def current_sets(self) -> dict[str, Tensor]:
         r"""The sets after every evaluation so far: ``safe_set_pessimistic``,
@@ -395,6 +460,16 @@ class SafeBayesianOptimization:
         sets = self.current_sets()
         lower = sets["lower"][0].masked_fill(~sets["safe_set_pessimistic"], -math.inf)
         return self.domain[lower.argmax()]
+
+
+def _evaluated_here(objective: Callable[[Tensor], Tensor], x: Tensor) -> Future:
+    r"""A finished future holding ``objective(x)`` or the error it raised."""
+    future: Future = Future()
+    try:
+        future.set_result(objective(x))
+    except Exception as error:  # handed to the loop, which records it
+        future.set_exception(error)
+    return future
 
 
 def _check_beta(beta: object) -> float:

@@ -119,3 +119,52 @@ def test_bad_acquisition_input(gp):
         ITL(model, target=torch.zeros(3, 2, dtype=torch.float64))
     with pytest.raises(ValueError, match="b x 1 x 1"):
         ITL(model)(torch.rand(2, 1, 3, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("pending", [False, True])
+def test_the_kernel_path_equals_botorchs_joint_posterior(monkeypatch, pending):
+    r"""For a SingleTaskGP (input normalisation, output standardisation, learned noise) the
+    acquisitions compute posterior (co)variances from the kernel in the model's units; with
+    ``tolerance=0`` (every target point kept) they equal the general path through BoTorch's
+    joint posterior, pending points included."""
+    from botorch.models.transforms import Normalize, Standardize
+
+    from aml_ppl.bo import acquisition
+
+    generator = torch.Generator().manual_seed(1)
+    train_X = 4 * torch.rand(12, 2, dtype=torch.float64, generator=generator) - 2
+    train_Y = 30 * torch.sin(train_X.sum(-1, keepdim=True)) + 5
+    model = SingleTaskGP(train_X, train_Y, input_transform=Normalize(2), outcome_transform=Standardize(1)).eval()
+    target = 4 * torch.rand(25, 2, dtype=torch.float64, generator=generator) - 2
+    candidates = (4 * torch.rand(40, 2, dtype=torch.float64, generator=generator) - 2)[:, None, :]
+    acquisitions = {
+        "itl": lambda: ITL(model, target=target, tolerance=0.0),
+        "vtl": lambda: VTL(model, target=target),
+        "us": lambda: UncertaintySampling(model),
+    }
+
+    def values():
+        result = {}
+        for name, make in acquisitions.items():
+            acquisition_function = make()
+            if pending:
+                acquisition_function.set_X_pending(candidates[:3, 0, :])
+            with torch.no_grad():
+                result[name] = acquisition_function(candidates)
+        return result
+
+    fast = values()
+    monkeypatch.setattr(acquisition._ExactParts, "of", classmethod(lambda cls, model, pending: None))
+    general = values()
+    for name in acquisitions:
+        torch.testing.assert_close(fast[name], general[name], rtol=1e-5, atol=1e-7, msg=name)
+
+
+def test_models_with_the_same_covariance_are_computed_once(gp, monkeypatch):
+    model, train_X = gp
+    other = fixed_gp(train_X, torch.cos(3 * train_X))  # other values, the same covariance
+    calls = []
+    original = ITL._information
+    monkeypatch.setattr(ITL, "_information", lambda self, m, X: calls.append(m) or original(self, m, X))
+    ITL([model, other], target=torch.tensor([[0.5]], dtype=torch.float64))(torch.rand(4, 1, 1, dtype=torch.float64))
+    assert calls == [model]

@@ -85,6 +85,7 @@ def test_2d_island_certificate_and_sets():
 
 CHILD = """
 import sys, time, torch
+from concurrent.futures import ThreadPoolExecutor
 from aml_ppl.bo import SafeBayesianOptimization
 from aml_ppl.bo.problems import one_d_hard
 problem = one_d_hard()
@@ -93,9 +94,9 @@ loop = SafeBayesianOptimization(problem, journal=sys.argv[1])
 seeds = problem.seed_points(generator=generator)
 loop.add_seed(seeds, problem.observe(seeds, generator))
 def objective(x):
-    time.sleep(0.05)
+    time.sleep({seconds})
     return problem.observe(x[None], generator)[0]
-loop.run(objective, budget=1000, progress_bar=False)
+loop.run(objective, budget=1000, progress_bar=False{options})
 """
 
 
@@ -111,7 +112,7 @@ def journal_rows(path):
 
 def test_a_killed_loop_resumes_with_exactly_the_finished_evaluations(tmp_path):
     path = tmp_path / "journal.sqlite"
-    child = subprocess.Popen([sys.executable, "-c", CHILD, str(path)], env={**os.environ, "OMP_NUM_THREADS": "1"})
+    child = subprocess.Popen([sys.executable, "-c", CHILD.format(seconds=0.05, options=""), str(path)], env={**os.environ, "OMP_NUM_THREADS": "1"})
     try:
         deadline = time.time() + 120
         while journal_rows(path) < 20 and time.time() < deadline:
