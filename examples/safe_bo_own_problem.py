@@ -23,7 +23,8 @@ def evaluate(x):
 domain = candidate_domain(torch.tensor([[0.0, 0.0], [1.0, 1.0]]), 400)
 problem = SafeProblem(
     name="my_disc", domain=domain, values=None,         # no noise-free values needed
-    noise_std=0.01, beta=2.0, seed_region=(domain - 0.3).norm(dim=1) < 0.1, lengthscale=0.2,
+    noise_std=0.01, beta=2.0, seed_region=(domain - 0.3).norm(dim=1) < 0.1,
+    lengthscale=0.2, output_scale=1.0,                  # the prior: required, in your units
 )
 journal = Path(tempfile.mkdtemp()) / "my_disc.sqlite"
 loop = SafeBayesianOptimization(problem, journal=journal)

@@ -31,8 +31,11 @@ class SafeProblem:
         beta: The confidence multiplier the reference experiments use.
         seed_region: ``N`` boolean mask of the domain where seed points are drawn.
         objective_is_constraint: The objective is also the (only) constraint.
-        lengthscale: RBF lengthscale of the reference prior (GPyTorch convention).
+        lengthscale: RBF lengthscale of the prior (GPyTorch convention, in the domain's
+            units); ``None`` when unknown (a safe-BO loop then needs it, or models, given).
         num_seeds: How many seed points the reference experiments draw.
+        output_scale: The prior standard deviation of each output in its own units (one
+            number for all, or one per output); ``None`` when unknown.
     """
 
     name: str
@@ -42,8 +45,9 @@ class SafeProblem:
     beta: float
     seed_region: Tensor
     objective_is_constraint: bool = False
-    lengthscale: float = 1.0
+    lengthscale: float | None = None
     num_seeds: int = 1
+    output_scale: float | tuple[float, ...] | None = None
 
     def true_values(self, X: Tensor) -> Tensor:
         r"""The noise-free ``values(X)``; an error for a problem that has none."""
@@ -107,7 +111,8 @@ def one_d_hard() -> SafeProblem:
 
     seed_region = (domain[:, 0] > 4.5) & (domain[:, 0] < 6)
     return SafeProblem(
-        "1d_hard", domain, values, 0.1, 5.0, seed_region, objective_is_constraint=True, num_seeds=8
+        "1d_hard", domain, values, 0.1, 5.0, seed_region, objective_is_constraint=True, num_seeds=8,
+        lengthscale=1.0, output_scale=1.0,
     )
 
 
@@ -131,7 +136,7 @@ def two_d_island() -> SafeProblem:
         return torch.stack([objective, constraint], dim=1)
 
     seed_region = (domain.abs() <= 0.5).all(1)
-    return SafeProblem("2d_island", domain, values, 0.1, 15.0, seed_region)
+    return SafeProblem("2d_island", domain, values, 0.1, 15.0, seed_region, lengthscale=1.0, output_scale=1.0)
 
 
 def _botorch_problem(name: str, function: Callable, bounds: Tensor, points: int, seed: int) -> SafeProblem:
@@ -139,6 +144,7 @@ def _botorch_problem(name: str, function: Callable, bounds: Tensor, points: int,
     unit = torch.rand(points, bounds.shape[1], dtype=torch.float64, generator=generator)
     domain = bounds[0] + (bounds[1] - bounds[0]) * unit
     return SafeProblem(name, domain, lambda X: function(X)[:, None], 0.0, 2.0, torch.ones(points, dtype=torch.bool),
+                       lengthscale=1.0, output_scale=1.0,
                        objective_is_constraint=False)
 
 
@@ -172,7 +178,7 @@ def gp_sample(seed: int, points_per_axis: int = 30, lengthscale: float = 0.2, no
         return draw[torch.cdist(X, domain).argmin(1)][:, None]
 
     return SafeProblem(f"gp_sample_{seed}", domain, values, noise_std, 2.0,
-                       torch.ones(domain.shape[0], dtype=torch.bool), lengthscale=lengthscale)
+                       torch.ones(domain.shape[0], dtype=torch.bool), lengthscale=lengthscale, output_scale=1.0)
 
 
 def candidate_domain(bounds: Tensor, num_points: int, seed: int = 0) -> Tensor:

@@ -2,6 +2,7 @@ r"""Safe Bayesian optimisation with transductive acquisitions (notes AML §7.5).
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import itertools
 import math
@@ -66,8 +67,20 @@ class SafeBayesianOptimization:
         problem: The domain and, for bookkeeping, its name and noise.
         beta: :math:`\beta`, a number or a function of the iteration :math:`t`.
         acquisition: One of ``"itl"``, ``"vtl"``, ``"us"``, ``"safeopt"``, ``"unsafe_ei"``.
-        lengthscale: RBF lengthscale of every GP (fixed unless ``fit_hyperparameters``).
+        lengthscale: RBF lengthscale of every GP, in the domain's units (fixed unless
+            ``fit_hyperparameters``); by default the problem's.
         noise_variance: Observation noise variance :math:`\rho^2` of every GP.
+        output_scale: Each output's prior standard deviation in its own units (one number,
+            or one per output: objective, then constraints); by default the problem's. The
+            certificate rests on the functions being plausible under the prior: a constraint
+            measured in units of 20 with a prior of scale 1 gives bounds too narrow to be
+            safe. Without ``models``, a loop with no lengthscale or output scale (given here
+            or by the problem) is refused, naming what to give.
+        models: A :class:`~aml_ppl.models.GaussianProcess` per output (objective, then
+            constraints) with the kernel, mean and noise you trust (any GPyTorch kernel; a
+            fitted GP's values are kept): each step conditions a copy on the evaluations,
+            with its hyperparameters fixed unless ``fit_hyperparameters``. Replaces
+            ``lengthscale``, ``output_scale`` and ``noise_variance``.
         fit_hyperparameters: Refit each GP's hyperparameters by type-II ML every step.
         intersect_bounds: Intersect the confidence bounds over time, as the reference
             experiments of Hübotter et al. (2024) do (the default); ``False`` gives the
@@ -93,6 +106,8 @@ class SafeBayesianOptimization:
         journal: str | Path | None = None,
         device: str | torch.device = "cpu",
         resume: bool = False,
+        output_scale: float | Sequence[float] | None = None,
+        models: Sequence[GaussianProcess] | None = None,
     ) -> None:
         if acquisition not in ACQUISITIONS:
             raise InputDataError(f"`acquisition` must be one of {ACQUISITIONS}; got {acquisition!r}.")
@@ -109,7 +124,20 @@ class SafeBayesianOptimization:
         if not callable(self.beta):
             _check_beta(self.beta)
         self.acquisition = acquisition
+        self.models = _checked_models(models)
         self.lengthscale = lengthscale if lengthscale is not None else problem.lengthscale
+        output_scale = output_scale if output_scale is not None else problem.output_scale
+        self.output_scale = None if output_scale is None else torch.as_tensor(output_scale, dtype=torch.float64).reshape(-1).tolist()
+        if self.models is None and (self.lengthscale is None or self.output_scale is None):
+            missing = [name for name, value in (("lengthscale", self.lengthscale), ("output_scale", self.output_scale)) if value is None]
+            raise InputDataError(
+                f"safe BO cannot certify safety without knowing how far and how fast the functions vary; "
+                f"give {' and '.join(f'`{name}=`' for name in missing)} (the lengthscale in the domain's units; "
+                "each output's prior standard deviation in its own units) here or in the SafeProblem, or "
+                "`models=`: a GaussianProcess per output with the kernel you trust."
+            )
+        if self.output_scale is not None and not all(math.isfinite(v) and v > 0 for v in self.output_scale):
+            raise InputDataError(f"`output_scale` must be positive and finite; got {self.output_scale}.")
         self.noise_variance = noise_variance if noise_variance is not None else max(problem.noise_std, 1e-3) ** 2
         self.fit_hyperparameters = fit_hyperparameters
         self.intersect_bounds = intersect_bounds
@@ -121,6 +149,8 @@ class SafeBayesianOptimization:
             "lipschitz": None if lipschitz is None else lipschitz.tolist(),
             "beta": self.beta if not callable(self.beta) else getattr(self.beta, "__name__", "schedule"),
             "domain": _fingerprint(problem.domain),
+            "output_scale": self.output_scale,
+            "models": None if self.models is None else [_model_fingerprint(model) for model in self.models],
         }
         self.journal = Journal(journal, config, resume) if journal is not None else None
         self.records: list[EvaluationRecord] = self.journal.records() if self.journal else []
@@ -195,14 +225,22 @@ class SafeBayesianOptimization:
         X, Y = self._observations(self.records if records is None else records)
         if X.shape[0] == 0:
             raise InputDataError("add safe seed points (`add_seed`) before asking for suggestions.")
-        posteriors = []
-        for column in range(Y.shape[1]):
-            kernel = gpytorch.kernels.RBFKernel().double()
-            kernel.lengthscale = torch.tensor(self.lengthscale, dtype=torch.float64)
-            model = GaussianProcess(kernel, mean="zero", noise=self.noise_variance)
-            engine = Exact(learn=self.fit_hyperparameters)
-            posteriors.append(fit(model, X, Y[:, column], engine=engine))
-        return posteriors
+        if self.models is not None and len(self.models) != Y.shape[1]:
+            raise InputDataError(f"`models` has {len(self.models)} GPs for {Y.shape[1]} outputs (the objective, then each constraint).")
+        if self.output_scale is not None and len(self.output_scale) not in (1, Y.shape[1]):
+            raise InputDataError(f"`output_scale` has {len(self.output_scale)} values for {Y.shape[1]} outputs.")
+        engine = Exact(learn=self.fit_hyperparameters)
+        return [fit(self._prior(column), X, Y[:, column], engine=engine) for column in range(Y.shape[1])]
+
+    def _prior(self, column: int) -> GaussianProcess:
+        r"""The GP of output ``column`` before conditioning: a copy of the user's, or a
+        zero-mean GP with kernel :math:`s^2\,\mathrm{RBF}(\ell)`."""
+        if self.models is not None:
+            return copy.deepcopy(self.models[column])
+        kernel = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel()).double()
+        kernel.base_kernel.lengthscale = torch.tensor(self.lengthscale, dtype=torch.float64)
+        kernel.outputscale = torch.tensor(self.output_scale[column % len(self.output_scale)] ** 2, dtype=torch.float64)
+        return GaussianProcess(kernel, mean="zero", noise=self.noise_variance)
 
     def _beta_at(self, count: int) -> float:
         return _check_beta(self.beta(count)) if callable(self.beta) else self.beta
@@ -470,6 +508,22 @@ def _evaluated_here(objective: Callable[[Tensor], Tensor], x: Tensor) -> Future:
     except Exception as error:  # handed to the loop, which records it
         future.set_exception(error)
     return future
+
+
+def _checked_models(models: Sequence[GaussianProcess] | None) -> list[GaussianProcess] | None:
+    if models is None:
+        return None
+    models = list(models) if isinstance(models, (list, tuple)) else [models]
+    wrong = [type(model).__name__ for model in models if not isinstance(model, GaussianProcess)]
+    if not models or wrong:
+        raise InputDataError(f"`models` must be aml_ppl GaussianProcess objects, one per output; got {wrong or 'none'}.")
+    return models
+
+
+def _model_fingerprint(model: GaussianProcess) -> str:
+    r"""A model's structure and a hash of its parameter values, for the journal's settings check."""
+    values = b"".join(value.detach().to("cpu", torch.float64).contiguous().numpy().tobytes() for value in model.state_dict().values())
+    return f"{type(model.gp.covar_module).__name__} sha256:{hashlib.sha256(values).hexdigest()[:16]}"
 
 
 def _check_beta(beta: object) -> float:
