@@ -7,7 +7,8 @@ default) except the SafeOpt rule, which keeps per-step bounds as the package doe
 2d_island (beta 15, T = 100): final simple regret, violations, seconds per iteration (ITL
 on 2 500 candidates).
 
-Methods: ``itl``, ``vtl``, ``us``, ``safeopt`` (our SafeOpt rule with the reference
+Methods: ``itl``, ``vtl``, ``us``, ``itl-thompson`` and ``vtl-thompson`` (target: the
+maximisers of 32 posterior draws), ``safeopt`` (our SafeOpt rule with the reference
 experiment's Lipschitz constants), ``safeopt-gp`` (ours, GP-based expanders), and the
 ``safeopt`` package (0.16, GPy 1.15) in the same two modes: ``package-safeopt`` and
 ``package-safeopt-gp``; the package runs on the same grid, prior, beta, seed points and noise.
@@ -47,7 +48,8 @@ PROBLEMS = {"1d_hard": one_d_hard, "2d_island": two_d_island}
 # Lipschitz constants (objective, constraint) of the reference experiments' "prior L"
 # (jonhue/transductive-active-learning, examples/unknown_constraints/bo/*/experiment.py).
 LIPSCHITZ = {"1d_hard": [2.50495534], "2d_island": [63.15282346, 80.97604292]}
-METHODS = ["itl", "vtl", "us", "safeopt", "safeopt-gp", "package-safeopt", "package-safeopt-gp"]
+METHODS = ["itl", "vtl", "us", "itl-thompson", "vtl-thompson", "safeopt", "safeopt-gp", "package-safeopt",
+           "package-safeopt-gp"]
 
 
 def seed_data(problem, seed: int):
@@ -57,7 +59,9 @@ def seed_data(problem, seed: int):
 
 
 def run_ours(problem, method: str, seed: int, budget: int, threshold: float | None):
-    settings = {"acquisition": method.removesuffix("-gp")}
+    settings = {"acquisition": method.removesuffix("-gp").removesuffix("-thompson")}
+    if method.endswith("-thompson"):  # ITL/VTL directed at Thompson-sampled maximisers
+        settings["target"] = "thompson"
     if method.startswith("safeopt"):  # the package keeps per-step bounds
         settings["intersect_bounds"] = False
     if method == "safeopt":

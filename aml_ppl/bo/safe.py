@@ -15,6 +15,7 @@ import gpytorch
 import torch
 from botorch.acquisition import LogExpectedImprovement
 from botorch.optim import optimize_acqf_discrete
+from botorch.sampling.pathwise import draw_matheron_paths
 from torch import Tensor
 from tqdm.auto import tqdm
 
@@ -67,6 +68,15 @@ class SafeBayesianOptimization:
         problem: The domain and, for bookkeeping, its name and noise.
         beta: :math:`\beta`, a number or a function of the iteration :math:`t`.
         acquisition: One of ``"itl"``, ``"vtl"``, ``"us"``, ``"safeopt"``, ``"unsafe_ei"``.
+        target: What ITL and VTL learn about: ``"area_of_interest"`` (:math:`A_n`, every
+            potential maximiser by the bounds) or ``"thompson"``: the maximisers over
+            :math:`\hat S_n` of ``thompson_samples`` posterior draws of the objective
+            (BoTorch's pathwise Matheron draws, seeded by the number of records, so a resumed
+            loop draws the same), a sharper set of likely maximisers, as Hübotter et al.'s
+            code also tries. With β = 15 nearly every optimistically safe point is in
+            :math:`A_n`, and ITL grows the safe set all around; directed at the Thompson
+            maximisers it pushes toward the peak (benchmarks/RESULTS.md, 2d_island).
+        thompson_samples: Posterior draws for ``target="thompson"``.
         lengthscale: RBF lengthscale of every GP, in the domain's units (fixed unless
             ``fit_hyperparameters``); by default the problem's.
         noise_variance: Observation noise variance :math:`\rho^2` of every GP.
@@ -108,9 +118,17 @@ class SafeBayesianOptimization:
         resume: bool = False,
         output_scale: float | Sequence[float] | None = None,
         models: Sequence[GaussianProcess] | None = None,
+        target: str = "area_of_interest",
+        thompson_samples: int = 32,
     ) -> None:
         if acquisition not in ACQUISITIONS:
             raise InputDataError(f"`acquisition` must be one of {ACQUISITIONS}; got {acquisition!r}.")
+        if target not in ("area_of_interest", "thompson"):
+            raise InputDataError(f"`target` must be 'area_of_interest' or 'thompson'; got {target!r}.")
+        if isinstance(thompson_samples, bool) or not isinstance(thompson_samples, int) or thompson_samples < 1:
+            raise InputDataError(f"`thompson_samples` must be a positive integer; got {thompson_samples!r}.")
+        self.target = target
+        self.thompson_samples = thompson_samples
         if lipschitz is not None:
             lipschitz = torch.as_tensor(lipschitz, dtype=torch.float64).reshape(-1)
             if acquisition != "safeopt":
@@ -150,6 +168,7 @@ class SafeBayesianOptimization:
             "beta": self.beta if not callable(self.beta) else getattr(self.beta, "__name__", "schedule"),
             "domain": _fingerprint(problem.domain),
             "output_scale": self.output_scale,
+            "target": target if target == "area_of_interest" else f"thompson:{thompson_samples}",
             "models": None if self.models is None else [_model_fingerprint(model) for model in self.models],
         }
         self.journal = Journal(journal, config, resume) if journal is not None else None
@@ -318,6 +337,8 @@ class SafeBayesianOptimization:
             return self._safeopt_choice(posteriors, sets, sample_space), sets
         models = [posterior.to_botorch() for posterior in posteriors]
         target_mask = sets["area_of_interest"] if sets["area_of_interest"].any() else sample_space
+        if self.target == "thompson" and self.acquisition in ("itl", "vtl"):
+            target_mask = self._thompson_maximisers(models[0], sets["safe_set_optimistic"] | sample_space)
         target = self.domain[target_mask]
         objective_only = models[:1] if self.problem.objective_is_constraint else models
         acquisition = {
@@ -330,6 +351,18 @@ class SafeBayesianOptimization:
             acquisition.set_X_pending(pending)
         choice, _ = optimize_acqf_discrete(acquisition, q=1, choices=self.domain[sample_space])
         return choice[0], sets
+
+    def _thompson_maximisers(self, model: object, allowed: Tensor) -> Tensor:
+        r"""The points of ``allowed`` where at least one of ``thompson_samples`` posterior
+        draws of the objective is largest (a mask of the domain)."""
+        points = allowed.nonzero().flatten()
+        with torch.random.fork_rng(devices=[]), torch.no_grad():
+            torch.manual_seed(len(self.records))
+            paths = draw_matheron_paths(model, sample_shape=torch.Size([self.thompson_samples]))
+            draws = paths(self.domain[points]).reshape(self.thompson_samples, -1)
+        mask = torch.zeros_like(allowed)
+        mask[points[draws.argmax(1)]] = True
+        return mask
 
     def _safeopt_choice(self, posteriors: list, sets: dict[str, Tensor], sample_space: Tensor) -> Tensor:
         r"""SafeOpt's rule: the widest confidence interval among maximisers and expanders

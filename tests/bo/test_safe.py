@@ -232,3 +232,25 @@ def test_the_journal_takes_no_malformed_return_and_no_duplicate(tmp_path):
     moved = dataclasses.replace(problem, domain=problem.domain + 0.1)
     with pytest.raises(ValueError, match=r"domain: journal"):
         SafeBayesianOptimization.resume(path, moved)
+
+
+def test_the_thompson_target_is_likely_maximisers_and_replays_on_resume(tmp_path):
+    r"""``target="thompson"``: ITL learns about the maximisers over the optimistic safe set of
+    posterior draws, seeded by the number of records, so a resumed loop suggests what the
+    running one would."""
+    problem = one_d_hard()
+    path = tmp_path / "journal.sqlite"
+    loop, objective = seeded_loop(problem, 0, target="thompson", journal=path)
+    loop.run(objective, budget=10, progress_bar=False)
+    models = [posterior.to_botorch() for posterior in loop._posteriors()]
+    sets = loop.current_sets()
+    mask = loop._thompson_maximisers(models[0], sets["safe_set_optimistic"])
+    assert 1 <= int(mask.sum()) <= loop.thompson_samples
+    assert not (mask & ~sets["safe_set_optimistic"]).any()
+    assert (sets["upper"][0][mask] >= sets["lower"][0][sets["safe_set_pessimistic"]].max()).all()
+    expected = loop.suggest()[0]
+    loop.journal.close()
+    resumed = SafeBayesianOptimization.resume(path, problem, target="thompson")
+    torch.testing.assert_close(resumed.suggest()[0], expected)
+    with pytest.raises(ValueError, match="`target` must be"):
+        SafeBayesianOptimization(problem, target="thompsons")
