@@ -2,6 +2,7 @@
 constraint you can only evaluate (with noise), a domain, safe seeds, a journal and a resume."""
 
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -33,8 +34,11 @@ loop.add_seed(seeds, torch.stack([evaluate(x) for x in seeds]))
 loop.run(evaluate, budget=budget(30, 3), progress_bar=False)
 loop.journal.close()
 
-# After a crash (or on another day): the journal holds every finished evaluation.
+# After a crash (or on another day): the journal holds every finished evaluation. Here the
+# rest runs two evaluations at a time (a process pool, or Dask's client.get_executor(),
+# takes them to other cores or machines; each new point is chosen given those in flight).
 resumed = SafeBayesianOptimization.resume(journal, problem)
-resumed.run(evaluate, budget=budget(40, 5), progress_bar=False)
+with ThreadPoolExecutor(2) as pool:
+    resumed.run(evaluate, budget=budget(40, 5), executor=pool, max_pending=2, progress_bar=False)
 print(f"{len(resumed.records)} evaluations; recommendation {resumed.recommendation().tolist()}")
 print("worst constraint value seen:", min(record.values[1] for record in resumed.records if record.values))
