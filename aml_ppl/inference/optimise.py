@@ -84,7 +84,7 @@ def _evaluate(
         best.save()
     result.losses.append(value)
     result.gradient_norm = gradient_norm
-    return torch.tensor(value, dtype=params[0].dtype, device=params[0].device)
+    return loss.detach().new_tensor(value) if isinstance(loss, torch.Tensor) else torch.tensor(value)
 
 
 def minimise_lbfgs(
