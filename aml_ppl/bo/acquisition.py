@@ -24,7 +24,7 @@ from gpytorch.models import ExactGP
 from torch import Tensor
 
 from aml_ppl.errors import InputDataError
-from aml_ppl.models.gp import plus_diagonal
+from aml_ppl.models.gp import plus_diagonal, robust_cholesky
 
 
 class _JointPosteriorAcquisition(AcquisitionFunction):
@@ -204,7 +204,7 @@ class _ExactParts(NamedTuple):
         r"""The posterior variances at ``X`` and :math:`L^{-1}K_{DX}` (``n x b``), with
         :math:`LL^\top = K_{DD} + \mathrm{diag}(\rho_D^2)`: posterior covariances are
         :math:`K_{XY} - (L^{-1}K_{DX})^\top L^{-1}K_{DY}`."""
-        chol = torch.linalg.cholesky(self.kernel(self.inputs).to_dense() + torch.diag(self.noise_variances))
+        chol = robust_cholesky(self.kernel(self.inputs).to_dense() + torch.diag(self.noise_variances), "K(D, D) + noise")
         projection = torch.linalg.solve_triangular(chol, self.kernel(self.inputs, X).to_dense(), upper=False)
         return (self.kernel(X, diag=True) - projection.square().sum(0)).clamp_min(0), projection
 
@@ -244,7 +244,7 @@ class _ExactParts(NamedTuple):
         )
         pivot_covariance = covariance(target[pivots], projected_A[:, pivots], pivots)
         scale = pivot_covariance.diagonal().mean().clamp_min(1e-12)
-        pivot_chol = torch.linalg.cholesky(plus_diagonal(pivot_covariance, jitter * scale))
+        pivot_chol = robust_cholesky(plus_diagonal(pivot_covariance, jitter * scale), "the selected targets' covariance")
         cross = covariance(X, projected_X, pivots)
         explained = torch.linalg.solve_triangular(pivot_chol, cross.T, upper=False).square().sum(0)
         return variance, (variance - explained).clamp_min(0)
