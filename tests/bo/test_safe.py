@@ -254,3 +254,28 @@ def test_the_thompson_target_is_likely_maximisers_and_replays_on_resume(tmp_path
     torch.testing.assert_close(resumed.suggest()[0], expected)
     with pytest.raises(ValueError, match="`target` must be"):
         SafeBayesianOptimization(problem, target="thompsons")
+
+
+@pytest.mark.parametrize("transforms", [False, True])
+def test_the_draws_shared_evaluation_equals_botorchs_on_the_same_paths(transforms):
+    r"""``shared_input_values`` is BoTorch's path evaluation done as one matrix product: the
+    same values on the same Matheron draws, with and without the model's input and outcome
+    transforms; an ensemble's paths are left to BoTorch."""
+    from botorch.models import SingleTaskGP
+    from botorch.models.transforms import Normalize, Standardize
+    from botorch.sampling.pathwise import draw_matheron_paths
+
+    from aml_ppl.bo.safe import shared_input_values
+
+    generator = torch.Generator().manual_seed(0)
+    scale = 5.0 if transforms else 1.0
+    X = torch.rand(30, 2, generator=generator, dtype=torch.float64) * scale
+    Y = torch.sin(5 * X / scale).sum(-1, keepdim=True)
+    options = {"input_transform": Normalize(2), "outcome_transform": Standardize(1)} if transforms else {"outcome_transform": None}
+    model = SingleTaskGP(X, 10 * Y if transforms else (Y - Y.mean()) / Y.std(), **options)
+    paths = draw_matheron_paths(model, sample_shape=torch.Size([8]))
+    candidates = torch.rand(200, 2, generator=generator, dtype=torch.float64) * scale
+    with torch.no_grad():
+        expected = paths(candidates)
+        torch.testing.assert_close(shared_input_values(paths, candidates), expected, rtol=1e-10, atol=1e-10)
+    assert expected.std(0).mean() > 0.01  # draws that differ
