@@ -115,28 +115,30 @@ def test_the_95_percent_predictive_interval_covers_held_out_data_at_about_its_ra
     assert abs(split.aleatoric.mean() - 0.01) < 0.002  # the true noise variance, 0.1²
 
 
-@pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="not met yet: on make_moons (noise 0.3, 300 training points, 32-32 or 64-64) the "
-    "mean-field BNN's ECE is 0.048-0.10 against MAP's 0.035-0.095 (it under-fits; with 100 "
-    "points it collapses to the prior); local reparameterisation does not change that "
-    "(benchmarks/RESULTS.md). See issue 11's note.",
-)
 def test_a_bnn_is_better_calibrated_than_the_same_network_as_a_point_estimate():
+    r"""make_moons (noise 0.3), 300 training points, a 32-32 network under the prior
+    N(0, 10²), 2 000 steps of each: the mean-field BNN (local reparameterisation) against
+    the MAP network under the same prior, which over-fits. ECE on 20 000 held-out points,
+    where its sampling error is about 0.004; measured on seeds 0-2: BNN 0.015-0.030, MAP
+    0.045-0.063 (benchmarks/RESULTS.md, with the narrower priors where MAP is calibrated)."""
     from sklearn.datasets import make_moons
 
-    X, labels = make_moons(1000, noise=0.3, random_state=0)
+    X, labels = make_moons(20300, noise=0.3, random_state=0)
     X, labels = torch.tensor(X, dtype=torch.float32), torch.tensor(labels, dtype=torch.float32)
     train, test = slice(0, 300), slice(300, None)
-    network = BayesianNeuralNetwork(2, hidden=(32, 32), out_features=2, likelihood="categorical")
-    bayes = aml.fit(network, X[train], labels[train], engine=SVI(num_steps=2000, lr=0.01, progress_bar=False), seed=0)
-    point = aml.fit(network, X[train], labels[train], engine=MAP(optimizer="adam", num_steps=2000, lr=0.01, progress_bar=False), seed=0)
     errors = {}
-    for name, post in (("bayes", bayes), ("point", point)):
+    for name, engine in (
+        ("bayes", SVI(num_steps=2000, lr=0.01, progress_bar=False)),
+        ("point", MAP(optimizer="adam", num_steps=2000, lr=0.01, progress_bar=False)),
+    ):
+        network = BayesianNeuralNetwork(
+            2, hidden=(32, 32), out_features=2, likelihood="categorical", prior_scale=10.0,
+            local_reparameterization=name == "bayes",  # an estimator of the ELBO; MAP has none
+        )
+        post = aml.fit(network, X[train], labels[train], engine=engine, seed=0)
         probs = aml.analysis.classification_uncertainty(post, X[test], num_samples=500).probs
         errors[name] = aml.analysis.expected_calibration_error(probs, labels[test])
-    assert errors["bayes"] < errors["point"]
+    assert errors["bayes"] < errors["point"] - 0.01
 
 
 def test_a_network_of_1e5_weights_predicts_1000_draws_in_one_pass():
