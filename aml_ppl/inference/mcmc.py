@@ -3,10 +3,14 @@ r"""The No-U-Turn sampler (Pyro ``MCMC(NUTS)``) behind :func:`aml_ppl.fit`."""
 from __future__ import annotations
 
 import contextlib
+import math
 import multiprocessing
+import multiprocessing.connection
 import os
 import pickle
 import sys
+import threading
+import time
 import warnings
 from concurrent.futures import Executor, ProcessPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -152,14 +156,16 @@ class NUTS(Engine):
     r"""Hamiltonian Monte Carlo with the No-U-Turn sampler.
 
     Each chain (with its own warm-up) is seeded from the run's seed and its index, so
-    where it runs does not change its draws: on an ``executor`` (any
-    ``concurrent.futures.Executor``: ``"processes"`` for a pool of spawned processes with
-    one thread each, Dask's ``Client.get_executor()`` for other machines) or one after
-    another in this process. The default ``"auto"`` uses processes when there are several
-    chains and cores and the model can be sent to a worker (not defined in ``__main__``,
-    a script or notebook, which a spawned process cannot import), else runs the chains in
-    turn. A worker that dies or runs past ``timeout`` fails the run with an error naming
-    the chain; nothing hangs. R-hat and ESS
+    where it runs does not change its draws: in worker processes with one thread each
+    (``"processes"``), on an ``executor`` (any ``concurrent.futures.Executor``, such as
+    Dask's ``Client.get_executor()`` for other machines) or one after another in this
+    process. On Linux the workers are forked from this process, so they start at once
+    and run any model, a notebook's included; elsewhere (or beside a thread of the user's,
+    where a fork is unsafe) they are spawned, which takes seconds of imports and needs a
+    model that a new process can import (not one defined in ``__main__``). The default
+    ``"auto"`` uses processes when there are several chains and cores and the model can
+    reach them, else runs the chains in turn. A worker that dies or runs past ``timeout``
+    fails the run with an error naming the chain; nothing hangs. R-hat and ESS
     come from ArviZ on :meth:`~aml_ppl.inference.base.Posterior.to_arviz`, whose
     ``sample_stats`` hold ArviZ's usual diagnostics (``az.bfmi``, ``az.plot_energy``).
     ``history`` holds ``lp`` of each kept draw, chain after chain.
@@ -297,6 +303,8 @@ class NUTS(Engine):
         several = self.num_chains > 1 and (os.cpu_count() or 1) > 1
         if self.executor is None or (self.executor == "auto" and not several):
             return None
+        if _can_fork():
+            return "fork"
         reason = _unsendable(model)
         if reason is None:
             return "pool"
@@ -307,6 +315,8 @@ class NUTS(Engine):
     def _on_executor(
         self, executor: Executor | str, model: Callable, args: tuple, kwargs: dict, settings: tuple, seeds: list[int]
     ) -> list[tuple[dict, dict]]:
+        if executor == "fork":
+            return _forked_chains(model, args, kwargs, settings, seeds, self.timeout)
         owned = executor == "pool"
         if owned:
             context = multiprocessing.get_context("spawn")
@@ -397,6 +407,77 @@ def sample_chain(
         mcmc = pyro.infer.MCMC(kernel, num_samples=num_samples, warmup_steps=warmup_steps, disable_progbar=not progress_bar)
         mcmc.run(*args, **kwargs)
         return mcmc.get_samples(), kernel.records
+
+
+def _can_fork() -> bool:
+    r"""Whether chains may run in forked processes: on Linux, while every other Python thread
+    is a library's daemon (tqdm's monitor, a resource sharer) and none is the user's. A
+    fork copies only the calling thread, so a lock another thread holds stays locked in the
+    child; the daemons here sleep between short checks, and Pyro's own chains and PyTorch's
+    data loaders fork beside them."""
+    others = [thread for thread in threading.enumerate() if thread is not threading.current_thread()]
+    return sys.platform == "linux" and threading.current_thread() is threading.main_thread() and all(
+        thread.daemon for thread in others
+    )
+
+
+def _forked_chains(
+    model: Callable, args: tuple, kwargs: dict, settings: tuple, seeds: list[int], timeout: float | None
+) -> list[tuple[dict, dict]]:
+    r"""Each chain in a process forked from this one, as many at a time as there are cores.
+
+    A forked worker starts with this process's memory: torch, Pyro and the model are
+    already loaded (a spawned one spends seconds importing them), and the model need not be
+    importable or picklable; only the draws come back, through a pipe. A worker that dies
+    or runs past ``timeout`` fails the run naming its chain, and no worker outlives it."""
+    context = multiprocessing.get_context("fork")
+    running: dict[Any, tuple[int, Any, float]] = {}  # receiving end -> (chain, process, deadline)
+    results: dict[int, tuple[dict, dict]] = {}
+    waiting = list(enumerate(seeds))
+    try:
+        while waiting or running:
+            while waiting and len(running) < (os.cpu_count() or 1):
+                index, seed = waiting.pop(0)
+                receiver, sender = context.Pipe(duplex=False)
+                process = context.Process(target=_chain_to_pipe, args=(sender, model, args, kwargs, settings, seed), daemon=True)
+                with warnings.catch_warnings():  # Python 3.12+ warns of any thread at a fork; see _can_fork
+                    warnings.simplefilter("ignore", DeprecationWarning)
+                    process.start()
+                sender.close()
+                running[receiver] = (index, process, math.inf if timeout is None else time.monotonic() + timeout)
+            next_deadline = min(deadline for _, _, deadline in running.values())
+            ready = multiprocessing.connection.wait(list(running), None if next_deadline == math.inf else max(next_deadline - time.monotonic(), 0))
+            for receiver in ready:
+                index, process, _ = running.pop(receiver)
+                try:
+                    outcome, payload = pickle.loads(receiver.recv_bytes())
+                except EOFError:
+                    process.join()
+                    outcome, payload = "error", f"the worker died (exit code {process.exitcode})"
+                if outcome == "error":
+                    raise ModelFittingError(f"NUTS chain {index} failed in its worker: {payload}")
+                results[index] = payload
+                process.join()
+            for index, _, deadline in running.values():
+                if time.monotonic() >= deadline:
+                    raise ModelFittingError(f"NUTS chain {index} did not finish within timeout = {timeout} s.")
+    finally:
+        for _, process, _ in running.values():
+            process.terminate()
+            process.join()
+    return [results[index] for index in range(len(seeds))]
+
+
+def _chain_to_pipe(sender: Any, model: Callable, args: tuple, kwargs: dict, settings: tuple, seed: int) -> None:
+    r"""A forked worker's work: one chain on one thread, its draws (or its error) sent back."""
+    try:
+        message = ("done", sample_chain(model, args, kwargs, settings, seed, 1))
+    except Exception as error:  # reported by the parent, naming the chain
+        message = ("error", f"{type(error).__name__}: {error}")
+    try:  # plain pickle: torch's pickler would share the tensors through this process, which ends here
+        sender.send_bytes(pickle.dumps(message))
+    finally:
+        sender.close()
 
 
 @contextlib.contextmanager

@@ -2,6 +2,7 @@
 
 import multiprocessing
 import os
+import threading
 import time
 
 import pyro
@@ -64,16 +65,32 @@ def test_a_dead_or_stuck_worker_fails_the_run_naming_the_chain():
     assert time.perf_counter() - start < 50
 
 
-def test_a_model_from_main_runs_its_chains_in_turn_with_a_warning():
+def test_a_model_from_main_runs_in_forked_workers_and_in_turn_where_only_spawning_is_safe():
+    r"""On Linux with no other thread running, chains run in forked workers, which need not
+    import or unpickle the model: one defined in ``__main__`` (a notebook's) runs there too,
+    and a closure over a lock. With another thread alive a fork is not safe; the spawned
+    pool cannot import ``__main__``, so the chains run in turn with a warning."""
     X, y = data()
+    lock = threading.Lock()  # unpicklable
 
     def local(X, y=None):
-        regression(X, y)
+        with lock:
+            regression(X, y)
 
     local.__module__ = "__main__"
-    with pytest.warns(ChainsInTurnWarning, match="defined in __main__"):
-        post = aml.fit(local, X, y, engine=engine(executor="processes"), seed=0)
-    assert post.samples["beta"].shape == (2, 30, 2)
+    forked = aml.fit(local, X, y, engine=engine(executor="processes"), seed=0)
+    in_turn = aml.fit(local, X, y, engine=engine(executor=None), seed=0)
+    assert torch.equal(forked.samples["beta"], in_turn.samples["beta"])
+    release = threading.Event()
+    other = threading.Thread(target=release.wait)
+    other.start()
+    try:
+        with pytest.warns(ChainsInTurnWarning, match="defined in __main__"):
+            post = aml.fit(local, X, y, engine=engine(executor="processes"), seed=0)
+    finally:
+        release.set()
+        other.join()
+    assert torch.equal(post.samples["beta"], in_turn.samples["beta"])
     with pytest.raises(ValueError, match="`executor`"):
         NUTS(executor="threads")
 
