@@ -182,10 +182,13 @@ class DiffusionELBO(ModelLoss):
     in its Rao–Blackwellised form (Ho et al. 2020 Eq. 5, every KL in closed form),
 
     .. math:: -\mathcal{L} = \sum_{i}\Big[\mathrm{KL}(q(x_T \mid x_0^i) \,\|\, p(x_T))
-        + T\,\ell_{t_i}(x_0^i)\Big], \qquad t_i \sim \mathcal{U}\{1, \dots, T\},
+        + \ell_{t_i}(x_0^i) / \pi_{t_i}\Big], \qquad t_i \sim \pi,
 
     scaled by ``n / batch`` (and by ``data_scale``), where :math:`\ell_1 = -\log p_\theta(x_0 \mid x_1)` and
-    :math:`\ell_t = \mathrm{KL}(q(x_{t-1} \mid x_t, x_0) \,\|\, p_\theta(x_{t-1} \mid x_t))`.
+    :math:`\ell_t = \mathrm{KL}(q(x_{t-1} \mid x_t, x_0) \,\|\, p_\theta(x_{t-1} \mid x_t))`,
+    and :math:`\pi` weights the timesteps by their terms' weight on the noise error
+    (:meth:`DDPM.timestep_proposal`; uniform :math:`t` would leave the estimate dominated by
+    the rare draws of small :math:`t`).
     ``weighting="simple"``: Ho et al.'s :math:`L_\text{simple} = \mathbb{E}_{t,\epsilon}
     \lVert \epsilon - \epsilon_\theta(x_t, t)\rVert^2` (mean over the batch and the data's
     coordinates), the default training objective; it is not a bound, so read the bound
@@ -232,7 +235,9 @@ class DDPM(Model):
     Fitting: ``aml_ppl.fit(ddpm, x0, engine="svi")`` maximises ``default_loss()``, a
     :class:`DiffusionELBO` over minibatches of ``batch_size`` points and one timestep per
     point; ``objective="simple"`` (the default) trains on Ho et al.'s
-    :math:`L_\text{simple}`, ``"bound"`` on the bound itself. A fitted posterior's
+    :math:`L_\text{simple}`, ``"bound"`` on the bound itself (its timesteps drawn in
+    proportion to their terms' weight, :meth:`bound_estimate`, which trains for the
+    likelihood). A fitted posterior's
     ``log_prob(x0)`` is the bound per point in nats (the sum over all :math:`T` terms),
     and ``predict(num_samples=n, seed=0)`` draws by ancestral sampling (Ho et al.
     Algorithm 2).
@@ -514,18 +519,56 @@ class DDPM(Model):
         self, x0: torch.Tensor, x_t: torch.Tensor, timesteps: torch.Tensor, noise: torch.Tensor, predicted: torch.Tensor
     ) -> torch.Tensor:
         r"""The ``"bound"`` terms of :meth:`timestep_terms` from a noise prediction already made."""
-        schedule = self.schedule
         squared_error = (noise - predicted).square().flatten(-self.event_dims).sum(-1)
-        beta, alpha, alpha_bar = (schedule.at(name, timesteps, timesteps.double()) for name in ("betas", "alphas", "alpha_bars"))
-        variance = self.reverse_variance_at(timesteps, timesteps.double())
-        posterior_variance = schedule.at("posterior_variances", timesteps.clamp(min=min(2, self.num_timesteps)), timesteps.double())
-        constant = 0.5 * self.dimension * (torch.log(variance / posterior_variance) + posterior_variance / variance - 1)
-        weight = beta.square() / (2 * variance * alpha * (1 - alpha_bar))
-        kl = constant.to(x0.dtype) + weight.to(x0.dtype) * squared_error
-        decoder_mean = schedule.mean_from_noise(x_t, predicted, timesteps)
+        constants, weights = (values[timesteps - 1].to(x0.dtype) for values in self.term_coefficients())
+        kl = constants + weights * squared_error
+        decoder_mean = self.schedule.mean_from_noise(x_t, predicted, timesteps)
         decoder_scale = self.reverse_variance_at(timesteps, x_t).sqrt().expand_as(decoder_mean)
         decoder = -self._decoder(decoder_mean, decoder_scale).log_prob(x0.expand_as(x_t))
         return torch.where(timesteps == 1, decoder, kl)
+
+    def term_coefficients(self) -> tuple[torch.Tensor, torch.Tensor]:
+        r"""Each term written as :math:`\ell_t = c_t + w_t \lVert\epsilon - \epsilon_\theta(x_t, t)\rVert^2`:
+        for :math:`t \ge 2` (the KL of :meth:`timestep_terms`)
+
+        .. math:: c_t = \frac{D}{2}\Big[\log\frac{\sigma_t^2}{\tilde\beta_t} + \frac{\tilde\beta_t}{\sigma_t^2} - 1\Big],
+            \qquad w_t = \frac{\beta_t^2}{2\sigma_t^2\alpha_t(1-\bar\alpha_t)},
+
+        and for the Gaussian decoder of continuous data, since :math:`x_0 - \mu_\theta(x_1, 1) =
+        \sqrt{\beta_1/\alpha_1}\,(\epsilon - \epsilon_\theta)`, :math:`c_1 = \frac{D}{2}\log(2\pi\sigma_1^2)`
+        and the same :math:`w_1`. The discretised decoder has no such form: there :math:`c_1 = 0`
+        and :math:`w_1` only shapes :meth:`timestep_proposal`.
+
+        Returns:
+            ``(constants, weights)``, each :math:`T` values (float64) for :math:`t = 1, \dots, T`,
+            differentiable in learned variances.
+        """
+        schedule = self.schedule
+        steps = torch.arange(1, self.num_timesteps + 1, device=schedule.betas.device)
+        variance = self.reverse_variance_at(steps, schedule.betas)
+        posterior_variance = schedule.posterior_variances[steps.clamp(min=min(2, self.num_timesteps)) - 1]
+        constants = 0.5 * self.dimension * (torch.log(variance / posterior_variance) + posterior_variance / variance - 1)
+        decoder_constant = 0.5 * self.dimension * torch.log(2 * math.pi * variance[:1]) if self.levels is None else variance[:1] * 0
+        constants = torch.cat([decoder_constant, constants[1:]])
+        weights = schedule.betas.square() / (2 * variance * schedule.alphas * (1 - schedule.alpha_bars))
+        return constants, weights
+
+    def timestep_proposal(self) -> torch.Tensor:
+        r"""The distribution the bound's estimate draws its timestep from: :math:`\pi_t \propto
+        w_t`, the weight of the noise error in :math:`\ell_t` (:meth:`term_coefficients`),
+        held fixed as a proposal (no gradient).
+
+        With :math:`\sum_t c_t` added exactly, :math:`(\ell_t - c_t)/\pi_t` is unbiased for the
+        rest of the sum under any proposal with full support; this one makes every draw the same
+        multiple :math:`\sum_s w_s` of :math:`\lVert\epsilon - \epsilon_\theta\rVert^2`, where
+        uniform timesteps would scale it by :math:`T w_t`, which spans orders of magnitude
+        (importance sampling of the timesteps, Nichol & Dhariwal 2021 §3.3; Song et al. 2021).
+
+        Returns:
+            :math:`T` probabilities (float64) for :math:`t = 1, \dots, T`.
+        """
+        weights = self.term_coefficients()[1].detach()
+        return weights / weights.sum()
 
     def subsampled_loss(
         self, x0: torch.Tensor, weighting: str, num_particles: int = 1, data_scale: float = 1.0
@@ -535,20 +578,45 @@ class DDPM(Model):
         mean, has none)."""
         count = x0.shape[0]
         size = min(self.batch_size, count)
-        batch = self.to_model_scale(x0[torch.randperm(count, device=x0.device)[:size]] if size < count else x0)
+        batch = x0[torch.randperm(count, device=x0.device)[:size]] if size < count else x0
+        if weighting == "bound":
+            return self.bound_estimate(batch, num_particles).sum() * (data_scale * count / size)
+        batch = self.to_model_scale(batch)
         timesteps = torch.randint(1, self.num_timesteps + 1, (num_particles, size), device=x0.device)
         noise = torch.randn((num_particles, *batch.shape), dtype=batch.dtype, device=batch.device)
         x_t = self.schedule.marginal_sample(batch, timesteps, noise)
         predicted = self.predict_noise(x_t, timesteps)
-        if weighting == "bound":
-            terms = self._bound_terms_given(batch, x_t, timesteps, noise, predicted)
-            per_point = self.schedule.prior_kl(batch, self.event_dims) + self.num_timesteps * terms.mean(0)
-            return per_point.sum() * (data_scale * count / size)
         simple = (noise - predicted).square().mean()
         if self.reverse_variance != "learned":
             return simple
         # L_hybrid (Nichol & Dhariwal 2021 §3.1): the bound trains the variances only
         return simple + self._bound_terms_given(batch, x_t, timesteps, noise, predicted.detach()).mean()
+
+    def bound_estimate(self, x0: torch.Tensor, num_particles: int = 1) -> torch.Tensor:
+        r"""An unbiased estimate of each point's negative bound from ``num_particles`` timesteps
+        drawn from :meth:`timestep_proposal`, differentiable in the network and the variances:
+
+        .. math:: \mathrm{KL}(q(x_T \mid x_0) \,\|\, p(x_T)) + \sum_t c_t
+            + \frac{1}{K}\sum_{k=1}^K \frac{\ell_{t_k} - c_{t_k}}{\pi_{t_k}}, \qquad t_k \sim \pi,
+
+        the constants :math:`c_t` of :meth:`term_coefficients` summed exactly.
+
+        Args:
+            x0: Data in its own units, ``b x *data_shape``.
+            num_particles: :math:`K`.
+
+        Returns:
+            ``b`` estimates in nats.
+        """
+        x0 = self.to_model_scale(x0)
+        constants = self.term_coefficients()[0].to(x0.device)
+        proposal = self.timestep_proposal().to(x0.device)
+        timesteps = torch.multinomial(proposal, num_particles * x0.shape[0], replacement=True).reshape(num_particles, -1) + 1
+        noise = torch.randn((num_particles, *x0.shape), dtype=x0.dtype, device=x0.device)
+        x_t = self.schedule.marginal_sample(x0, timesteps, noise)
+        terms = self._bound_terms_given(x0, x_t, timesteps, noise, self.predict_noise(x_t, timesteps))
+        weighted = (terms - constants[timesteps - 1].to(terms.dtype)) / proposal[timesteps - 1].to(terms.dtype)
+        return self.schedule.prior_kl(x0, self.event_dims) + constants.sum().to(terms.dtype) + weighted.mean(0)
 
     def bound_terms(self, x0: torch.Tensor, chunk_size: int | None = None) -> torch.Tensor:
         r"""Every term of the negative bound for each point, one draw of :math:`x_t` per

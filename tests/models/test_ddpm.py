@@ -128,6 +128,30 @@ def test_subsampled_bound_agrees_with_the_full_sum_and_with_pyros_elbo_on_the_ch
     assert within(full, chain)
 
 
+def test_timesteps_drawn_by_their_noise_error_weight_cut_the_bound_estimates_variance() -> None:
+    r"""``bound_estimate`` draws :math:`t \sim \pi_t \propto w_t`, adds the constants
+    :math:`\sum_t c_t` exactly and :math:`(\ell_t - c_t)/\pi_t`: on Gaussian data with the
+    ε-network fitted in closed form, it and the uniform-timestep estimate :math:`T\ell_t`
+    agree with the full sum over :math:`t` within 4 standard errors, and its variance per
+    point is under a tenth of the uniform one's (measured 0.032-0.037 over 6 seeds; the
+    uniform estimate is dominated by rare small :math:`t`, where :math:`T\ell_t` is large)."""
+    model = optimal_linear_ddpm(0.5, 0.3, 200)
+    generator = torch.Generator().manual_seed(0)
+    x0 = 0.5 + 0.3 * torch.randn(20000, 1, generator=generator, dtype=torch.float64)
+    torch.manual_seed(1)
+    with torch.no_grad():
+        full = model.bound_terms(x0[:2000]).sum(-1)
+        importance = model.bound_estimate(x0)
+        uniform_steps = torch.randint(1, 201, (1, x0.shape[0]))
+        uniform = model.schedule.prior_kl(x0, 1) + 200 * model.timestep_terms(
+            x0, uniform_steps, torch.randn(1, *x0.shape, dtype=torch.float64)
+        )[0]
+    for estimate in (importance, uniform):
+        standard_error = (estimate.var() / len(estimate) + full.var() / len(full)).sqrt()
+        assert (estimate.mean() - full.mean()).abs() < 4 * standard_error
+    assert importance.var() < 0.1 * uniform.var()
+
+
 @pytest.mark.parametrize("reverse_variance", ["beta", "posterior"])
 def test_bound_is_above_the_exact_negative_log_likelihood_of_a_linear_denoiser(reverse_variance: str) -> None:
     r"""For Gaussian data and the ε-network fitted in closed form, :math:`p_\theta(x_0)` is Gaussian;
