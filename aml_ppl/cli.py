@@ -230,7 +230,7 @@ def demo_command(options: argparse.Namespace) -> None:
     from aml_ppl.demo import run_demo
 
     check_output_folder(options.out)
-    report = run_demo(options.out, quick=options.quick)
+    report = run_demo(options.out, quick=options.quick, device=options.device)
     print(f"\nreport: {report}\nfigures: {report.parent}")
 
 
@@ -245,6 +245,8 @@ def parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--quick", action="store_true", help="a smoke run with tiny budgets (under a minute)")
     demo.add_argument("--out", type=Path, default=Path("aml-ppl-demo"), help="where run folders go (default: ./aml-ppl-demo)")
+    demo.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                      help="where the networks train (default: CUDA when there is a GPU)")
     demo.add_argument("--debug", action="store_true", help="show tracebacks")
     fitting = commands.add_parser(
         "fit", help="fit a built-in model to a CSV or Parquet file",

@@ -43,6 +43,7 @@ class Report:
 
     folder: Path
     quick: bool
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))  # where the networks train
     sections: list[Section] = field(default_factory=list)
     rows: list[tuple[str, str, str, float, float, str]] = field(default_factory=list)
 
@@ -73,6 +74,9 @@ class Report:
         self.rows.append((family, data, posterior.engine, seconds, held_out, key(posterior)))
         return posterior
 
+    def device_name(self) -> str:
+        return torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "the CPU"
+
     def write_html(self) -> Path:
         rows = "".join(
             f"<tr><td>{html.escape(family)}</td><td>{html.escape(data)}</td><td>{engine}</td><td>{seconds:.1f}</td>"
@@ -95,7 +99,7 @@ table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;padding:4px 8px;te
 pre{{background:#f6f6f6;padding:8px;overflow-x:auto}}img{{max-width:100%}}</style></head>
 <body><h1>aml_ppl demo</h1>
 <p>aml_ppl {aml.__version__}, torch {torch.__version__}, {platform.machine()}, {torch.get_num_threads()} thread(s),
-{"CUDA" if torch.cuda.is_available() else "CPU"}; {datetime.now():%Y-%m-%d %H:%M}. {budget}.</p>
+networks (BNN, DDPM) on {self.device_name()}, the rest on the CPU; {datetime.now():%Y-%m-%d %H:%M}. {budget}.</p>
 <h2>Every model family: default engine and an alternative</h2>
 <p>Held-out: the mean log predictive density per held-out point (nats; higher is better).</p>
 <table><tr><th>model</th><th>data</th><th>engine</th><th>fit s</th><th>held-out log density</th><th>key parameter</th></tr>{rows}</table>
@@ -259,14 +263,15 @@ def neural_networks(report: Report) -> None:
     x = torch.cat([torch.rand(300, generator=generator) * 2 - 4, torch.rand(300, generator=generator) * 2 + 2])
     y = torch.sin(x) + 0.1 * torch.randn(600, generator=generator)
     net = aml.models.BayesianNeuralNetwork(1, hidden=(50,), activation="tanh", local_reparameterization=True)
-    post = aml.fit(net, x[:, None], y, engine=SVI(num_steps=steps, lr=0.01, progress_bar=False), seed=0)
+    on_device = {"device": report.device}
+    post = aml.fit(net, x[:, None].to(**on_device), y.to(**on_device), engine=SVI(num_steps=steps, lr=0.01, progress_bar=False), seed=0)
     grid = torch.linspace(-6, 6, 300)
-    split = aml.analysis.regression_uncertainty(post, grid[:, None], num_samples=500)
+    split = aml.analysis.regression_uncertainty(post, grid[:, None].to(**on_device), num_samples=500)
+    mean, total, epistemic = (values.cpu() for values in (split.mean, 1.96 * split.total.sqrt(), 1.96 * split.epistemic.sqrt()))
     figure, axis = plt.subplots(figsize=(7, 4))
-    total, epistemic = 1.96 * split.total.sqrt(), 1.96 * split.epistemic.sqrt()
-    axis.fill_between(grid, split.mean - total, split.mean + total, color="C0", alpha=0.2, label="95 %: total")
-    axis.fill_between(grid, split.mean - epistemic, split.mean + epistemic, color="C1", alpha=0.4, label="95 %: epistemic")
-    axis.plot(grid, split.mean, "C0", label="predictive mean")
+    axis.fill_between(grid, mean - total, mean + total, color="C0", alpha=0.2, label="95 %: total")
+    axis.fill_between(grid, mean - epistemic, mean + epistemic, color="C1", alpha=0.4, label="95 %: epistemic")
+    axis.plot(grid, mean, "C0", label="predictive mean")
     axis.plot(x, y, "k.", ms=2, label="data")
     axis.set(xlabel="x", ylabel="y", title="BNN: epistemic and aleatoric parts of the predictive")
     axis.legend(loc="lower left", fontsize=8)
@@ -276,7 +281,8 @@ def neural_networks(report: Report) -> None:
     X = torch.tensor(data.data, dtype=torch.float32)
     labels = torch.tensor(data.target, dtype=torch.float32)
     train, test = _split(len(X), len(X) - 400)
-    X = (X - X[train].mean(0)) / X[train].std(0)
+    X = ((X - X[train].mean(0)) / X[train].std(0)).to(report.device)
+    labels = labels.to(report.device)
     classifier = aml.models.BayesianNeuralNetwork(X.shape[1], hidden=(32,), out_features=2, likelihood="categorical")
     score = lambda posterior: posterior.log_prob(X[test], labels[test], num_samples=200).mean().item()  # noqa: E731
 
@@ -289,7 +295,7 @@ def neural_networks(report: Report) -> None:
     report.timed_fit("BNN classifier, 30-32-2", "breast cancer", classifier, (X[train], labels[train]),
                      MAP(optimizer="adam", num_steps=steps, lr=0.01, progress_bar=False), score, accuracy)
     probs = aml.analysis.classification_uncertainty(bayes, X[test], num_samples=500).probs
-    axis = aml.analysis.plot_reliability_diagram(probs, labels[test])
+    axis = aml.analysis.plot_reliability_diagram(probs.cpu(), labels[test].cpu())
     report.figure(axis.figure, "bnn_reliability.png", "reliability diagram of the BNN classifier (held out)")
 
 
@@ -298,8 +304,8 @@ def diffusion(report: Report) -> None:
     from sklearn.datasets import make_moons
 
     report.section("A DDPM as a latent-variable model (AML §10.1)")
-    train = torch.tensor(make_moons(4000, noise=0.1, random_state=0)[0], dtype=torch.float32)
-    held_out = torch.tensor(make_moons(1000, noise=0.1, random_state=1)[0], dtype=torch.float32)
+    train = torch.tensor(make_moons(4000, noise=0.1, random_state=0)[0], dtype=torch.float32, device=report.device)
+    held_out = torch.tensor(make_moons(1000, noise=0.1, random_state=1)[0], dtype=torch.float32, device=report.device)
     steps, timesteps = (200, 100) if report.quick else (4000, 1000)
     model = aml.models.DDPM((2,), num_timesteps=timesteps, batch_size=256)
     score = lambda posterior: posterior.log_prob(held_out).mean().item()  # noqa: E731
@@ -308,7 +314,9 @@ def diffusion(report: Report) -> None:
     bits = -report.rows[-1][4] / (2 * math.log(2))
     generated = post.predict(num_samples=1000, seed=0, progress_bar=False).samples
     report.say(f"two moons, held out: bound {bits:.3f} bits/dim (the data's entropy: 0.726 bits/dim); "
-               f"energy distance to held-out points {aml.analysis.energy_distance(generated, held_out):.4f}")
+               f"energy distance to held-out points {aml.analysis.energy_distance(generated, held_out):.4f}; "
+               f"trained on {report.device_name()}")
+    generated, held_out = generated.cpu(), held_out.cpu()
     figure, axes = plt.subplots(1, 2, figsize=(9, 4), sharex=True, sharey=True)
     axes[0].plot(*held_out.T, "k.", ms=2)
     axes[0].set(title="held-out data")
@@ -356,12 +364,23 @@ def safe_optimisation(report: Report) -> None:
 TOURS = (linear_models, mixtures, gaussian_process, neural_networks, diffusion, safe_optimisation)
 
 
-def run_demo(out: Path | str = "aml-ppl-demo", quick: bool = False) -> Path:
+def run_demo(out: Path | str = "aml-ppl-demo", quick: bool = False, device: str = "auto") -> Path:
     r"""Run every tour into a new folder under ``out`` and write its report.
+
+    Args:
+        out: The folder that gets the run folder.
+        quick: A smoke run with tiny budgets.
+        device: Where the networks (BNN, DDPM) train: ``"auto"`` (CUDA when there is a GPU),
+            ``"cpu"`` or ``"cuda"``; the small models run on the CPU either way.
 
     Returns:
         The path of ``report.html``.
     """
+    if device not in ("auto", "cpu", "cuda"):
+        raise InputDataError(f"`device` must be 'auto', 'cpu' or 'cuda'; got {device!r}.")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise InputDataError("--device cuda: this machine has no CUDA device (torch.cuda.is_available() is False).")
+    chosen = torch.device("cuda" if device == "cuda" or (device == "auto" and torch.cuda.is_available()) else "cpu")
     for needed in ("sklearn", "statsmodels"):
         try:
             __import__(needed)
@@ -372,7 +391,7 @@ def run_demo(out: Path | str = "aml-ppl-demo", quick: bool = False) -> Path:
     matplotlib.use("Agg")
     folder = Path(out) / f"run-{datetime.now():%Y%m%d-%H%M%S}"
     folder.mkdir(parents=True, exist_ok=False)
-    report = Report(folder, quick)
+    report = Report(folder, quick, chosen)
     for tour in TOURS:
         tour(report)
     print("\n== Every model family: default engine and an alternative (held-out mean log density) ==")

@@ -9,6 +9,7 @@ from io import StringIO
 from pathlib import Path
 
 import pytest
+import torch
 
 from aml_ppl.cli import main
 
@@ -55,3 +56,11 @@ def test_the_report_opens_in_a_headless_browser_with_every_figure(report, tmp_pa
     subprocess.run([browser, *flags, f"--screenshot={screenshot}", "--window-size=1200,2400", path.as_uri()],
                    capture_output=True, timeout=120)
     assert screenshot.stat().st_size > 10_000
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="refused only where there is no CUDA device")
+def test_asking_for_cuda_without_a_gpu_is_refused_before_anything_is_written(tmp_path, capsys):
+    out = tmp_path / "demo"
+    assert main(["demo", "--quick", "--device", "cuda", "--out", str(out)]) == 2
+    assert "no CUDA device" in capsys.readouterr().err
+    assert not out.exists()

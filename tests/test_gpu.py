@@ -94,3 +94,13 @@ def test_ddpm_follows_its_data_to_cuda_and_its_bound_matches_the_cpu():
         model.to("cpu")
         cpu = model.timestep_terms(x0, timesteps, noise)
     torch.testing.assert_close(gpu, cpu, rtol=1e-4, atol=1e-4)
+
+
+def test_the_quick_demo_trains_its_networks_on_the_gpu(tmp_path, capsys):
+    from aml_ppl.cli import main
+
+    assert main(["demo", "--quick", "--out", str(tmp_path)]) == 0
+    printed = capsys.readouterr().out
+    assert f"trained on {torch.cuda.get_device_name(0)}" in printed
+    (report,) = tmp_path.glob("run-*/report.html")
+    assert f"networks (BNN, DDPM) on {torch.cuda.get_device_name(0)}" in report.read_text()
