@@ -126,7 +126,7 @@ def plot_reliability_diagram(probs: torch.Tensor, labels: torch.Tensor, num_bins
     the ECE in the title. Returns the matplotlib axes."""
     import matplotlib.pyplot as plt
 
-    bins = {name: value.numpy() for name, value in calibration_bins(probs, labels, num_bins).items()}
+    bins = {name: value.cpu().numpy() for name, value in calibration_bins(probs, labels, num_bins).items()}
     ax = ax if ax is not None else plt.subplots(figsize=(4, 4))[1]
     filled = bins["count"] > 0
     edges = torch.linspace(0, 1, num_bins + 1).numpy()
