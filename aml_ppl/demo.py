@@ -263,10 +263,9 @@ def neural_networks(report: Report) -> None:
     x = torch.cat([torch.rand(300, generator=generator) * 2 - 4, torch.rand(300, generator=generator) * 2 + 2])
     y = torch.sin(x) + 0.1 * torch.randn(600, generator=generator)
     net = aml.models.BayesianNeuralNetwork(1, hidden=(50,), activation="tanh", local_reparameterization=True)
-    on_device = {"device": report.device}
-    post = aml.fit(net, x[:, None].to(**on_device), y.to(**on_device), engine=SVI(num_steps=steps, lr=0.01, progress_bar=False), seed=0)
+    post = aml.fit(net, x[:, None].to(report.device), y.to(report.device), engine=SVI(num_steps=steps, lr=0.01, progress_bar=False), seed=0)
     grid = torch.linspace(-6, 6, 300)
-    split = aml.analysis.regression_uncertainty(post, grid[:, None].to(**on_device), num_samples=500)
+    split = aml.analysis.regression_uncertainty(post, grid[:, None].to(report.device), num_samples=500)
     mean, total, epistemic = (values.cpu() for values in (split.mean, 1.96 * split.total.sqrt(), 1.96 * split.epistemic.sqrt()))
     figure, axis = plt.subplots(figsize=(7, 4))
     axis.fill_between(grid, mean - total, mean + total, color="C0", alpha=0.2, label="95 %: total")

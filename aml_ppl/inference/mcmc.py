@@ -410,14 +410,18 @@ def sample_chain(
 
 
 def _can_fork() -> bool:
-    r"""Whether chains may run in forked processes: on Linux, while every other Python thread
-    is a library's daemon (tqdm's monitor, a resource sharer) and none is the user's. A
-    fork copies only the calling thread, so a lock another thread holds stays locked in the
-    child; the daemons here sleep between short checks, and Pyro's own chains and PyTorch's
-    data loaders fork beside them."""
+    r"""Whether chains may run in forked processes: on Linux, before CUDA is initialised here
+    (a forked child cannot use it), while every other Python thread is a library's daemon
+    (tqdm's monitor, a resource sharer) and none is the user's. A fork copies only the
+    calling thread, so a lock another thread holds stays locked in the child; the daemons
+    here sleep between short checks, and Pyro's own chains and PyTorch's data loaders fork
+    beside them."""
     others = [thread for thread in threading.enumerate() if thread is not threading.current_thread()]
-    return sys.platform == "linux" and threading.current_thread() is threading.main_thread() and all(
-        thread.daemon for thread in others
+    return (
+        sys.platform == "linux"
+        and not torch.cuda.is_initialized()
+        and threading.current_thread() is threading.main_thread()
+        and all(thread.daemon for thread in others)
     )
 
 
@@ -452,19 +456,21 @@ def _forked_chains(
                 try:
                     outcome, payload = pickle.loads(receiver.recv_bytes())
                 except EOFError:
-                    process.join()
-                    outcome, payload = "error", f"the worker died (exit code {process.exitcode})"
-                if outcome == "error":
-                    raise ModelFittingError(f"NUTS chain {index} failed in its worker: {payload}")
-                results[index] = payload
+                    outcome, payload = "error", None
+                receiver.close()
                 process.join()
+                if outcome == "error":
+                    reason = payload or f"the worker died (exit code {process.exitcode})"
+                    raise ModelFittingError(f"NUTS chain {index} failed in its worker: {reason}")
+                results[index] = payload
             for index, _, deadline in running.values():
                 if time.monotonic() >= deadline:
                     raise ModelFittingError(f"NUTS chain {index} did not finish within timeout = {timeout} s.")
     finally:
-        for _, process, _ in running.values():
+        for receiver, (_, process, _) in running.items():
             process.terminate()
             process.join()
+            receiver.close()
     return [results[index] for index in range(len(seeds))]
 
 

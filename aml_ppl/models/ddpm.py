@@ -182,13 +182,14 @@ class DiffusionELBO(ModelLoss):
     in its Rao–Blackwellised form (Ho et al. 2020 Eq. 5, every KL in closed form),
 
     .. math:: -\mathcal{L} = \sum_{i}\Big[\mathrm{KL}(q(x_T \mid x_0^i) \,\|\, p(x_T))
-        + \ell_{t_i}(x_0^i) / \pi_{t_i}\Big], \qquad t_i \sim \pi,
+        + \sum_t c_t + \frac{\ell_{t_i}(x_0^i) - c_{t_i}}{\pi_{t_i}}\Big], \qquad t_i \sim \pi,
 
     scaled by ``n / batch`` (and by ``data_scale``), where :math:`\ell_1 = -\log p_\theta(x_0 \mid x_1)` and
     :math:`\ell_t = \mathrm{KL}(q(x_{t-1} \mid x_t, x_0) \,\|\, p_\theta(x_{t-1} \mid x_t))`,
-    and :math:`\pi` weights the timesteps by their terms' weight on the noise error
+    :math:`c_t` each term's constant part (:meth:`DDPM.term_coefficients`), and :math:`\pi`
+    weights the timesteps by their terms' weight on the noise error
     (:meth:`DDPM.timestep_proposal`; uniform :math:`t` would leave the estimate dominated by
-    the rare draws of small :math:`t`).
+    the rare draws of small :math:`t`); see :meth:`DDPM.bound_estimate`.
     ``weighting="simple"``: Ho et al.'s :math:`L_\text{simple} = \mathbb{E}_{t,\epsilon}
     \lVert \epsilon - \epsilon_\theta(x_t, t)\rVert^2` (mean over the batch and the data's
     coordinates), the default training objective; it is not a bound, so read the bound
@@ -236,8 +237,8 @@ class DDPM(Model):
     :class:`DiffusionELBO` over minibatches of ``batch_size`` points and one timestep per
     point; ``objective="simple"`` (the default) trains on Ho et al.'s
     :math:`L_\text{simple}`, ``"bound"`` on the bound itself (its timesteps drawn in
-    proportion to their terms' weight, :meth:`bound_estimate`, which trains for the
-    likelihood). A fitted posterior's
+    proportion to their terms' weight, :meth:`bound_estimate`; on two moons it left the
+    bound where :math:`L_\text{simple}` did, benchmarks/RESULTS.md). A fitted posterior's
     ``log_prob(x0)`` is the bound per point in nats (the sum over all :math:`T` terms),
     and ``predict(num_samples=n, seed=0)`` draws by ancestral sampling (Ho et al.
     Algorithm 2).
