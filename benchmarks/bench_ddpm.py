@@ -155,7 +155,7 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=128)
     parser.add_argument("--batch", type=int, default=512)
     parser.add_argument("--ema", type=float, default=None)
-    parser.add_argument("--variance", default="learned", choices=["beta", "posterior", "learned"])
+    parser.add_argument("--variance", default="learned", choices=["beta", "posterior", "learned", "interpolated"])
     parser.add_argument("--timesteps", type=int, default=1000, help="T of the 2-d models")
     parser.add_argument("--objective", default="simple", choices=["simple", "bound"], help="the 2-d models' training loss")
     options = parser.parse_args()

@@ -29,7 +29,7 @@ from aml_ppl.models.base import Model, ModelLoss, register_model
 from aml_ppl.models.denoisers import NETWORKS
 
 SCHEDULES = ("linear", "cosine")
-REVERSE_VARIANCES = ("beta", "posterior", "learned")
+REVERSE_VARIANCES = ("beta", "posterior", "learned", "interpolated")
 OBJECTIVES = ("simple", "bound")
 
 
@@ -228,7 +228,12 @@ class DDPM(Model):
     :math:`\tilde\beta_t` (``"posterior"``; at :math:`t = 1`, where :math:`\tilde\beta_1 = 0`,
     :math:`\tilde\beta_2`), or learned, one per timestep (``"learned"``: started at
     :math:`\beta_t` and trained on the bound with the mean held fixed, Nichol & Dhariwal's
-    :math:`L_\text{hybrid} = L_\text{simple} + L_\text{vlb}`). The decoder :math:`p_\theta(x_0 \mid x_1)` is that Gaussian for
+    :math:`L_\text{hybrid} = L_\text{simple} + L_\text{vlb}`), or learned per point and
+    coordinate (``"interpolated"``: Nichol & Dhariwal's
+    :math:`\log\sigma^2 = u\log\beta_t + (1 - u)\log\tilde\beta_t` with :math:`u = \mathrm{sigmoid}(v)`,
+    :math:`v` a second output of the network, trained by :math:`L_\text{hybrid}`; their
+    :math:`u = (v + 1)/2` lets :math:`\sigma^2` leave :math:`[\tilde\beta_t, \beta_t]`, and in our
+    first test blew up within five steps). The decoder :math:`p_\theta(x_0 \mid x_1)` is that Gaussian for
     continuous data and the Gaussian integrated over the grid's bins for discrete data
     (``levels``; Ho et al. Eq. 13), so ``log_prob`` is a bound on a log density
     (continuous) or on a log probability (discrete).
@@ -249,11 +254,13 @@ class DDPM(Model):
         data_shape: The shape of one data point: ``(d,)`` for vectors, ``(C, H, W)`` for images.
         network: ``"mlp"`` (:class:`~aml_ppl.models.denoisers.MLPDenoiser`), ``"unet"``
             (:class:`~aml_ppl.models.denoisers.UNetDenoiser`), or a module of your own
-            called as ``network(x_t, t)`` on a batch (``B x *data_shape``, ``B`` integers).
+            called as ``network(x_t, t)`` on a batch (``B x *data_shape``, ``B`` integers);
+            with ``reverse_variance="interpolated"`` it returns twice the channels (the
+            noise, then :math:`v`), ``B x 2d`` for vectors, ``B x 2C x H x W`` for images.
         network_options: Keyword arguments of the named network.
         num_timesteps: :math:`T`.
         schedule: ``"linear"``, ``"cosine"``, or a sequence of :math:`T` betas in (0, 1).
-        reverse_variance: ``"beta"``, ``"posterior"`` or ``"learned"``.
+        reverse_variance: ``"beta"``, ``"posterior"``, ``"learned"`` or ``"interpolated"``.
         objective: ``"simple"`` or ``"bound"`` (see :class:`DiffusionELBO`).
         batch_size: Data points per training step (the data plate's subsample size).
         levels: For discrete data, the number of values on its grid (17 for pixels 0–16);
@@ -299,12 +306,18 @@ class DDPM(Model):
         ):
             if value not in allowed:
                 raise InputDataError(f"`{option}` must be one of {allowed}; got {value!r}.")
+        if reverse_variance == "interpolated" and objective != "simple":
+            raise InputDataError(
+                "reverse_variance='interpolated' trains by L_hybrid (objective='simple'): its per-point "
+                "variances have no per-timestep constants for the bound objective's estimate."
+            )
         if (levels is None) != (data_range is None):
             raise InputDataError("discrete data needs both `levels` and `data_range`; continuous data neither.")
         if levels is not None:
             check_count("levels", levels, minimum=2)
             if not data_range[1] > data_range[0]:
                 raise InputDataError(f"`data_range` must be (lowest, highest) with lowest < highest; got {data_range!r}.")
+        self.reverse_variance = reverse_variance
         self.schedule_spec = schedule
         self.schedule = self._make_schedule(schedule, num_timesteps)
         self.network_name = network if isinstance(network, str) else None
@@ -312,7 +325,6 @@ class DDPM(Model):
         network = self._make_network(network)
         to_pyro_module_(network)  # its parameters become pyro.param sites, which SVI optimises
         self.network = network
-        self.reverse_variance = reverse_variance
         if reverse_variance == "learned":
             variances = LearnedVariances(self.schedule.betas)
             to_pyro_module_(variances)
@@ -342,7 +354,10 @@ class DDPM(Model):
             raise InputDataError(
                 f"the {network!r} network takes {kind} (data_shape {shape}); got {self.data_shape}. Use {other!r}."
             )
-        return NETWORKS[network](self.data_shape[0], **self.network_options)
+        options = dict(self.network_options)
+        if self.reverse_variance == "interpolated":  # the noise and v: twice the channels
+            options["out_channels"] = 2 * self.data_shape[0]
+        return NETWORKS[network](self.data_shape[0], **options)
 
     def get_config(self) -> dict[str, Any] | None:
         if self.network_name is None:
@@ -423,13 +438,36 @@ class DDPM(Model):
     def predict_noise(self, x_t: torch.Tensor, timesteps: torch.Tensor) -> torch.Tensor:
         r""":math:`\epsilon_\theta(x_t, t)` for ``x_t`` of shape ``S x *data_shape`` and
         timesteps broadcasting to ``S`` (the network sees one flat batch)."""
+        return self.network_outputs(x_t, timesteps)[0]
+
+    def network_outputs(self, x_t: torch.Tensor, timesteps: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        r""":math:`\epsilon_\theta(x_t, t)` and, for ``reverse_variance="interpolated"``, the
+        interpolation weight :math:`u = \mathrm{sigmoid}(v)` of each coordinate (else ``None``)."""
         batch = x_t.shape[: x_t.dim() - self.event_dims]
         flat = x_t.reshape(-1, *self.data_shape)
         steps = torch.as_tensor(timesteps, device=x_t.device).expand(batch).reshape(-1)
-        return self.network(flat, steps).reshape(x_t.shape)
+        output = self.network(flat, steps)
+        if self.reverse_variance != "interpolated":
+            return output.reshape(x_t.shape), None
+        expected = (flat.shape[0], 2 * self.data_shape[0], *self.data_shape[1:])
+        if tuple(output.shape) != expected:
+            raise InputDataError(
+                f"with reverse_variance='interpolated' the network returns the noise and v, {expected}; got "
+                f"{tuple(output.shape)}."
+            )
+        noise, v = output.reshape(flat.shape[0], 2, *self.data_shape).unbind(1)
+        return noise.reshape(x_t.shape), torch.sigmoid(v).reshape(x_t.shape)
 
-    def reverse_variance_at(self, timesteps: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-        r""":math:`\sigma_t^2`: learned, :math:`\beta_t`, or :math:`\tilde\beta_t` with :math:`t = 1` read as :math:`t = 2`."""
+    def reverse_variance_at(
+        self, timesteps: torch.Tensor, like: torch.Tensor, interpolation: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        r""":math:`\sigma_t^2`: learned, :math:`\beta_t`, :math:`\tilde\beta_t` with :math:`t = 1` read as
+        :math:`t = 2`, or per coordinate :math:`\exp(u\log\beta_t + (1-u)\log\tilde\beta_t)` given the
+        ``interpolation`` weights :math:`u` (shaped as ``like``)."""
+        if interpolation is not None:
+            low = self.schedule.at("posterior_variances", timesteps.clamp(min=min(2, self.num_timesteps)), like)
+            high = self.schedule.at("betas", timesteps, like)
+            return torch.exp(interpolation * high.log() + (1 - interpolation) * low.log())
         if self.reverse_variance == "learned":
             values = self.learned_variances(timesteps.to(like.device)).to(like.dtype)
             return values.reshape(values.shape + (1,) * (like.dim() - values.dim()))
@@ -440,8 +478,9 @@ class DDPM(Model):
     def reverse_step(self, x_t: torch.Tensor, t: int) -> tuple[torch.Tensor, torch.Tensor]:
         r"""Mean and standard deviation of :math:`p_\theta(x_{t-1} \mid x_t)` (notes Eq. (1), corrected)."""
         timesteps = torch.full(x_t.shape[: x_t.dim() - self.event_dims], t, dtype=torch.long, device=x_t.device)
-        mean = self.schedule.mean_from_noise(x_t, self.predict_noise(x_t, timesteps), timesteps)
-        return mean, self.reverse_variance_at(timesteps, x_t).sqrt().expand_as(mean)
+        noise, interpolation = self.network_outputs(x_t, timesteps)
+        mean = self.schedule.mean_from_noise(x_t, noise, timesteps)
+        return mean, self.reverse_variance_at(timesteps, x_t, interpolation).sqrt().expand_as(mean)
 
     def _decoder(self, mean: torch.Tensor, scale: torch.Tensor) -> dist.TorchDistribution:
         base = dist.Normal(mean, scale) if self.levels is None else DiscretizedNormal(mean, scale, self.levels)
@@ -514,17 +553,20 @@ class DDPM(Model):
             ``k x b`` terms in nats.
         """
         x_t = self.schedule.marginal_sample(x0, timesteps, noise)
-        return self._bound_terms_given(x0, x_t, timesteps, noise, self.predict_noise(x_t, timesteps))
+        return self._bound_terms_given(x0, x_t, timesteps, noise, *self.network_outputs(x_t, timesteps))
 
     def _bound_terms_given(
-        self, x0: torch.Tensor, x_t: torch.Tensor, timesteps: torch.Tensor, noise: torch.Tensor, predicted: torch.Tensor
+        self, x0: torch.Tensor, x_t: torch.Tensor, timesteps: torch.Tensor, noise: torch.Tensor, predicted: torch.Tensor,
+        interpolation: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        r"""The ``"bound"`` terms of :meth:`timestep_terms` from a noise prediction already made."""
-        squared_error = (noise - predicted).square().flatten(-self.event_dims).sum(-1)
-        constants, weights = (values[timesteps - 1].to(x0.dtype) for values in self.term_coefficients())
-        kl = constants + weights * squared_error
+        r"""The ``"bound"`` terms of :meth:`timestep_terms` from the network's outputs already computed."""
+        wide = x_t.to(torch.float64)  # the constants cancel to ~1e-8 where sigma^2 is near beta-tilde
+        variance = self.reverse_variance_at(timesteps, wide, None if interpolation is None else interpolation.to(wide))
+        constants, weights = self._kl_coefficients(timesteps, variance.expand_as(wide))
+        squared_error = (noise - predicted).square()
+        kl = (constants.to(x0.dtype) + weights.to(x0.dtype) * squared_error).flatten(-self.event_dims).sum(-1)
         decoder_mean = self.schedule.mean_from_noise(x_t, predicted, timesteps)
-        decoder_scale = self.reverse_variance_at(timesteps, x_t).sqrt().expand_as(decoder_mean)
+        decoder_scale = variance.sqrt().to(x_t.dtype).expand_as(decoder_mean)
         decoder = -self._decoder(decoder_mean, decoder_scale).log_prob(x0.expand_as(x_t))
         return torch.where(timesteps == 1, decoder, kl)
 
@@ -544,15 +586,20 @@ class DDPM(Model):
             ``(constants, weights)``, each :math:`T` values (float64) for :math:`t = 1, \dots, T`,
             differentiable in learned variances.
         """
-        schedule = self.schedule
-        steps = torch.arange(1, self.num_timesteps + 1, device=schedule.betas.device)
-        variance = self.reverse_variance_at(steps, schedule.betas)
-        posterior_variance = schedule.posterior_variances[steps.clamp(min=min(2, self.num_timesteps)) - 1]
-        constants = 0.5 * self.dimension * (torch.log(variance / posterior_variance) + posterior_variance / variance - 1)
-        decoder_constant = 0.5 * self.dimension * torch.log(2 * math.pi * variance[:1]) if self.levels is None else variance[:1] * 0
-        constants = torch.cat([decoder_constant, constants[1:]])
-        weights = schedule.betas.square() / (2 * variance * schedule.alphas * (1 - schedule.alpha_bars))
-        return constants, weights
+        steps = torch.arange(1, self.num_timesteps + 1, device=self.schedule.betas.device)
+        variance = self.reverse_variance_at(steps, self.schedule.betas)
+        constants, weights = self._kl_coefficients(steps, variance)
+        decoder_constant = 0.5 * torch.log(2 * math.pi * variance[:1]) if self.levels is None else variance[:1] * 0
+        return self.dimension * torch.cat([decoder_constant, constants[1:]]), weights
+
+    def _kl_coefficients(self, timesteps: torch.Tensor, variance: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        r"""Per coordinate, :math:`\tfrac12[\log(\sigma^2/\tilde\beta_t) + \tilde\beta_t/\sigma^2 - 1]` and
+        :math:`\beta_t^2 / 2\sigma^2\alpha_t(1-\bar\alpha_t)` for the reverse variances ``variance``
+        (shaped as ``timesteps`` followed by any coordinates)."""
+        beta, alpha, alpha_bar = (self.schedule.at(name, timesteps, variance) for name in ("betas", "alphas", "alpha_bars"))
+        posterior = self.schedule.at("posterior_variances", timesteps.clamp(min=min(2, self.num_timesteps)), variance)
+        constants = 0.5 * (torch.log(variance / posterior) + posterior / variance - 1)
+        return constants, beta.square() / (2 * variance * alpha * (1 - alpha_bar))
 
     def timestep_proposal(self) -> torch.Tensor:
         r"""The distribution the bound's estimate draws its timestep from: :math:`\pi_t \propto
@@ -586,12 +633,12 @@ class DDPM(Model):
         timesteps = torch.randint(1, self.num_timesteps + 1, (num_particles, size), device=x0.device)
         noise = torch.randn((num_particles, *batch.shape), dtype=batch.dtype, device=batch.device)
         x_t = self.schedule.marginal_sample(batch, timesteps, noise)
-        predicted = self.predict_noise(x_t, timesteps)
+        predicted, interpolation = self.network_outputs(x_t, timesteps)
         simple = (noise - predicted).square().mean()
-        if self.reverse_variance != "learned":
+        if self.reverse_variance not in ("learned", "interpolated"):
             return simple
         # L_hybrid (Nichol & Dhariwal 2021 §3.1): the bound trains the variances only
-        return simple + self._bound_terms_given(batch, x_t, timesteps, noise, predicted.detach()).mean()
+        return simple + self._bound_terms_given(batch, x_t, timesteps, noise, predicted.detach(), interpolation).mean()
 
     def bound_estimate(self, x0: torch.Tensor, num_particles: int = 1) -> torch.Tensor:
         r"""An unbiased estimate of each point's negative bound from ``num_particles`` timesteps
@@ -615,7 +662,7 @@ class DDPM(Model):
         timesteps = torch.multinomial(proposal, num_particles * x0.shape[0], replacement=True).reshape(num_particles, -1) + 1
         noise = torch.randn((num_particles, *x0.shape), dtype=x0.dtype, device=x0.device)
         x_t = self.schedule.marginal_sample(x0, timesteps, noise)
-        terms = self._bound_terms_given(x0, x_t, timesteps, noise, self.predict_noise(x_t, timesteps))
+        terms = self._bound_terms_given(x0, x_t, timesteps, noise, *self.network_outputs(x_t, timesteps))
         weighted = (terms - constants[timesteps - 1].to(terms.dtype)) / proposal[timesteps - 1].to(terms.dtype)
         return self.schedule.prior_kl(x0, self.event_dims) + constants.sum().to(terms.dtype) + weighted.mean(0)
 

@@ -52,6 +52,8 @@ class MLPDenoiser(nn.Module):
         hidden: The width of every block.
         depth: The number of residual blocks.
         embedding_dim: The width of the sinusoidal timestep embedding.
+        out_channels: Outputs per point (default ``dim``; ``2 * dim`` for the noise and a
+            learned variance interpolation).
 
     Example:
         >>> import torch
@@ -60,7 +62,9 @@ class MLPDenoiser(nn.Module):
         torch.Size([5, 2])
     """
 
-    def __init__(self, dim: int, hidden: int = 128, depth: int = 3, embedding_dim: int = 64) -> None:
+    def __init__(
+        self, dim: int, hidden: int = 128, depth: int = 3, embedding_dim: int = 64, out_channels: int | None = None
+    ) -> None:
         super().__init__()
         self.time = TimeEmbedding(embedding_dim, hidden)
         self.input = nn.Linear(dim, hidden)
@@ -68,7 +72,7 @@ class MLPDenoiser(nn.Module):
             nn.Sequential(nn.SiLU(), nn.Linear(hidden, hidden), nn.SiLU(), nn.Linear(hidden, hidden))
             for _ in range(depth)
         )
-        self.output = nn.Sequential(nn.SiLU(), nn.Linear(hidden, dim))
+        self.output = nn.Sequential(nn.SiLU(), nn.Linear(hidden, out_channels or dim))
 
     def forward(self, x: torch.Tensor, timesteps: torch.Tensor) -> torch.Tensor:
         embedding = self.time(timesteps)
@@ -109,6 +113,7 @@ class UNetDenoiser(nn.Module):
         multipliers: Channels per level as multiples of ``base``; the image side must be
             divisible by ``2 ** (len(multipliers) - 1)``.
         embedding_dim: The width of the sinusoidal timestep embedding.
+        out_channels: Output channels (default ``channels``).
 
     Example:
         >>> import torch
@@ -118,7 +123,12 @@ class UNetDenoiser(nn.Module):
     """
 
     def __init__(
-        self, channels: int = 1, base: int = 32, multipliers: tuple[int, ...] = (1, 2, 2), embedding_dim: int = 64
+        self,
+        channels: int = 1,
+        base: int = 32,
+        multipliers: tuple[int, ...] = (1, 2, 2),
+        embedding_dim: int = 64,
+        out_channels: int | None = None,
     ) -> None:
         super().__init__()
         widths = [base * multiplier for multiplier in multipliers]
@@ -136,7 +146,7 @@ class UNetDenoiser(nn.Module):
         for width in reversed(widths):
             self.up.append(ResidualBlock(previous + width, width, time_width))
             previous = width
-        self.output = nn.Sequential(_norm(previous), nn.SiLU(), nn.Conv2d(previous, channels, 3, padding=1))
+        self.output = nn.Sequential(_norm(previous), nn.SiLU(), nn.Conv2d(previous, out_channels or channels, 3, padding=1))
 
     def forward(self, x: torch.Tensor, timesteps: torch.Tensor) -> torch.Tensor:
         side = x.shape[-1]

@@ -14,6 +14,7 @@ import aml_ppl as aml
 from aml_ppl.errors import IncompatibleEngineError, InputDataError
 from aml_ppl.models import DDPM, NoiseSchedule
 from aml_ppl.models.ddpm import DiscretizedNormal
+from aml_ppl.models.denoisers import MLPDenoiser
 
 
 class LinearDenoiser(nn.Module):
@@ -245,6 +246,7 @@ def test_only_svi_runs_it_and_the_surface_says_what_to_use_instead() -> None:
         (lambda: DDPM((2,), schedule="quadratic"), "schedule"),
         (lambda: DDPM((1, 8, 8), network="mlp"), "unet"),
         (lambda: DDPM((2,), levels=17), "data_range"),
+        (lambda: DDPM((2,), reverse_variance="interpolated", objective="bound"), "L_hybrid"),
     ],
 )
 def test_bad_settings_are_refused_by_name(make, message: str) -> None:
@@ -310,3 +312,61 @@ def test_learned_variances_train_on_the_bound_and_leave_the_mean_to_l_simple() -
     for name, gradient in gradients["beta"].items():
         assert torch.allclose(gradients["learned"][name], gradient), name
     assert gradients["learned"]["learned_variances.log_variances"].abs().sum() > 0
+
+
+class WithInterpolation(nn.Module):
+    r"""A noise network followed by a constant :math:`v` per coordinate: the network output
+    ``reverse_variance="interpolated"`` reads."""
+
+    def __init__(self, inner: nn.Module, v: float) -> None:
+        super().__init__()
+        self.inner, self.v = inner, v
+
+    def forward(self, x: torch.Tensor, timesteps: torch.Tensor) -> torch.Tensor:
+        noise = self.inner(x, timesteps)
+        return torch.cat([noise, torch.full_like(noise, self.v)], 1)
+
+
+@pytest.mark.parametrize("v, fixed", [(math.inf, "beta"), (-math.inf, "posterior")])
+def test_interpolated_variance_at_its_ends_is_the_fixed_one(v: float, fixed: str) -> None:
+    r"""``reverse_variance="interpolated"``: :math:`\log\sigma^2 = u\log\beta_t + (1-u)\log\tilde\beta_t`
+    with :math:`u = \mathrm{sigmoid}(v)`, so :math:`v = \infty` gives :math:`\beta_t` and :math:`v = -\infty` gives
+    :math:`\tilde\beta_t` (read at :math:`t = 2` for :math:`t = 1`): every term of the bound and
+    every reverse step equal those of the fixed-variance model with the same noise network."""
+    reference = optimal_linear_ddpm(0.5, 0.3, 20, reverse_variance=fixed)
+    model = DDPM((1,), network=WithInterpolation(reference.network, v), num_timesteps=20, reverse_variance="interpolated")
+    model = model.double().eval()
+    x0 = 0.5 + 0.3 * torch.randn(50, 1, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    timesteps = torch.arange(1, 21).repeat_interleave(50).reshape(20, 50)
+    noise = torch.randn(20, 50, 1, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        torch.testing.assert_close(model.timestep_terms(x0, timesteps, noise), reference.timestep_terms(x0, timesteps, noise))
+        for t in (1, 2, 20):
+            for ours, theirs in zip(model.reverse_step(x0, t), reference.reverse_step(x0, t)):
+                torch.testing.assert_close(ours, theirs)
+
+
+def test_interpolated_variance_trains_by_l_hybrid_and_a_wrong_network_is_refused() -> None:
+    r"""The noise half of the MLP's output layer gets :math:`L_\text{simple}`'s gradient alone;
+    the :math:`v` half gets the bound's (with the mean held fixed). A network without the
+    second half is refused by name."""
+    x0 = torch.randn(40, 2, generator=torch.Generator().manual_seed(0))
+    torch.manual_seed(3)
+    model = DDPM((2,), num_timesteps=20, reverse_variance="interpolated", batch_size=64, network_options={"hidden": 8})
+    torch.manual_seed(7)
+    model.subsampled_loss(x0, "simple").backward()
+    hybrid = model.network.output[1].weight.grad.clone()
+    model.zero_grad()
+    torch.manual_seed(7)  # the same timesteps and noise, L_simple alone
+    timesteps = torch.randint(1, 21, (1, 40))
+    noise = torch.randn(1, 40, 2)
+    predicted = model.predict_noise(model.schedule.marginal_sample(x0, timesteps, noise), timesteps)
+    (noise - predicted).square().mean().backward()
+    simple = model.network.output[1].weight.grad
+    torch.testing.assert_close(hybrid[:2], simple[:2])
+    assert simple[2:].abs().sum() == 0 and hybrid[2:].abs().sum() > 0
+    posterior = aml.fit(model, x0, engine=aml.inference.SVI(num_steps=5, progress_bar=False), seed=0)
+    assert torch.isfinite(posterior.log_prob(x0[:5])).all()
+    plain = DDPM((2,), network=MLPDenoiser(2, hidden=8), num_timesteps=5, reverse_variance="interpolated")
+    with pytest.raises(InputDataError, match="the noise and v"):
+        plain.timestep_terms(x0, torch.ones(1, 40, dtype=torch.long), torch.randn(1, 40, 2))
