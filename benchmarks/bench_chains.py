@@ -6,8 +6,10 @@ regression with n = 1000, d = 10 (known noise, Normal prior). 2 chains x (500 wa
 kept draws), seed 0, one thread per process. ESS: ArviZ's bulk ESS, the smallest over the
 parameters. Goals (issue 14): processes <= 0.65x the wall time in turn; ESS/s >= 1.6x Pyro's
 default. aml_ppl's NUTS traces the potential with the JIT by default where the model traces;
-the rows without it and Pyro's own JIT are for comparison.
-Usage: python benchmarks/bench_chains.py
+the rows without it and Pyro's own JIT are for comparison. NumPyro (the same models written
+in it, float64, 2 chains in parallel on two XLA host devices) runs last, twice: cold, with its
+compilation, and again warm, as a user re-running a fitted model would.
+Usage: pip install -e ".[bench]"; python benchmarks/bench_chains.py
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import time
 from pathlib import Path
 
 import arviz as az
+import numpy as np
 import pyro
 import pyro.distributions as dist
 import torch
@@ -76,9 +79,46 @@ def pyro_default(model, args, **kernel_options):
     return seconds, smallest_ess(mcmc.get_samples(group_by_chain=True))
 
 
+def numpyro_parallel(model, args):
+    """NumPyro's NUTS, 2 chains in parallel (``chain_method="parallel"``): (cold, warm) runs.
+    JAX is imported here, after the torch runs: once its threads run, aml_ppl does not fork."""
+    import jax
+    import numpyro
+    import numpyro.distributions as numpyro_dist
+
+    numpyro.set_host_device_count(2)  # before JAX starts its backend
+    numpyro.enable_x64()
+
+    def eight_schools(sigma, y=None):
+        mu = numpyro.sample("mu", numpyro_dist.Normal(0.0, 5.0))
+        tau = numpyro.sample("tau", numpyro_dist.HalfCauchy(5.0))
+        with numpyro.plate("schools", len(sigma)):
+            offset = numpyro.sample("offset", numpyro_dist.Normal(0.0, 1.0))
+            numpyro.sample("obs", numpyro_dist.Normal(mu + tau * offset, sigma), obs=y)
+
+    def regression(X, y=None):
+        beta = numpyro.sample("beta", numpyro_dist.Normal(np.zeros(X.shape[1]), 1.0).to_event(1))
+        with numpyro.plate("data", X.shape[0]):
+            numpyro.sample("obs", numpyro_dist.Normal(X @ beta, 0.5), obs=y)
+
+    twin = {"eight_schools": eight_schools, "regression": regression}[model.__name__]
+    mcmc = numpyro.infer.MCMC(numpyro.infer.NUTS(twin), num_warmup=500, num_samples=500, num_chains=2,
+                              chain_method="parallel", progress_bar=False)
+    arrays = [a.numpy() for a in args]
+    runs = []
+    for _ in range(2):
+        start = time.perf_counter()
+        mcmc.run(jax.random.PRNGKey(0), *arrays)
+        jax.block_until_ready(mcmc.get_samples())
+        seconds = time.perf_counter() - start
+        runs.append((seconds, smallest_ess({k: torch.tensor(np.asarray(v)) for k, v in mcmc.get_samples(group_by_chain=True).items()})))
+    return runs
+
+
 def main() -> None:
     torch.set_num_threads(1)
     print(machine_line())
+    results = {}
     for name, (model, args) in problems().items():
         runs = {
             "aml_ppl, 2 processes": lambda: ours(model, args, "processes"),
@@ -87,10 +127,16 @@ def main() -> None:
             "Pyro MCMC(NUTS), default": lambda: pyro_default(model, args),
             "Pyro MCMC(NUTS(jit_compile=True))": lambda: pyro_default(model, args, jit_compile=True, ignore_jit_warnings=True),
         }
-        results = {label: run() for label, run in runs.items()}
-        base_seconds, base_ess = results["Pyro MCMC(NUTS), default"]
-        turn_seconds = results["aml_ppl, in turn"][0]
-        for label, (seconds, ess) in results.items():
+        results[name] = {label: run() for label, run in runs.items()}
+    # NumPyro last: once JAX has started its threads, aml_ppl no longer forks (they would deadlock a child).
+    for name, (model, args) in problems().items():
+        results[name]["NumPyro, 2 chains parallel, cold"], results[name]["NumPyro, 2 chains parallel, warm"] = (
+            numpyro_parallel(model, args)
+        )
+    for name, rows in results.items():
+        base_seconds, base_ess = rows["Pyro MCMC(NUTS), default"]
+        turn_seconds = rows["aml_ppl, in turn"][0]
+        for label, (seconds, ess) in rows.items():
             print(f"{name:28s} {label:34s} {seconds:7.1f} s  min bulk ESS {ess:7.0f}  ESS/s {ess / seconds:6.1f}  "
                   f"wall vs in turn {seconds / turn_seconds:4.2f}x  ESS/s vs Pyro {(ess / seconds) / (base_ess / base_seconds):4.2f}x",
                   flush=True)

@@ -411,7 +411,8 @@ def sample_chain(
 
 def _can_fork() -> bool:
     r"""Whether chains may run in forked processes: on Linux, before CUDA is initialised here
-    (a forked child cannot use it), while every other Python thread is a library's daemon
+    (a forked child cannot use it), before JAX is loaded (its runtime's threads deadlock a
+    forked child, as JAX itself warns), while every other Python thread is a library's daemon
     (tqdm's monitor, a resource sharer) and none is the user's. A fork copies only the
     calling thread, so a lock another thread holds stays locked in the child; the daemons
     here sleep between short checks, and Pyro's own chains and PyTorch's data loaders fork
@@ -420,6 +421,7 @@ def _can_fork() -> bool:
     return (
         sys.platform == "linux"
         and not torch.cuda.is_initialized()
+        and "jax" not in sys.modules
         and threading.current_thread() is threading.main_thread()
         and all(thread.daemon for thread in others)
     )

@@ -2,8 +2,10 @@
 
 import multiprocessing
 import os
+import sys
 import threading
 import time
+import types
 
 import pyro
 import pyro.distributions as dist
@@ -93,6 +95,21 @@ def test_a_model_from_main_runs_in_forked_workers_and_in_turn_where_only_spawnin
     assert torch.equal(post.samples["beta"], in_turn.samples["beta"])
     with pytest.raises(ValueError, match="`executor`"):
         NUTS(executor="threads")
+
+
+def test_no_fork_once_jax_is_loaded(monkeypatch) -> None:
+    r"""JAX's runtime threads are invisible to ``threading`` and deadlock a forked child
+    (JAX warns so itself); with JAX loaded the chains take the spawned pool, which cannot
+    import a ``__main__`` model, so they run in turn with a warning."""
+    X, y = data()
+
+    def local(X, y=None):
+        regression(X, y)
+
+    local.__module__ = "__main__"
+    monkeypatch.setitem(sys.modules, "jax", types.ModuleType("jax"))
+    with pytest.warns(ChainsInTurnWarning, match="defined in __main__"):
+        aml.fit(local, X, y, engine=engine(executor="processes"), seed=0)
 
 
 def branches_on_a_latent(X, y=None):
