@@ -15,7 +15,7 @@ from pyro.ops.indexing import Vindex
 from aml_ppl._data import check_float_tensor
 from aml_ppl.errors import AmlPplWarning, InputDataError
 from aml_ppl.models.base import Model, register_model
-from aml_ppl.models.covariances import STRUCTURES, CovarianceStructure, Total, block_rows, unsharded
+from aml_ppl.models.covariances import STRUCTURES, CovarianceStructure, Total, block_rows, transposed_product, unsharded
 
 COVARIANCE_TYPES = tuple(STRUCTURES)
 class CollapsedComponentWarning(AmlPplWarning):
@@ -284,7 +284,7 @@ class GaussianMixture(Model):
         """
         k = self.n_components
         counts = total(responsibilities.sum(0)) + 10 * torch.finfo(X.dtype).eps
-        means = total(responsibilities.T @ X) / counts[:, None]
+        means = total(transposed_product(responsibilities, X)) / counts[:, None]
         n = total(X.new_tensor(X.shape[0]))
         weights = counts / n if not self.equal_weights else X.new_full((k,), 1.0 / k)
         if self.fixed_variance is not None:

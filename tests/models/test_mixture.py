@@ -76,6 +76,37 @@ def test_em_equals_scikit_learn_from_the_same_start(mixture_data, covariance_typ
     np.testing.assert_allclose(post.params["means"].numpy(), reference.means_, atol=1e-6)
 
 
+@pytest.mark.parametrize("d, k", [(2, 3), (10, 8), (10, 3), (1, 1)])
+def test_log_densities_and_scatter_equal_the_direct_formulas(d, k):
+    r"""Both E-step forms (pair products where d + 1 <= 2k, projections otherwise) against
+    torch's MultivariateNormal, a tight component (sd 1e-3) ten units out included; the
+    M-step's pair-product scatter against the per-component sum."""
+    from aml_ppl.models.covariances import STRUCTURES, CholeskyTerms, QuadraticTerms
+
+    generator = torch.Generator().manual_seed(0)
+    X = 5 + 3 * torch.randn(2000, d, dtype=torch.float64, generator=generator)
+    means = 5 + torch.randn(k, d, dtype=torch.float64, generator=generator)
+    factors = torch.randn(k, d, d, dtype=torch.float64, generator=generator)
+    covariances = factors @ factors.transpose(1, 2) + 0.1 * torch.eye(d, dtype=torch.float64)
+    means[0], covariances[0] = 5 + 10 / d**0.5, 1e-6 * torch.eye(d, dtype=torch.float64)  # 10 from the centre
+    X[:50] = means[0] + 1e-3 * torch.randn(50, d, dtype=torch.float64, generator=generator)
+    terms = STRUCTURES["full"].density_terms(means, covariances, 1e-6)
+    assert isinstance(terms, QuadraticTerms if d + 1 <= 2 * k else CholeskyTerms)
+    assert isinstance(STRUCTURES["full"].density_terms(means.float(), covariances.float(), 1e-6), CholeskyTerms)
+    direct = torch.distributions.MultivariateNormal(means, covariances).log_prob(X[:, None, :])
+    # Rounding bound of the expanded square: eps * lambda_max * (|u| + |m|)^2 = 2.2e-16 * 1e6 * 20^2.
+    torch.testing.assert_close(terms.log_densities(X), direct, rtol=1e-12, atol=1e-7)
+
+    responsibilities = torch.rand(2000, k, dtype=torch.float64, generator=generator)
+    responsibilities /= responsibilities.sum(1, keepdim=True)
+    counts = responsibilities.sum(0)
+    weighted_means = responsibilities.T @ X / counts[:, None]
+    centred = X[:, None, :] - weighted_means
+    scatter = torch.einsum("nk,nkd,nke->kde", responsibilities, centred, centred) / counts[:, None, None]
+    estimate = STRUCTURES["full"].estimate(X, responsibilities, counts, weighted_means, lambda statistic: statistic)
+    torch.testing.assert_close(estimate, scatter, rtol=1e-10, atol=1e-12)
+
+
 def test_soft_em_log_likelihood_never_decreases(mixture_data):
     """Theorem 2.1 (AML §2), from a deliberately poor random start."""
     post = aml.fit(GaussianMixture(3), mixture_data, engine=EM(init="random", tol=1e-10, max_iter=200), seed=3)
