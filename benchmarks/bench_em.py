@@ -1,8 +1,8 @@
 """EM seconds per iteration against scikit-learn's GaussianMixture, same start, full covariance.
 
 For each (n, d, k): the same k-means++ start for both, a fixed number of iterations
-(tol = 0), timed interleaved in this process; then the final mean log-likelihood of
-each. Our achieved GFLOP/s is set against a measured float64 matmul peak. `--memory-table`
+(tol = 0), timed interleaved in this process, median of 5 (on this shared machine some of
+our short runs take 2-3x longer at random); then the final mean log-likelihood of each. Our achieved GFLOP/s is set against a measured float64 matmul peak. `--memory-table`
 measures each side's peak resident memory in a fresh child process (the whole process, as
 `/usr/bin/time -v` would report it), from a parent that holds no data: a child's peak
 includes its parent's memory at the fork.
@@ -85,12 +85,11 @@ def matmul_peak_gflops() -> float:
 
 def em_flops(n: int, d: int, k: int) -> float:
     """Multiply-adds of one iteration as the implementation performs them, counted as 2 flops:
-    the E-step's product of the d(d+3)/2 quadratic features with k weight rows (the n x d x kd
-    projection where d + 1 > 2k), the M-step's k weighted feature sums and weighted means,
+    one pass that forms the d(d+3)/2 quadratic features of each point, multiplies them by k
+    weight rows (the E-step) and sums them weighted by the k responsibilities (the M-step),
     plus O(nkd) elementwise work."""
     features = d * (d + 3) // 2
-    e_step = 2 * n * features * k if d + 1 <= 2 * k else 2 * n * d * k * d
-    return e_step + 2 * n * k * features + 2 * n * k * d + 8 * n * k * d
+    return 2 * 2 * n * features * k + n * features + 8 * n * k * d
 
 
 def main(sizes: list[int]) -> None:
@@ -109,7 +108,7 @@ def main(sizes: list[int]) -> None:
                 timings = interleaved(
                     {"sklearn": lambda: run_sklearn(X, params, iterations),
                      "ours": lambda: run_ours(X, params, iterations)},
-                    repeats=2 if n >= 1_000_000 else 3,
+                    repeats=5,
                 )
                 gap = abs(run_ours(X, params, iterations).score(X) - run_sklearn(X, params, iterations).score(X.numpy()))
                 ours_s, sklearn_s = timings["ours"] / iterations, timings["sklearn"] / iterations

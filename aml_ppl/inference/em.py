@@ -154,8 +154,9 @@ class MixturePosterior(Posterior):
 class EM(Engine):
     r"""Expectation-maximisation (notes AML §2, IML §14).
 
-    Two paths behind one engine. A model with closed-form steps (``em_e_step``,
-    ``em_m_step``: the :class:`~aml_ppl.models.GaussianMixture`) runs soft EM
+    Two paths behind one engine. A model with closed-form steps (``em_step``, one pass
+    that scores the parameters and gives the next M-step: the
+    :class:`~aml_ppl.models.GaussianMixture`) runs soft EM
     (IML §14.2) or hard EM (``hard=True``, IML §14.1) with ``n_init`` restarts,
     keeping the best. Any other Pyro model whose discrete latent sites are marked
     ``infer={"enumerate": "parallel"}`` and whose continuous unknowns are
@@ -268,8 +269,8 @@ class EM(Engine):
     def _distributed_incompatibility(self, model: Callable) -> str | None:
         if not isinstance(model, ClosedFormEM):
             return "data-parallel EM needs closed-form EM steps (such as GaussianMixture's)"
-        if "total" not in inspect.signature(model.em_m_step).parameters:
-            return "data-parallel EM needs an `em_m_step(X, responsibilities, total)` that sums over shards"
+        if "total" not in inspect.signature(model.em_step).parameters:
+            return "data-parallel EM needs an `em_step(X, params, hard, total)` that sums over shards"
         if self.uncertainty != "point":
             return f"data-parallel EM gives point estimates; uncertainty={self.uncertainty!r} needs all points in one process"
         return None
@@ -321,29 +322,24 @@ class EM(Engine):
         r"""One EM run from ``params``: alternate E- and M-steps until ``tol`` or ``max_iter``
         (the M-step's sums over points taken over all ``ranks``' shards)."""
         shards = {"total": ranks.sum} if ranks.world_size > 1 else {}
-        log_responsibilities, log_density = model.em_e_step(X, params)
-        history = [self._objective(log_responsibilities, log_density, ranks)]
+        # Each pass scores ``params`` and gives the M-step that follows them.
+        values, following = model.em_step(X, params, hard=self.hard, **shards)
+        history = [self._objective(values, ranks)]
         converged = False
         steps = tqdm(range(self.max_iter), desc=f"em run {restart}", disable=not (self.progress_bar and ranks.is_main))
         for _ in steps:
-            if self.hard:
-                labels = log_responsibilities.argmax(1)
-                responsibilities = torch.nn.functional.one_hot(labels, log_responsibilities.shape[1])
-                responsibilities = responsibilities.to(X.dtype)
-            else:  # in place: the log responsibilities are not needed again
-                responsibilities = log_responsibilities.exp_()
-            params = model.em_m_step(X, responsibilities, **shards)
-            log_responsibilities, log_density = model.em_e_step(X, params)
-            history.append(self._objective(log_responsibilities, log_density, ranks))
+            params = following
+            values, following = model.em_step(X, params, hard=self.hard, **shards)
+            history.append(self._objective(values, ranks))
             if abs(history[-1] - history[-2]) < self.tol:
                 converged = True
                 break
         return params, history, converged
 
-    def _objective(self, log_responsibilities: torch.Tensor, log_density: torch.Tensor, ranks: Ranks) -> float:
+    @staticmethod
+    def _objective(values: torch.Tensor, ranks: Ranks) -> float:
         r"""The mean over all points (every rank's) of the log-likelihood, or for hard EM of
-        :math:`\max_z \log p(x_i, z) = \log p(x_i) + \max_z \log p(z \mid x_i)`."""
-        values = log_density + log_responsibilities.max(1).values if self.hard else log_density
+        :math:`\max_z \log p(x_i, z)`."""
         total, count = ranks.sum(torch.stack([values.sum(), values.new_tensor(values.numel())])).tolist()
         return total / count
 

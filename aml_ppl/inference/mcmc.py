@@ -411,7 +411,7 @@ def sample_chain(
 
 def _can_fork() -> bool:
     r"""Whether chains may run in forked processes: on Linux, before CUDA is initialised here
-    (a forked child cannot use it), before JAX is loaded (its runtime's threads deadlock a
+    (a forked child cannot use it), before JAX runs here (its runtime's threads deadlock a
     forked child, as JAX itself warns), while every other Python thread is a library's daemon
     (tqdm's monitor, a resource sharer) and none is the user's. A fork copies only the
     calling thread, so a lock another thread holds stays locked in the child; the daemons
@@ -421,10 +421,23 @@ def _can_fork() -> bool:
     return (
         sys.platform == "linux"
         and not torch.cuda.is_initialized()
-        and "jax" not in sys.modules
+        and not _jax_running()
         and threading.current_thread() is threading.main_thread()
         and all(thread.daemon for thread in others)
     )
+
+
+def _jax_running() -> bool:
+    r"""Whether JAX has started its backends (and their threads) in this process; where its
+    private flag is missing, that it has once JAX is imported."""
+    if "jax" not in sys.modules:
+        return False
+    try:
+        from jax._src import xla_bridge
+
+        return bool(xla_bridge.backends_are_initialized())
+    except (ImportError, AttributeError):
+        return True
 
 
 def _forked_chains(

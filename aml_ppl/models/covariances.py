@@ -40,22 +40,12 @@ def block_rows(k: int, d: int) -> int:
     return max(4096, min(65536, BLOCK_ELEMENTS // max(k * d, d * (d + 3) // 2)))
 
 
-def transposed_product(left: Tensor, right: Tensor) -> Tensor:
-    r""":math:`A^\top B` for tall ``n x p`` and ``n x q`` factors, summed block by block
-    from cache (twice as fast as one product at n = 10^6 on the project CPU)."""
-    rows = max(4096, BLOCK_ELEMENTS // (left.shape[1] + right.shape[1]))
-    product = left.new_zeros(left.shape[1], right.shape[1])
-    for left_block, right_block in zip(left.split(rows), right.split(rows)):
-        product.addmm_(left_block.T, right_block)
-    return product
-
-
-def quadratic_features(centred: Tensor) -> Tensor:
+def quadratic_features(centred: Tensor, out: Tensor | None = None) -> Tensor:
     r"""Each row's products :math:`c_a c_b`, :math:`a \le b`, in the order of
     ``torch.triu_indices(d, d)``, then the row itself: ``rows x (d(d+1)/2 + d)``, one slice
-    product per coordinate."""
+    product per coordinate (into the first rows of ``out`` when given)."""
     d = centred.shape[1]
-    features = centred.new_empty(centred.shape[0], d * (d + 3) // 2)
+    features = centred.new_empty(centred.shape[0], d * (d + 3) // 2) if out is None else out[: centred.shape[0]]
     start = 0
     for a in range(d):
         torch.mul(centred[:, a : a + 1], centred[:, a:], out=features[:, start : start + d - a])
@@ -82,18 +72,18 @@ class CholeskyTerms(NamedTuple):
     r"""Log-density terms for correlated covariances through the precision Cholesky factor
     :math:`P_j = L_j^{-\top}` (:math:`\Sigma_j = L_j L_j^\top`):
     :math:`(x-\mu_j)^\top\Sigma_j^{-1}(x-\mu_j) = \|P_j^\top x - P_j^\top\mu_j\|^2`, so one
-    matrix product projects a block onto every component and a second sums the squares
-    within each component."""
+    matrix product projects a block onto every component, and the squares are summed within
+    each component."""
 
-    projection: Tensor  # d x (k d)
+    projection: Tensor  # (k d) x d: the P_j^T stacked
     shifted_means: Tensor  # k d
-    within: Tensor  # (k d) x k: column j sums component j's d squared coordinates
     offset: Tensor  # k
 
     def log_densities(self, block: Tensor) -> Tensor:
-        projected = block @ self.projection
-        projected -= self.shifted_means
-        return (projected.square_() @ self.within).mul_(-0.5).add_(self.offset)
+        # (k d) x rows, returned transposed: 2x faster than rows x (k d) on the project CPU.
+        projected = torch.addmm(self.shifted_means[:, None], self.projection, block.T, beta=-1)
+        k = self.offset.shape[0]
+        return projected.square_().view(k, -1, block.shape[0]).sum(1).mul_(-0.5).add_(self.offset[:, None]).T
 
 
 class QuadraticTerms(NamedTuple):
@@ -106,9 +96,9 @@ class QuadraticTerms(NamedTuple):
         (x-\mu_j)^\top\Lambda_j(x-\mu_j) = \sum_{a \le b} (2 - \delta_{ab})\Lambda_{j,ab}\,u_a u_b
         - 2 (\Lambda_j m_j)^\top u + \|P_j^\top m_j\|^2,
 
-    so one matrix product of the :func:`quadratic_features` (shared by all components) gives
-    every component's square: cheaper than the ``k d`` projections of :class:`CholeskyTerms`
-    when :math:`d + 1 \le 2k`. The expansion loses about
+    so one matrix product of the :func:`quadratic_features` (shared by all components, and
+    by the M-step's sums in ``GaussianMixture.em_step``) gives every component's square. The
+    expansion loses about
     :math:`\epsilon\,\lambda_{\max}(\Lambda_j)\,(\|u\| + \|m_j\|)^2` to rounding:
     about :math:`10^{-8}` in float64 for a component of standard deviation :math:`10^{-3}` ten
     units from the centre."""
@@ -118,8 +108,13 @@ class QuadraticTerms(NamedTuple):
     offset: Tensor  # k
 
     def log_densities(self, block: Tensor) -> Tensor:
+        return self.of_features(quadratic_features(block - self.centre))
+
+    def of_features(self, features: Tensor) -> Tensor:
+        r"""The ``rows x k`` log-densities from the block's :func:`quadratic_features` about
+        ``centre``."""
         # k x rows, returned transposed: twice as fast as the rows x k product on the project CPU.
-        return torch.addmm(self.offset[:, None], self.weights, quadratic_features(block - self.centre).T).T
+        return torch.addmm(self.offset[:, None], self.weights, features.T).T
 
 
 def _gaussian_constant(d: int) -> float:
@@ -136,13 +131,13 @@ def _diagonal_terms(means: Tensor, variances: Tensor) -> DiagonalTerms:
 
 
 def _cholesky_terms(means: Tensor, covariances: Tensor, reg_covar: float) -> CholeskyTerms | QuadraticTerms:
-    r"""The cheaper of :class:`QuadraticTerms` (``d + 1 <= 2 k``) and :class:`CholeskyTerms`;
-    the projections always in lower precision than float64, whose rounding the expanded
-    square would multiply by :math:`\lambda_{\max}(\Lambda_j)\|u\|^2`."""
+    r""":class:`QuadraticTerms` in float64, whose features the M-step needs anyway;
+    :class:`CholeskyTerms` in lower precision, whose rounding the expanded square would
+    multiply by :math:`\lambda_{\max}(\Lambda_j)\|u\|^2`."""
     k, d = means.shape
     precision_chol = precision_cholesky(covariances, reg_covar).expand(k, d, d)
     log_det = torch.log(torch.diagonal(precision_chol, dim1=-2, dim2=-1)).sum(-1)
-    if d + 1 <= 2 * k and means.dtype == torch.float64:
+    if means.dtype == torch.float64:
         centre = means.mean(0)
         shifted = torch.einsum("kd,kde->ke", means - centre, precision_chol)  # P_j^T m_j
         precisions = precision_chol @ precision_chol.transpose(-2, -1)
@@ -154,9 +149,8 @@ def _cholesky_terms(means: Tensor, covariances: Tensor, reg_covar: float) -> Cho
             _gaussian_constant(d) + log_det - 0.5 * shifted.square().sum(1),
         )
     return CholeskyTerms(
-        precision_chol.permute(1, 0, 2).reshape(d, k * d),
+        precision_chol.transpose(-2, -1).reshape(k * d, d),
         torch.einsum("kd,kde->ke", means, precision_chol).reshape(k * d),
-        torch.eye(k, dtype=means.dtype, device=means.device).repeat_interleave(d, dim=0),
         _gaussian_constant(d) + log_det,
     )
 
@@ -175,39 +169,47 @@ def precision_cholesky(covariances: Tensor, reg_covar: float) -> Tensor:
 
 
 # -- M-step estimates (IML §14.2), before regularisation ----------------------------------
+#
+# Sums over points come about a centre c as [N_j | second moments | sum_i gamma_ij u_i],
+# u = x - c, the features per point from CovarianceStructure.features; offsets are the
+# means' m_j = mu_j - c.
 
 
-def _full_estimate(X: Tensor, responsibilities: Tensor, counts: Tensor, means: Tensor, total: Total) -> Tensor:
-    r"""Scatter about the overall mean :math:`c`, one matrix product of the responsibilities
-    and the pair products :math:`(x_i-c)_a(x_i-c)_b`, :math:`a \le b`, per block:
-    :math:`\Sigma_j = \sum_i \gamma_{ij}(x_i-c)(x_i-c)^\top / N_j - (\mu_j-c)(\mu_j-c)^\top`."""
-    k, d = means.shape
-    centre = counts @ means / counts.sum()
-    sums = X.new_zeros(k, d * (d + 3) // 2)
-    rows = block_rows(k, d)
-    for block, weight in zip(X.split(rows), responsibilities.split(rows)):
-        sums.addmm_(weight.T, quadratic_features(block - centre))
-    upper = torch.triu_indices(d, d, device=X.device)
-    scatter = X.new_zeros(k, d, d)
-    scatter[:, upper[0], upper[1]] = total(sums[:, : upper.shape[1]])
-    scatter = scatter + scatter.triu(1).transpose(1, 2)
-    offset = means - centre
-    return scatter / counts[:, None, None] - offset[:, :, None] * offset[:, None, :]
+def _square_features(centred: Tensor, out: Tensor | None = None) -> Tensor:
+    r"""Each row's squares, then the row: ``rows x 2d`` (into the first rows of ``out``)."""
+    rows, d = centred.shape
+    features = centred.new_empty(rows, 2 * d) if out is None else out[:rows]
+    torch.square(centred, out=features[:, :d])
+    features[:, d:] = centred
+    return features
 
 
-def _tied_estimate(X: Tensor, responsibilities: Tensor, counts: Tensor, means: Tensor, total: Total) -> Tensor:
-    r""":math:`\Sigma = (\sum_i x_i x_i^\top - \sum_j N_j \mu_j\mu_j^\top) / n`."""
-    return (total(X.T @ X) - (counts[:, None] * means).T @ means) / counts.sum()
+def _symmetric(pair_sums: Tensor, d: int) -> Tensor:
+    r"""``k x d x d`` symmetric matrices from their upper triangles in ``triu_indices`` order."""
+    upper = torch.triu_indices(d, d, device=pair_sums.device)
+    matrices = pair_sums.new_zeros(pair_sums.shape[0], d, d)
+    matrices[:, upper[0], upper[1]] = pair_sums
+    return matrices + matrices.triu(1).transpose(1, 2)
 
 
-def _diag_estimate(X: Tensor, responsibilities: Tensor, counts: Tensor, means: Tensor, total: Total) -> Tensor:
-    r""":math:`s_{je} = \sum_i \gamma_{ij} x_{ie}^2 / N_j - \mu_{je}^2`."""
-    return total(transposed_product(responsibilities, X.square())) / counts[:, None] - means.square()
+def _full_estimate(second: Tensor, counts: Tensor, offsets: Tensor) -> Tensor:
+    r""":math:`\Sigma_j = \sum_i \gamma_{ij} u_i u_i^\top / N_j - m_j m_j^\top`."""
+    return _symmetric(second, offsets.shape[1]) / counts[:, None, None] - offsets[:, :, None] * offsets[:, None, :]
 
 
-def _spherical_estimate(X: Tensor, responsibilities: Tensor, counts: Tensor, means: Tensor, total: Total) -> Tensor:
+def _tied_estimate(second: Tensor, counts: Tensor, offsets: Tensor) -> Tensor:
+    r""":math:`\Sigma = (\sum_{ij} \gamma_{ij} u_i u_i^\top - \sum_j N_j m_j m_j^\top) / n`."""
+    return (_symmetric(second.sum(0, keepdim=True), offsets.shape[1])[0] - (counts[:, None] * offsets).T @ offsets) / counts.sum()
+
+
+def _diag_estimate(second: Tensor, counts: Tensor, offsets: Tensor) -> Tensor:
+    r""":math:`s_{je} = \sum_i \gamma_{ij} u_{ie}^2 / N_j - m_{je}^2`."""
+    return second / counts[:, None] - offsets.square()
+
+
+def _spherical_estimate(second: Tensor, counts: Tensor, offsets: Tensor) -> Tensor:
     r""":math:`\sigma_j^2`, the mean over coordinates of the diagonal estimate."""
-    return _diag_estimate(X, responsibilities, counts, means, total).mean(1)
+    return _diag_estimate(second, counts, offsets).mean(1)
 
 
 def _add_to_diagonal(covariances: Tensor, reg_covar: float) -> Tensor:
@@ -249,10 +251,12 @@ class CovarianceStructure:
     Attributes:
         storage: ``(k, d)`` to the shape the covariances are stored in.
         num_parameters: ``(k, d)`` to the number of free covariance parameters.
-        estimate: ``(X, responsibilities, counts, means, total)`` to the M-step's maximum-
-            likelihood covariances (IML §14.2), before ``reg_covar``; ``total`` sums a
-            statistic of these points over every shard of the data (see
-            ``GaussianMixture.em_m_step``).
+        features: ``(points less a centre, out)`` to what the M-step sums per point,
+            weighted by the responsibilities: the second moments, then the coordinates
+            (written into the first rows of ``out`` when it is not ``None``).
+        estimate: ``(second-moment sums, counts, offsets)`` to the M-step's maximum-
+            likelihood covariances (IML §14.2), before ``reg_covar``; offsets are the means
+            less the centre (see ``GaussianMixture.em_step``).
         regularise: ``(covariances, reg_covar)`` to :math:`\Sigma + v^2 I` (IML §14.3).
         density_terms: ``(means, covariances, reg_covar)`` to an object whose
             ``log_densities(block)`` gives the ``rows x k`` :math:`\log\mathcal{N}`.
@@ -268,7 +272,8 @@ class CovarianceStructure:
 
     storage: Callable[[int, int], tuple[int, ...]]
     num_parameters: Callable[[int, int], int]
-    estimate: Callable[[Tensor, Tensor, Tensor, Tensor, Total], Tensor]
+    features: Callable[[Tensor, Tensor | None], Tensor]
+    estimate: Callable[[Tensor, Tensor, Tensor], Tensor]
     regularise: Callable[[Tensor, float], Tensor]
     density_terms: Callable[[Tensor, Tensor, float], DiagonalTerms | CholeskyTerms | QuadraticTerms]
     variances: Callable[[Tensor], Tensor]
@@ -297,6 +302,7 @@ STRUCTURES: dict[str, CovarianceStructure] = {
     "full": CovarianceStructure(
         storage=lambda k, d: (k, d, d),
         num_parameters=lambda k, d: k * d * (d + 1) // 2,
+        features=quadratic_features,
         estimate=_full_estimate,
         regularise=_add_to_diagonal,
         density_terms=_cholesky_terms,
@@ -310,6 +316,7 @@ STRUCTURES: dict[str, CovarianceStructure] = {
     "tied": CovarianceStructure(
         storage=lambda k, d: (d, d),
         num_parameters=lambda k, d: d * (d + 1) // 2,
+        features=quadratic_features,
         estimate=_tied_estimate,
         regularise=_add_to_diagonal,
         density_terms=_cholesky_terms,
@@ -323,6 +330,7 @@ STRUCTURES: dict[str, CovarianceStructure] = {
     "diag": CovarianceStructure(
         storage=lambda k, d: (k, d),
         num_parameters=lambda k, d: k * d,
+        features=_square_features,
         estimate=_diag_estimate,
         regularise=_add,
         density_terms=lambda means, covariances, reg_covar: _diagonal_terms(means, covariances),
@@ -336,6 +344,7 @@ STRUCTURES: dict[str, CovarianceStructure] = {
     "spherical": CovarianceStructure(
         storage=lambda k, d: (k,),
         num_parameters=lambda k, d: k,
+        features=_square_features,
         estimate=_spherical_estimate,
         regularise=_add,
         density_terms=lambda means, covariances, reg_covar: _diagonal_terms(means, covariances[:, None].expand_as(means)),

@@ -42,11 +42,17 @@ class GaussianLatents:
 class ClosedFormEM(Protocol):
     r"""Closed-form EM steps (the ``"em"`` engine's fast path; IML §14.2).
 
-    For data-parallel EM (``EM(distributed=True)``) ``em_m_step`` also takes ``total``, a
-    function that turns a sum over this process's shard of the points into the sum over
-    all shards, and passes every sum over points through it."""
+    ``em_step`` is the engine's iteration: one pass that scores the parameters and returns
+    the M-step after them (see ``GaussianMixture.em_step``). For data-parallel EM
+    (``EM(distributed=True)``) it also takes ``total``, a function that turns a sum over this
+    process's shard of the points into the sum over all shards, and passes every sum over
+    points through it."""
 
     def em_initial_params(self, X: torch.Tensor, init: Any) -> dict[str, torch.Tensor]: ...
+
+    def em_step(
+        self, X: torch.Tensor, params: dict[str, torch.Tensor], hard: bool = False
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]: ...
 
     def em_e_step(
         self, X: torch.Tensor, params: dict[str, torch.Tensor]

@@ -78,7 +78,7 @@ def test_em_equals_scikit_learn_from_the_same_start(mixture_data, covariance_typ
 
 @pytest.mark.parametrize("d, k", [(2, 3), (10, 8), (10, 3), (1, 1)])
 def test_log_densities_and_scatter_equal_the_direct_formulas(d, k):
-    r"""Both E-step forms (pair products where d + 1 <= 2k, projections otherwise) against
+    r"""Both E-step forms (quadratic features in float64, projections in float32) against
     torch's MultivariateNormal, a tight component (sd 1e-3) ten units out included; the
     M-step's pair-product scatter against the per-component sum."""
     from aml_ppl.models.covariances import STRUCTURES, CholeskyTerms, QuadraticTerms
@@ -91,11 +91,17 @@ def test_log_densities_and_scatter_equal_the_direct_formulas(d, k):
     means[0], covariances[0] = 5 + 10 / d**0.5, 1e-6 * torch.eye(d, dtype=torch.float64)  # 10 from the centre
     X[:50] = means[0] + 1e-3 * torch.randn(50, d, dtype=torch.float64, generator=generator)
     terms = STRUCTURES["full"].density_terms(means, covariances, 1e-6)
-    assert isinstance(terms, QuadraticTerms if d + 1 <= 2 * k else CholeskyTerms)
-    assert isinstance(STRUCTURES["full"].density_terms(means.float(), covariances.float(), 1e-6), CholeskyTerms)
+    assert isinstance(terms, QuadraticTerms)
     direct = torch.distributions.MultivariateNormal(means, covariances).log_prob(X[:, None, :])
     # Rounding bound of the expanded square: eps * lambda_max * (|u| + |m|)^2 = 2.2e-16 * 1e6 * 20^2.
     torch.testing.assert_close(terms.log_densities(X), direct, rtol=1e-12, atol=1e-7)
+    projections = STRUCTURES["full"].density_terms(means.float(), covariances.float(), 1e-6)
+    assert isinstance(projections, CholeskyTerms)
+    rounded = torch.distributions.MultivariateNormal(means.float().double(), covariances.float().double())
+    # float32 rounds P^T x (|P| = 1e3, |x| ~ 10) by ~6e-8 * 1e4 per coordinate before squaring.
+    torch.testing.assert_close(
+        projections.log_densities(X.float()).double(), rounded.log_prob(X.float().double()[:, None, :]), rtol=1e-5, atol=1e-2
+    )
 
     responsibilities = torch.rand(2000, k, dtype=torch.float64, generator=generator)
     responsibilities /= responsibilities.sum(1, keepdim=True)
@@ -103,8 +109,31 @@ def test_log_densities_and_scatter_equal_the_direct_formulas(d, k):
     weighted_means = responsibilities.T @ X / counts[:, None]
     centred = X[:, None, :] - weighted_means
     scatter = torch.einsum("nk,nkd,nke->kde", responsibilities, centred, centred) / counts[:, None, None]
-    estimate = STRUCTURES["full"].estimate(X, responsibilities, counts, weighted_means, lambda statistic: statistic)
-    torch.testing.assert_close(estimate, scatter, rtol=1e-10, atol=1e-12)
+    fitted = GaussianMixture(k, reg_covar=0.0).em_m_step(X, responsibilities)
+    torch.testing.assert_close(fitted["means"], weighted_means, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(fitted["covariances"], scatter, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("covariance_type", ["full", "tied", "diag", "spherical"])
+@pytest.mark.parametrize("hard", [False, True], ids=["soft", "hard"])
+def test_one_pass_step_equals_the_e_step_then_the_m_step(mixture_data, covariance_type, hard):
+    r"""``em_step`` (the engine's iteration: scoring and the next M-step's sums in one pass,
+    about the means' centre) against ``em_e_step`` then ``em_m_step`` (about the data's mean)."""
+    model = GaussianMixture(3, covariance_type=covariance_type)
+    torch.manual_seed(0)
+    params = model.em_initial_params(mixture_data, "kmeans++")
+    values, following = model.em_step(mixture_data, params, hard=hard)
+    log_responsibilities, log_density = model.em_e_step(mixture_data, params)
+    if hard:
+        labels = log_responsibilities.argmax(1)
+        responsibilities = torch.nn.functional.one_hot(labels, 3).to(mixture_data.dtype)
+        torch.testing.assert_close(values, log_density + log_responsibilities.max(1).values, rtol=1e-12, atol=1e-12)
+    else:
+        responsibilities = log_responsibilities.exp()
+        torch.testing.assert_close(values, log_density, rtol=1e-12, atol=1e-12)
+    expected = model.em_m_step(mixture_data, responsibilities)
+    for name, value in expected.items():
+        torch.testing.assert_close(following[name], value, rtol=1e-10, atol=1e-12)
 
 
 def test_soft_em_log_likelihood_never_decreases(mixture_data):
