@@ -31,6 +31,7 @@ browser:
 		&& timeout 600 apt-get install -y -qq chromium >/dev/null 2>&1; } || echo "no Chromium: the browser test will skip"
 
 bench: install
+	$(PY) -m pip install -q -e ".[test,demo,bench]"
 	$(PY) benchmarks/bench_blr.py
 	$(PY) benchmarks/bench_svi_step.py
 	$(PY) benchmarks/bench_em.py
@@ -39,6 +40,7 @@ bench: install
 	$(PY) benchmarks/bench_safe_bo.py
 	$(PY) benchmarks/bench_posterior.py
 	$(PY) benchmarks/bench_bnn_svi.py
+	$(PY) benchmarks/bench_chains.py
 	$(PY) benchmarks/bench_uci.py  # about 40 min of one core
 
 # On a machine with CUDA: the GPU tests (data on the device; skipped without one) and the
