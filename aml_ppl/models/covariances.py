@@ -130,7 +130,7 @@ def _diagonal_terms(means: Tensor, variances: Tensor) -> DiagonalTerms:
     )
 
 
-def _cholesky_terms(means: Tensor, covariances: Tensor, reg_covar: float) -> CholeskyTerms | QuadraticTerms:
+def _correlated_terms(means: Tensor, covariances: Tensor, reg_covar: float) -> CholeskyTerms | QuadraticTerms:
     r""":class:`QuadraticTerms` in float64, whose features the M-step needs anyway;
     :class:`CholeskyTerms` in lower precision, whose rounding the expanded square would
     multiply by :math:`\lambda_{\max}(\Lambda_j)\|u\|^2`."""
@@ -305,7 +305,7 @@ STRUCTURES: dict[str, CovarianceStructure] = {
         features=quadratic_features,
         estimate=_full_estimate,
         regularise=_add_to_diagonal,
-        density_terms=_cholesky_terms,
+        density_terms=_correlated_terms,
         variances=lambda covariances: covariances.diagonal(dim1=-2, dim2=-1),
         as_full=lambda covariances, k, d: covariances,
         likelihood=_full_likelihood,
@@ -319,7 +319,7 @@ STRUCTURES: dict[str, CovarianceStructure] = {
         features=quadratic_features,
         estimate=_tied_estimate,
         regularise=_add_to_diagonal,
-        density_terms=_cholesky_terms,
+        density_terms=_correlated_terms,
         variances=lambda covariances: covariances.diagonal()[None],
         as_full=lambda covariances, k, d: covariances.expand(k, d, d),
         likelihood=_tied_likelihood,
