@@ -40,6 +40,15 @@ def block_rows(k: int, d: int) -> int:
     return max(4096, min(65536, BLOCK_ELEMENTS // max(k * d, d * (d + 3) // 2)))
 
 
+def quadratic_pays(k: int, d: int, dtype: torch.dtype) -> bool:
+    r"""Whether correlated covariances take :class:`QuadraticTerms` and the M-step's pair
+    products: in float64 (see :func:`_correlated_terms`), where the ``d(d+3)/2`` features
+    per point cost less than about 2.5 times the ``k d`` projections and weighted
+    coordinates of the other way (measured: 2x faster at d = 10, k = 3 and 8; 3x slower at
+    d = 50, k = 3)."""
+    return dtype == torch.float64 and d + 3 <= 5 * k
+
+
 def quadratic_features(centred: Tensor, out: Tensor | None = None) -> Tensor:
     r"""Each row's products :math:`c_a c_b`, :math:`a \le b`, in the order of
     ``torch.triu_indices(d, d)``, then the row itself: ``rows x (d(d+1)/2 + d)``, one slice
@@ -97,7 +106,8 @@ class QuadraticTerms(NamedTuple):
         - 2 (\Lambda_j m_j)^\top u + \|P_j^\top m_j\|^2,
 
     so one matrix product of the :func:`quadratic_features` (shared by all components, and
-    by the M-step's sums in ``GaussianMixture.em_step``) gives every component's square. The
+    by the M-step's sums in ``GaussianMixture.em_step``) gives every component's square
+    (where :func:`quadratic_pays`). The
     expansion loses about
     :math:`\epsilon\,\lambda_{\max}(\Lambda_j)\,(\|u\| + \|m_j\|)^2` to rounding:
     about :math:`10^{-8}` in float64 for a component of standard deviation :math:`10^{-3}` ten
@@ -131,13 +141,13 @@ def _diagonal_terms(means: Tensor, variances: Tensor) -> DiagonalTerms:
 
 
 def _correlated_terms(means: Tensor, covariances: Tensor, reg_covar: float) -> CholeskyTerms | QuadraticTerms:
-    r""":class:`QuadraticTerms` in float64, whose features the M-step needs anyway;
-    :class:`CholeskyTerms` in lower precision, whose rounding the expanded square would
-    multiply by :math:`\lambda_{\max}(\Lambda_j)\|u\|^2`."""
+    r""":class:`QuadraticTerms` where :func:`quadratic_pays` (its features then serve the
+    M-step too), else :class:`CholeskyTerms`: always in lower precision than float64, whose
+    rounding the expanded square would multiply by :math:`\lambda_{\max}(\Lambda_j)\|u\|^2`."""
     k, d = means.shape
     precision_chol = precision_cholesky(covariances, reg_covar).expand(k, d, d)
     log_det = torch.log(torch.diagonal(precision_chol, dim1=-2, dim2=-1)).sum(-1)
-    if means.dtype == torch.float64:
+    if quadratic_pays(k, d, means.dtype):
         centre = means.mean(0)
         shifted = torch.einsum("kd,kde->ke", means - centre, precision_chol)  # P_j^T m_j
         precisions = precision_chol @ precision_chol.transpose(-2, -1)
@@ -171,17 +181,27 @@ def precision_cholesky(covariances: Tensor, reg_covar: float) -> Tensor:
 # -- M-step estimates (IML §14.2), before regularisation ----------------------------------
 #
 # Sums over points come about a centre c as [N_j | second moments | sum_i gamma_ij u_i],
-# u = x - c, the features per point from CovarianceStructure.features; offsets are the
-# means' m_j = mu_j - c.
+# u = x - c, each block's from CovarianceStructure.moments; offsets are the means'
+# m_j = mu_j - c.
 
 
-def _square_features(centred: Tensor, out: Tensor | None = None) -> Tensor:
-    r"""Each row's squares, then the row: ``rows x 2d`` (into the first rows of ``out``)."""
+def _correlated_moments(centred: Tensor, responsibilities: Tensor, features: Tensor | None) -> Tensor:
+    r"""The block's :math:`[\sum_i \gamma_{ij} u_{ia} u_{ib}\ (a \le b) \mid \sum_i
+    \gamma_{ij} u_i]`: from its :func:`quadratic_features` where given, else from the
+    weighted coordinates :math:`u_i \otimes \gamma_i` in one ``(d k) x d`` product."""
+    if features is not None:
+        return responsibilities.T @ features
     rows, d = centred.shape
-    features = centred.new_empty(rows, 2 * d) if out is None else out[:rows]
-    torch.square(centred, out=features[:, :d])
-    features[:, d:] = centred
-    return features
+    k = responsibilities.shape[1]
+    weighted = centred[:, :, None] * responsibilities.contiguous()[:, None, :]
+    outer = (weighted.view(rows, d * k).T @ centred).view(d, k, d)
+    upper = torch.triu_indices(d, d, device=centred.device)
+    return torch.cat([outer[upper[0], :, upper[1]].T, responsibilities.T @ centred], 1)
+
+
+def _square_moments(centred: Tensor, responsibilities: Tensor, features: Tensor | None) -> Tensor:
+    r"""The block's :math:`[\sum_i \gamma_{ij} u_i^2 \mid \sum_i \gamma_{ij} u_i]`."""
+    return torch.cat([responsibilities.T @ centred.square(), responsibilities.T @ centred], 1)
 
 
 def _symmetric(pair_sums: Tensor, d: int) -> Tensor:
@@ -251,9 +271,9 @@ class CovarianceStructure:
     Attributes:
         storage: ``(k, d)`` to the shape the covariances are stored in.
         num_parameters: ``(k, d)`` to the number of free covariance parameters.
-        features: ``(points less a centre, out)`` to what the M-step sums per point,
-            weighted by the responsibilities: the second moments, then the coordinates
-            (written into the first rows of ``out`` when it is not ``None``).
+        moments: ``(points less a centre, their responsibilities, their quadratic
+            features or None)`` to the block's responsibility-weighted sums of the second
+            moments, then of the coordinates (``k`` rows).
         estimate: ``(second-moment sums, counts, offsets)`` to the M-step's maximum-
             likelihood covariances (IML §14.2), before ``reg_covar``; offsets are the means
             less the centre (see ``GaussianMixture.em_step``).
@@ -272,7 +292,7 @@ class CovarianceStructure:
 
     storage: Callable[[int, int], tuple[int, ...]]
     num_parameters: Callable[[int, int], int]
-    features: Callable[[Tensor, Tensor | None], Tensor]
+    moments: Callable[[Tensor, Tensor, Tensor | None], Tensor]
     estimate: Callable[[Tensor, Tensor, Tensor], Tensor]
     regularise: Callable[[Tensor, float], Tensor]
     density_terms: Callable[[Tensor, Tensor, float], DiagonalTerms | CholeskyTerms | QuadraticTerms]
@@ -302,7 +322,7 @@ STRUCTURES: dict[str, CovarianceStructure] = {
     "full": CovarianceStructure(
         storage=lambda k, d: (k, d, d),
         num_parameters=lambda k, d: k * d * (d + 1) // 2,
-        features=quadratic_features,
+        moments=_correlated_moments,
         estimate=_full_estimate,
         regularise=_add_to_diagonal,
         density_terms=_correlated_terms,
@@ -316,7 +336,7 @@ STRUCTURES: dict[str, CovarianceStructure] = {
     "tied": CovarianceStructure(
         storage=lambda k, d: (d, d),
         num_parameters=lambda k, d: d * (d + 1) // 2,
-        features=quadratic_features,
+        moments=_correlated_moments,
         estimate=_tied_estimate,
         regularise=_add_to_diagonal,
         density_terms=_correlated_terms,
@@ -330,7 +350,7 @@ STRUCTURES: dict[str, CovarianceStructure] = {
     "diag": CovarianceStructure(
         storage=lambda k, d: (k, d),
         num_parameters=lambda k, d: k * d,
-        features=_square_features,
+        moments=_square_moments,
         estimate=_diag_estimate,
         regularise=_add,
         density_terms=lambda means, covariances, reg_covar: _diagonal_terms(means, covariances),
@@ -344,7 +364,7 @@ STRUCTURES: dict[str, CovarianceStructure] = {
     "spherical": CovarianceStructure(
         storage=lambda k, d: (k,),
         num_parameters=lambda k, d: k,
-        features=_square_features,
+        moments=_square_moments,
         estimate=_spherical_estimate,
         regularise=_add,
         density_terms=lambda means, covariances, reg_covar: _diagonal_terms(means, covariances[:, None].expand_as(means)),

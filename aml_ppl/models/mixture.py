@@ -15,7 +15,16 @@ from pyro.ops.indexing import Vindex
 from aml_ppl._data import check_float_tensor
 from aml_ppl.errors import AmlPplWarning, InputDataError
 from aml_ppl.models.base import Model, register_model
-from aml_ppl.models.covariances import STRUCTURES, CovarianceStructure, QuadraticTerms, Total, block_rows, unsharded
+from aml_ppl.models.covariances import (
+    STRUCTURES,
+    CovarianceStructure,
+    QuadraticTerms,
+    Total,
+    block_rows,
+    quadratic_features,
+    quadratic_pays,
+    unsharded,
+)
 
 COVARIANCE_TYPES = tuple(STRUCTURES)
 class CollapsedComponentWarning(AmlPplWarning):
@@ -289,9 +298,10 @@ class GaussianMixture(Model):
         log_weights = torch.log(params["weights"])
         objective = X.new_empty(X.shape[0])
         sums = None
+        quadratic = isinstance(terms, QuadraticTerms)
         rows = block_rows(*params["means"].shape)
-        for block, features, value in zip(X.split(rows), self._features(X, centre), objective.split(rows)):
-            densities = terms.of_features(features) if isinstance(terms, QuadraticTerms) else terms.log_densities(block)
+        for (block, centred, features), value in zip(self._blocks(X, centre, quadratic), objective.split(rows)):
+            densities = terms.of_features(features) if quadratic else terms.log_densities(block)
             weighted = densities.add_(log_weights)
             if hard:
                 best = weighted.max(1, keepdim=True)
@@ -300,7 +310,7 @@ class GaussianMixture(Model):
             else:
                 torch.logsumexp(weighted, dim=1, out=value)
                 responsibilities = weighted.sub_(value[:, None]).exp_()
-            sums = _weighted_sums(responsibilities, features, sums)
+            sums = self._add_moments(sums, centred, responsibilities, features)
         return objective, self._maximised(total(sums), centre, total(X.new_tensor(X.shape[0])))
 
     def em_m_step(
@@ -324,20 +334,35 @@ class GaussianMixture(Model):
         n = total(X.new_tensor(X.shape[0]))
         centre = total(X.sum(0)) / n
         sums = None
+        quadratic = self._covariance.correlated and quadratic_pays(self.n_components, X.shape[1], X.dtype)
         rows = block_rows(self.n_components, X.shape[1])
-        for features, weights in zip(self._features(X, centre), responsibilities.split(rows)):
-            sums = _weighted_sums(weights, features, sums)
+        for (_, centred, features), weights in zip(self._blocks(X, centre, quadratic), responsibilities.split(rows)):
+            sums = self._add_moments(sums, centred, weights, features)
         return self._maximised(total(sums), centre, n)
 
-    def _features(self, X: torch.Tensor, centre: torch.Tensor) -> Iterator[torch.Tensor]:
-        r"""The M-step's features of each block of :func:`block_rows` points about
-        ``centre``, written into one buffer: a fresh one per block costs the page faults of
-        first touching it (twice the time of the pass at n = 10^6, d = 10)."""
+    def _blocks(
+        self, X: torch.Tensor, centre: torch.Tensor, quadratic: bool
+    ) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]:
+        r"""Each block of :func:`block_rows` points, less ``centre``, and (where
+        ``quadratic``) its :func:`quadratic_features`, written into one buffer: a fresh one
+        per block costs the page faults of first touching it (twice the time of the pass at
+        n = 10^6, d = 10)."""
         buffer = None
         for block in X.split(block_rows(self.n_components, X.shape[1])):
-            features = self._covariance.features(block - centre, buffer)
+            centred = block - centre
+            features = quadratic_features(centred, buffer) if quadratic else None
             buffer = features if buffer is None else buffer
-            yield features
+            yield block, centred, features
+
+    def _add_moments(
+        self, sums: torch.Tensor | None, centred: torch.Tensor, responsibilities: torch.Tensor, features: torch.Tensor | None
+    ) -> torch.Tensor:
+        r"""``sums`` (``None`` before the first block) plus this block's :math:`[\sum_i
+        \gamma_{ij} \mid` the covariance type's moments :math:`]`."""
+        block_sums = torch.cat(
+            [responsibilities.sum(0)[:, None], self._covariance.moments(centred, responsibilities, features)], 1
+        )
+        return block_sums if sums is None else sums.add_(block_sums)
 
     def _maximised(self, sums: torch.Tensor, centre: torch.Tensor, n: torch.Tensor) -> dict[str, torch.Tensor]:
         r"""The M-step's parameters from the sums over all points ``[N_j | second moments |
@@ -401,13 +426,6 @@ class GaussianMixture(Model):
         labels = torch.multinomial(weights, num_points, replacement=True)
         covariances = self._covariance.as_full(params["covariances"], *means.shape)
         return torch.distributions.MultivariateNormal(means[labels], covariances[labels]).sample(), labels
-
-
-def _weighted_sums(responsibilities: torch.Tensor, features: torch.Tensor, sums: torch.Tensor | None) -> torch.Tensor:
-    r"""``sums`` (``k x (1 + features)``, ``None`` at the first block) plus this block's
-    :math:`[\sum_i \gamma_{ij} \mid \sum_i \gamma_{ij} f_i]`."""
-    block_sums = torch.cat([responsibilities.sum(0)[:, None], responsibilities.T @ features], 1)
-    return block_sums if sums is None else sums.add_(block_sums)
 
 
 def kmeans_plusplus(X: torch.Tensor, k: int, trials: int = 1) -> torch.Tensor:

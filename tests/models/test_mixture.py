@@ -76,11 +76,11 @@ def test_em_equals_scikit_learn_from_the_same_start(mixture_data, covariance_typ
     np.testing.assert_allclose(post.params["means"].numpy(), reference.means_, atol=1e-6)
 
 
-@pytest.mark.parametrize("d, k", [(2, 3), (10, 8), (10, 3), (1, 1)])
+@pytest.mark.parametrize("d, k", [(2, 3), (10, 8), (10, 3), (1, 1), (12, 2)])
 def test_log_densities_and_scatter_equal_the_direct_formulas(d, k):
-    r"""Both E-step forms (quadratic features in float64, projections in float32) against
-    torch's MultivariateNormal, a tight component (sd 1e-3) ten units out included; the
-    M-step's pair-product scatter against the per-component sum."""
+    r"""Both E-step forms (quadratic features in float64 where they pay, projections
+    otherwise and in float32) against torch's MultivariateNormal, a tight component (sd 1e-3)
+    ten units out included; both M-step forms' scatter against the per-component sum."""
     from aml_ppl.models.covariances import STRUCTURES, CholeskyTerms, QuadraticTerms
 
     generator = torch.Generator().manual_seed(0)
@@ -91,7 +91,7 @@ def test_log_densities_and_scatter_equal_the_direct_formulas(d, k):
     means[0], covariances[0] = 5 + 10 / d**0.5, 1e-6 * torch.eye(d, dtype=torch.float64)  # 10 from the centre
     X[:50] = means[0] + 1e-3 * torch.randn(50, d, dtype=torch.float64, generator=generator)
     terms = STRUCTURES["full"].density_terms(means, covariances, 1e-6)
-    assert isinstance(terms, QuadraticTerms)
+    assert isinstance(terms, QuadraticTerms if d + 3 <= 5 * k else CholeskyTerms)
     direct = torch.distributions.MultivariateNormal(means, covariances).log_prob(X[:, None, :])
     # Rounding bound of the expanded square: eps * lambda_max * (|u| + |m|)^2 = 2.2e-16 * 1e6 * 20^2.
     torch.testing.assert_close(terms.log_densities(X), direct, rtol=1e-12, atol=1e-7)
@@ -116,22 +116,28 @@ def test_log_densities_and_scatter_equal_the_direct_formulas(d, k):
 
 @pytest.mark.parametrize("covariance_type", ["full", "tied", "diag", "spherical"])
 @pytest.mark.parametrize("hard", [False, True], ids=["soft", "hard"])
-def test_one_pass_step_equals_the_e_step_then_the_m_step(mixture_data, covariance_type, hard):
+@pytest.mark.parametrize("wide", [False, True], ids=["features", "projections"])
+def test_one_pass_step_equals_the_e_step_then_the_m_step(mixture_data, covariance_type, hard, wide):
     r"""``em_step`` (the engine's iteration: scoring and the next M-step's sums in one pass,
-    about the means' centre) against ``em_e_step`` then ``em_m_step`` (about the data's mean)."""
+    about the means' centre) against ``em_e_step`` then ``em_m_step`` (about the data's
+    mean); ``wide`` data (d = 14 > 5k - 3) take the projections and weighted coordinates."""
+    X = mixture_data
+    if wide:
+        noise = torch.randn(X.shape[0], 7 * X.shape[1], generator=torch.Generator().manual_seed(1), dtype=X.dtype)
+        X = X.repeat(1, 7) + 0.1 * noise
     model = GaussianMixture(3, covariance_type=covariance_type)
     torch.manual_seed(0)
-    params = model.em_initial_params(mixture_data, "kmeans++")
-    values, following = model.em_step(mixture_data, params, hard=hard)
-    log_responsibilities, log_density = model.em_e_step(mixture_data, params)
+    params = model.em_initial_params(X, "kmeans++")
+    values, following = model.em_step(X, params, hard=hard)
+    log_responsibilities, log_density = model.em_e_step(X, params)
     if hard:
         labels = log_responsibilities.argmax(1)
-        responsibilities = torch.nn.functional.one_hot(labels, 3).to(mixture_data.dtype)
+        responsibilities = torch.nn.functional.one_hot(labels, 3).to(X.dtype)
         torch.testing.assert_close(values, log_density + log_responsibilities.max(1).values, rtol=1e-12, atol=1e-12)
     else:
         responsibilities = log_responsibilities.exp()
         torch.testing.assert_close(values, log_density, rtol=1e-12, atol=1e-12)
-    expected = model.em_m_step(mixture_data, responsibilities)
+    expected = model.em_m_step(X, responsibilities)
     for name, value in expected.items():
         torch.testing.assert_close(following[name], value, rtol=1e-10, atol=1e-12)
 
