@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Callable, NamedTuple, Sequence
 
+import gpytorch
 import numpy as np
 import torch
 from botorch.acquisition import AcquisitionFunction
@@ -151,7 +152,10 @@ class ITL(_JointPosteriorAcquisition):
         parts = _ExactParts.of(model, self.X_pending)
         if parts is not None:
             target = None if self.target is None else model.transform_inputs(self.target)
-            variance, conditional = parts.conditional_variances(model.transform_inputs(X), target, self.jitter, self.tolerance)
+            # Kernel matrices evaluated at once: the pivot rounds' small blocks spent half their
+            # time in GPyTorch's lazy kernel tensors.
+            with gpytorch.settings.lazily_evaluate_kernels(False):
+                variance, conditional = parts.conditional_variances(model.transform_inputs(X), target, self.jitter, self.tolerance)
             return 0.5 * torch.log((variance + parts.noise) / (conditional + parts.noise))
         noise = self._noise(model)
         variance, cross, target_covariance = self._joint(model, X)
