@@ -294,11 +294,11 @@ class GaussianMixture(Model):
             parameters :meth:`em_m_step` gives for their responsibilities.
         """
         terms = self._covariance.density_terms(params["means"], params["covariances"], self.reg_covar)
-        centre = terms.centre if isinstance(terms, QuadraticTerms) else params["means"].mean(0)
+        quadratic = isinstance(terms, QuadraticTerms)
+        centre = terms.centre if quadratic else params["means"].mean(0)
         log_weights = torch.log(params["weights"])
         objective = X.new_empty(X.shape[0])
         sums = None
-        quadratic = isinstance(terms, QuadraticTerms)
         rows = block_rows(*params["means"].shape)
         for (block, centred, features), value in zip(self._blocks(X, centre, quadratic), objective.split(rows)):
             densities = terms.of_features(features) if quadratic else terms.log_densities(block)
