@@ -16,6 +16,7 @@ backend is gloo, on CUDA NCCL.
 
 from __future__ import annotations
 
+import atexit
 import os
 from contextlib import contextmanager
 from datetime import timedelta
@@ -32,6 +33,14 @@ Shared = TypeVar("Shared")
 
 class RankFailureError(ModelFittingError):
     r"""A collective operation failed: another rank died or did not answer in time."""
+
+
+def _leave_group() -> None:
+    r"""Destroy the process group :meth:`Ranks.join` made, at interpreter exit: left to the
+    interpreter's teardown, gloo's threads were at times destroyed while running and the
+    rank aborted ("terminate called without an active exception") after finishing its work."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 class Ranks:
@@ -70,6 +79,7 @@ class Ranks:
             if backend == "nccl":
                 torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
             dist.init_process_group(backend, timeout=timedelta(seconds=timeout))
+            atexit.register(_leave_group)  # the group this made; see _leave_group
         return cls(dist.get_rank(), dist.get_world_size(), timeout)
 
     @property
