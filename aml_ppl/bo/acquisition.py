@@ -25,7 +25,7 @@ from gpytorch.models import ExactGP
 from torch import Tensor
 
 from aml_ppl.errors import InputDataError
-from aml_ppl.models.gp import plus_diagonal, robust_cholesky
+from aml_ppl.models.gp import plus_diagonal, robust_cholesky, solve_lower
 
 
 class _JointPosteriorAcquisition(AcquisitionFunction):
@@ -209,7 +209,7 @@ class _ExactParts(NamedTuple):
         :math:`LL^\top = K_{DD} + \mathrm{diag}(\rho_D^2)`: posterior covariances are
         :math:`K_{XY} - (L^{-1}K_{DX})^\top L^{-1}K_{DY}`."""
         chol = robust_cholesky(self.kernel(self.inputs).to_dense() + torch.diag(self.noise_variances), "K(D, D) + noise")
-        projection = torch.linalg.solve_triangular(chol, self.kernel(self.inputs, X).to_dense(), upper=False)
+        projection = solve_lower(chol, self.kernel(self.inputs, X).to_dense())
         return (self.kernel(X, diag=True) - projection.square().sum(0)).clamp_min(0), projection
 
     def cross_covariances(self, X: Tensor, target: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -240,14 +240,15 @@ class _ExactParts(NamedTuple):
         def covariance(rows: Tensor, rows_projected: Tensor, index: Tensor) -> Tensor:
             return self.kernel(rows, target[index]).to_dense() - rows_projected.T @ projected_A[:, index]
 
+        scale = float(diagonal.detach().mean().clamp_min(1e-12))
         pivots = _pivots(
             diagonal,
-            lambda index: covariance(target, projected_A, index),
+            lambda index, rows: covariance(target[rows], projected_A[:, rows], index),
             lambda index: covariance(target[index], projected_A[:, index], index),
             tolerance * float(self.noise.detach()),
+            jitter * scale,
         )
         pivot_covariance = covariance(target[pivots], projected_A[:, pivots], pivots)
-        scale = pivot_covariance.diagonal().mean().clamp_min(1e-12)
         pivot_chol = robust_cholesky(plus_diagonal(pivot_covariance, jitter * scale), "the selected targets' covariance")
         cross = covariance(X, projected_X, pivots)
         explained = torch.linalg.solve_triangular(pivot_chol, cross.T, upper=False).square().sum(0)
@@ -255,39 +256,52 @@ class _ExactParts(NamedTuple):
 
 
 def _pivots(
-    diagonal: Tensor, columns: Callable[[Tensor], Tensor], submatrix: Callable[[Tensor], Tensor], tolerance: float,
-    block: int = 32,
+    diagonal: Tensor, columns: Callable[[Tensor, Tensor], Tensor], submatrix: Callable[[Tensor], Tensor],
+    tolerance: float, jitter: float, block: int = 64,
 ) -> Tensor:
     r"""Indices of a greedy pivoted Cholesky factorisation of an ``m x m`` PSD matrix given
-    its diagonal, ``columns(index)`` (its ``m x len(index)`` columns) and
+    its diagonal, ``columns(index, rows)`` (its entries at ``rows x index``) and
     ``submatrix(index)`` (the rows and columns ``index``), stopping when every residual
-    variance is at most ``tolerance``. Blocked: each round takes the ``2 * block`` points of
+    variance is at most ``tolerance``. Blocked: each round takes the ``4 * block`` points of
     largest residual variance, chooses up to ``block`` pivots among them greedily on their
     small residual matrix (:func:`_greedy_pivots`: neighbours a chosen pivot already
-    explains are passed over), and only then forms the chosen pivots' columns."""
+    explains are passed over; it stops once the pool's largest residual is below 1 % of the
+    largest outside the pool, so the rank stays near the unblocked greedy one), and only
+    then forms the chosen pivots' columns, conditioning on their values with ``jitter``
+    added to the block's diagonal. Points whose residual variance is at most ``tolerance``
+    can never be chosen and leave the factorisation, whose cost is the points still open
+    times the rank."""
     residual = diagonal.detach().clone()
     limit = max(float(tolerance), 1e-12 * float(residual.max().clamp_min(1e-300)))
-    factor = residual.new_zeros(min(residual.shape[0], 4 * block), residual.shape[0])  # a row per pivot
+    open_points = torch.arange(residual.shape[0], device=residual.device)
+    factor = residual.new_empty(min(residual.shape[0], 16 * block), residual.shape[0])  # a row per pivot
     rank, chosen = 0, []
     while True:
-        pool = residual.topk(min(2 * block, residual.shape[0])).indices
-        pool = pool[residual[pool] > limit]
+        largest = residual.topk(min(4 * block + 1, residual.shape[0]))
+        pool = largest.indices[: 4 * block][largest.values[: 4 * block] > limit]
         if pool.numel() == 0:
-            return torch.cat(chosen) if chosen else residual.new_zeros(0, dtype=torch.long)
+            return torch.cat(chosen) if chosen else open_points[:0]
+        outside = float(largest.values[4 * block]) if largest.values.shape[0] > 4 * block else 0.0
         pool_factor = factor[:rank, pool]
-        pool_matrix = submatrix(pool) - pool_factor.T @ pool_factor
-        picked = _greedy_pivots(pool_matrix, limit, block)
+        pool_matrix = submatrix(open_points[pool]) - pool_factor.T @ pool_factor
+        picked = _greedy_pivots(pool_matrix, max(limit, 0.01 * outside), block)
         selected = pool[picked]
-        selected_rows = columns(selected).T - pool_factor[:, picked].T @ factor[:rank]
-        block_chol = torch.linalg.cholesky(plus_diagonal(pool_matrix[picked][:, picked], limit))
-        new = torch.linalg.solve_triangular(block_chol, selected_rows, upper=False)
+        selected_rows = columns(open_points[selected], open_points).T - pool_factor[:, picked].T @ factor[:rank]
+        block_chol = torch.linalg.cholesky(plus_diagonal(pool_matrix[picked][:, picked], jitter))
+        new = solve_lower(block_chol, selected_rows)
         if rank + new.shape[0] > factor.shape[0]:
-            factor = torch.cat([factor, torch.zeros_like(factor)])
+            factor = torch.cat([factor[:rank], factor.new_empty(factor.shape)])
         factor[rank : rank + new.shape[0]] = new
         rank += new.shape[0]
         residual = (residual - new.square().sum(0)).clamp_min(0)
-        residual[selected] = 0  # chosen: known up to the added variance
-        chosen.append(selected)
+        residual[selected] = 0  # chosen: known up to the added jitter
+        chosen.append(open_points[selected])
+        still_open = residual > limit
+        if int(still_open.sum()) < 0.75 * residual.shape[0]:
+            kept = factor.new_empty(factor.shape[0], int(still_open.sum()))
+            kept[:rank] = factor[:rank, still_open]  # the closed points' columns are never read again
+            factor = kept
+            residual, open_points = residual[still_open], open_points[still_open]
 
 
 def _greedy_pivots(matrix: Tensor, limit: float, count: int) -> Tensor:

@@ -184,6 +184,7 @@ class SafeBayesianOptimization:
         self.records: list[EvaluationRecord] = self.journal.records() if self.journal else []
         if self.journal is not None:  # points in flight when an earlier process ended
             self.records += self.journal.interrupt_pending(first_step=len(self.records))
+        self._priors: list[GaussianProcess] = []
         self._bounds: tuple[Tensor, Tensor] | None = None  # intersected over time, after
         self._bounds_count = 0  # this many records
 
@@ -258,7 +259,9 @@ class SafeBayesianOptimization:
         if self.output_scale is not None and len(self.output_scale) not in (1, Y.shape[1]):
             raise InputDataError(f"`output_scale` has {len(self.output_scale)} values for {Y.shape[1]} outputs.")
         engine = Exact(learn=self.fit_hyperparameters)
-        return [fit(self._prior(column), X, Y[:, column], engine=engine) for column in range(Y.shape[1])]
+        if len(self._priors) != Y.shape[1]:  # made once: a fit conditions a GP without changing it
+            self._priors = [self._prior(column) for column in range(Y.shape[1])]
+        return [fit(prior, X, Y[:, column], engine=engine) for column, prior in enumerate(self._priors)]
 
     def _prior(self, column: int) -> GaussianProcess:
         r"""The GP of output ``column`` before conditioning: a copy of the user's, or a

@@ -168,3 +168,23 @@ def test_models_with_the_same_covariance_are_computed_once(gp, monkeypatch):
     monkeypatch.setattr(ITL, "_information", lambda self, m, X: calls.append(m) or original(self, m, X))
     ITL([model, other], target=torch.tensor([[0.5]], dtype=torch.float64))(torch.rand(4, 1, 1, dtype=torch.float64))
     assert calls == [model]
+
+
+def test_pivots_leave_every_other_target_within_the_tolerance():
+    r"""The blocked pivoted Cholesky (targets leaving once explained) stops only when every
+    target's variance given the chosen ones, computed directly, is at most the tolerance; on
+    a dense 2-d grid that takes far fewer pivots than targets."""
+    from aml_ppl.bo.acquisition import _pivots
+
+    axis = torch.linspace(-2, 2, 30, dtype=torch.float64)
+    points = torch.cartesian_prod(axis, axis)
+    covariance = torch.exp(-0.5 * torch.cdist(points, points).square())
+    tolerance = 1e-6
+    pivots = _pivots(
+        covariance.diagonal(), lambda index, rows: covariance[rows][:, index], lambda index: covariance[index][:, index],
+        tolerance, 1e-12,
+    )
+    assert pivots.unique().numel() == pivots.numel() < points.shape[0] // 3
+    chol = torch.linalg.cholesky(covariance[pivots][:, pivots])
+    explained = torch.linalg.solve_triangular(chol, covariance[pivots], upper=False).square().sum(0)
+    assert (covariance.diagonal() - explained).max() <= 1.01 * tolerance
