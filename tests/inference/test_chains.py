@@ -60,7 +60,7 @@ def test_chains_in_two_processes_equal_the_same_chains_in_turn():
 def test_a_dead_or_stuck_worker_fails_the_run_naming_the_chain():
     X, y = data()
     start = time.perf_counter()
-    with pytest.raises(ModelFittingError, match="NUTS chain 0 failed in its worker"):
+    with pytest.raises(ModelFittingError, match="NUTS chain [01] failed in its worker"):  # both die; either is seen first
         aml.fit(dies_in_a_worker, X, y, engine=engine(executor="processes"), seed=0)
     with pytest.raises(ModelFittingError, match="NUTS chain 0 did not finish within timeout = 8"):
         aml.fit(hangs_in_a_worker, X, y, engine=engine(executor="processes", timeout=8), seed=0)
