@@ -127,6 +127,9 @@ class ITL(_JointPosteriorAcquisition):
         jitter: Added to :math:`\Sigma_{AA}`'s diagonal, relative to its mean.
         tolerance: The variance a target point may keep given the selected ones, relative
             to the noise (0: every point with variance left is selected).
+        first_pivots: Points to condition on first where they are in the target set (a warm
+            start: :func:`prior_pivots` of the domain, made once for a loop's fixed kernel);
+            the stopping rule is unchanged, so the values move only within the tolerance.
 
     Example:
         >>> import torch
@@ -139,10 +142,12 @@ class ITL(_JointPosteriorAcquisition):
     """
 
     def __init__(
-        self, models: Model | Sequence[Model], target: Tensor | None = None, jitter: float = 1e-9, tolerance: float = 1e-6
+        self, models: Model | Sequence[Model], target: Tensor | None = None, jitter: float = 1e-9, tolerance: float = 1e-6,
+        first_pivots: Tensor | None = None,
     ) -> None:
         super().__init__(models, target, jitter)
         self.tolerance = tolerance
+        self.first_pivots = first_pivots
 
     def forward(self, X: Tensor) -> Tensor:
         return self._summed(self._candidates(X), self._information).clamp_min(0)
@@ -155,7 +160,10 @@ class ITL(_JointPosteriorAcquisition):
             # Kernel matrices evaluated at once: the pivot rounds' small blocks spent half their
             # time in GPyTorch's lazy kernel tensors.
             with gpytorch.settings.lazily_evaluate_kernels(False):
-                variance, conditional = parts.conditional_variances(model.transform_inputs(X), target, self.jitter, self.tolerance)
+                first = None if self.first_pivots is None else model.transform_inputs(self.first_pivots)
+                variance, conditional = parts.conditional_variances(
+                    model.transform_inputs(X), target, self.jitter, self.tolerance, first
+                )
             return 0.5 * torch.log((variance + parts.noise) / (conditional + parts.noise))
         noise = self._noise(model)
         variance, cross, target_covariance = self._joint(model, X)
@@ -221,15 +229,15 @@ class _ExactParts(NamedTuple):
         return variances[:b], cross, variances[b:]
 
     def conditional_variances(
-        self, X: Tensor, target: Tensor | None, jitter: float, tolerance: float
+        self, X: Tensor, target: Tensor | None, jitter: float, tolerance: float, first: Tensor | None = None
     ) -> tuple[Tensor, Tensor]:
         r""":math:`\mathrm{Var}[f_x \mid \mathcal D]` and :math:`\mathrm{Var}[f_x \mid f_P, \mathcal D]`
         for the candidates, :math:`P \subseteq A` the target points a pivoted Cholesky
         factorisation of :math:`\Sigma_{AA}` selects until every target point's variance
         given :math:`f_P` is at most ``tolerance`` :math:`\rho^2`: conditioning on the
         rest of :math:`A` then changes nothing measurable (``tolerance=0`` keeps every point
-        with variance left). Without a target, :math:`A` holds every candidate, and the
-        second is 0."""
+        with variance left). The target points among ``first`` are tried as pivots first.
+        Without a target, :math:`A` holds every candidate, and the second is 0."""
         if target is None:
             variance = self.projected(X)[0]
             return variance, torch.zeros_like(variance)
@@ -247,6 +255,7 @@ class _ExactParts(NamedTuple):
             lambda index: covariance(target[index], projected_A[:, index], index),
             tolerance * float(self.noise.detach()),
             jitter * scale,
+            None if first is None else _rows_in(target, first),
         )
         pivot_covariance = covariance(target[pivots], projected_A[:, pivots], pivots)
         pivot_chol = robust_cholesky(plus_diagonal(pivot_covariance, jitter * scale), "the selected targets' covariance")
@@ -257,7 +266,7 @@ class _ExactParts(NamedTuple):
 
 def _pivots(
     diagonal: Tensor, columns: Callable[[Tensor, Tensor], Tensor], submatrix: Callable[[Tensor], Tensor],
-    tolerance: float, jitter: float, block: int = 64,
+    tolerance: float, jitter: float, first: Tensor | None = None, block: int = 64,
 ) -> Tensor:
     r"""Indices of a greedy pivoted Cholesky factorisation of an ``m x m`` PSD matrix given
     its diagonal, ``columns(index, rows)`` (its entries at ``rows x index``) and
@@ -270,23 +279,33 @@ def _pivots(
     then forms the chosen pivots' columns, conditioning on their values with ``jitter``
     added to the block's diagonal. Points whose residual variance is at most ``tolerance``
     can never be chosen and leave the factorisation, whose cost is the points still open
-    times the rank."""
+    times the rank. ``first`` (indices) are offered as the first block, all at once: one
+    large block in place of many small rounds."""
     residual = diagonal.detach().clone()
     limit = max(float(tolerance), 1e-12 * float(residual.max().clamp_min(1e-300)))
     open_points = torch.arange(residual.shape[0], device=residual.device)
     factor = residual.new_empty(min(residual.shape[0], 16 * block), residual.shape[0])  # a row per pivot
     rank, chosen = 0, []
     while True:
-        largest = residual.topk(min(4 * block + 1, residual.shape[0]))
-        pool = largest.indices[: 4 * block][largest.values[: 4 * block] > limit]
-        if pool.numel() == 0:
-            return torch.cat(chosen) if chosen else open_points[:0]
-        outside = float(largest.values[4 * block]) if largest.values.shape[0] > 4 * block else 0.0
+        if first is not None:  # the first round only, before any point has left
+            pool, stop, count, first = first[residual[first] > limit], limit, first.numel(), None
+        else:
+            largest = residual.topk(min(4 * block + 1, residual.shape[0]))
+            pool = largest.indices[: 4 * block][largest.values[: 4 * block] > limit]
+            if pool.numel() == 0:
+                return torch.cat(chosen) if chosen else open_points[:0]
+            outside = float(largest.values[4 * block]) if largest.values.shape[0] > 4 * block else 0.0
+            stop, count = max(limit, 0.01 * outside), block
         pool_factor = factor[:rank, pool]
         pool_matrix = submatrix(open_points[pool]) - pool_factor.T @ pool_factor
-        picked = _greedy_pivots(pool_matrix, max(limit, 0.01 * outside), block)
+        picked = _greedy_pivots(pool_matrix, stop, count)
+        if picked.numel() == 0:  # explained after all: the residual vector rounds differently
+            residual[pool] = 0
+            continue
         selected = pool[picked]
-        selected_rows = columns(open_points[selected], open_points).T - pool_factor[:, picked].T @ factor[:rank]
+        selected_rows = columns(open_points[selected], open_points).T
+        if rank:
+            selected_rows = selected_rows - pool_factor[:, picked].T @ factor[:rank]
         block_chol = torch.linalg.cholesky(plus_diagonal(pool_matrix[picked][:, picked], jitter))
         new = solve_lower(block_chol, selected_rows)
         if rank + new.shape[0] > factor.shape[0]:
@@ -322,6 +341,45 @@ def _greedy_pivots(matrix: Tensor, limit: float, count: int) -> Tensor:
         residual[pivot] = 0.0
         picked.append(pivot)
     return torch.tensor(picked, dtype=torch.long, device=matrix.device)
+
+
+def _rows_in(points: Tensor, wanted: Tensor) -> Tensor:
+    r"""Indices of the rows of ``points`` equal to a row of ``wanted``: the nearest row of
+    each, kept where it is equal."""
+    nearest = torch.cdist(wanted, points).argmin(1)
+    return nearest[(points[nearest] == wanted).all(1)].unique()
+
+
+def prior_pivots(model: Model, points: Tensor, tolerance: float = 1e-6) -> Tensor:
+    r"""The rows of ``points`` (``m x d``) that a pivoted Cholesky factorisation of an exact
+    GP's prior covariance :math:`K(\cdot, \cdot)` selects until every other point's prior
+    variance given them is at most ``tolerance`` times the noise: :class:`ITL`'s
+    ``first_pivots``. They depend on the kernel and the points alone, so a loop with a fixed
+    kernel makes them once, and a resumed loop makes the same ones.
+
+    Example:
+        >>> import torch
+        >>> from botorch.models import SingleTaskGP
+        >>> train_X = torch.rand(5, 1, dtype=torch.float64)
+        >>> model = SingleTaskGP(train_X, train_X.sin())
+        >>> grid = torch.linspace(0, 1, 200, dtype=torch.float64)[:, None]
+        >>> prior_pivots(model, grid).shape[0] < 200
+        True
+    """
+    parts = _ExactParts.of(model, None)
+    if parts is None:
+        raise InputDataError("`prior_pivots` needs a single-output exact GP (a SingleTaskGP).")
+    inputs = model.transform_inputs(points)
+    with torch.no_grad(), gpytorch.settings.lazily_evaluate_kernels(False):
+        diagonal = parts.kernel(inputs, diag=True)
+        pivots = _pivots(
+            diagonal,
+            lambda index, rows: parts.kernel(inputs[rows], inputs[index]).to_dense(),
+            lambda index: parts.kernel(inputs[index]).to_dense(),
+            tolerance * float(parts.noise),
+            1e-9 * float(diagonal.mean().clamp_min(1e-12)),
+        )
+    return points[pivots]
 
 
 def _same_covariance(model: Model, other: Model) -> bool:

@@ -29,7 +29,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from aml_ppl.api import fit
-from aml_ppl.bo.acquisition import ITL, VTL, UncertaintySampling
+from aml_ppl.bo.acquisition import ITL, VTL, UncertaintySampling, prior_pivots
 from aml_ppl.bo.journal import EvaluationRecord, Journal
 from aml_ppl.bo.problems import SafeProblem
 from aml_ppl.errors import InputDataError
@@ -185,6 +185,7 @@ class SafeBayesianOptimization:
         if self.journal is not None:  # points in flight when an earlier process ended
             self.records += self.journal.interrupt_pending(first_step=len(self.records))
         self._priors: list[GaussianProcess] = []
+        self._prior_pivots: Tensor | None = None
         self._bounds: tuple[Tensor, Tensor] | None = None  # intersected over time, after
         self._bounds_count = 0  # this many records
 
@@ -354,7 +355,7 @@ class SafeBayesianOptimization:
         target = self.domain[target_mask]
         objective_only = models[:1] if self.problem.objective_is_constraint else models
         acquisition = {
-            "itl": lambda: ITL(objective_only, target=target),
+            "itl": lambda: ITL(objective_only, target=target, first_pivots=self._first_pivots(models[0])),
             "vtl": lambda: VTL(objective_only, target=target),
             "us": lambda: UncertaintySampling(objective_only),
             "unsafe_ei": lambda: LogExpectedImprovement(models[0], best_f=self.observations[1][:, 0].max()),
@@ -363,6 +364,16 @@ class SafeBayesianOptimization:
             acquisition.set_X_pending(pending)
         choice, _ = optimize_acqf_discrete(acquisition, q=1, choices=self.domain[sample_space])
         return choice[0], sets
+
+    def _first_pivots(self, model: object) -> Tensor | None:
+        r"""ITL's warm start: the domain's :func:`~aml_ppl.bo.acquisition.prior_pivots`
+        under the objective's kernel, made once while the hyperparameters are fixed (they
+        depend on the kernel and the domain alone, so a resumed loop makes the same)."""
+        if self.fit_hyperparameters:
+            return None
+        if self._prior_pivots is None:
+            self._prior_pivots = prior_pivots(model, self.domain)
+        return self._prior_pivots
 
     def _thompson_maximisers(self, model: object, allowed: Tensor) -> Tensor:
         r"""The points of ``allowed`` where at least one of ``thompson_samples`` posterior
