@@ -289,6 +289,8 @@ def _pivots(
     while True:
         if first is not None:  # the first round only, before any point has left
             pool, stop, count, first = first[residual[first] > limit], limit, first.numel(), None
+            if pool.numel() == 0:
+                continue
         else:
             largest = residual.topk(min(4 * block + 1, residual.shape[0]))
             pool = largest.indices[: 4 * block][largest.values[: 4 * block] > limit]

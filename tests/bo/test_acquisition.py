@@ -170,19 +170,19 @@ def test_models_with_the_same_covariance_are_computed_once(gp, monkeypatch):
     assert calls == [model]
 
 
-@pytest.mark.parametrize("first", [None, "grid", "crowded"])
+@pytest.mark.parametrize("first", [None, "grid", "crowded", "none"])
 def test_pivots_leave_every_other_target_within_the_tolerance(first):
     r"""The blocked pivoted Cholesky (targets leaving once explained) stops only when every
     target's variance given the chosen ones, computed directly, is at most the tolerance; on
     a dense 2-d grid that takes far fewer pivots than targets. So it does when first offered
-    a coarse sub-grid, or a crowd of neighbours that explain each other."""
+    a coarse sub-grid, a crowd of neighbours that explain each other, or nothing."""
     from aml_ppl.bo.acquisition import _pivots
 
     axis = torch.linspace(-2, 2, 30, dtype=torch.float64)
     points = torch.cartesian_prod(axis, axis)
     covariance = torch.exp(-0.5 * torch.cdist(points, points).square())
     tolerance = 1e-6
-    offered = {None: None, "grid": torch.arange(0, 900, 7), "crowded": torch.arange(0, 60)}[first]
+    offered = {None: None, "grid": torch.arange(0, 900, 7), "crowded": torch.arange(0, 60), "none": torch.arange(0)}[first]
     pivots = _pivots(
         covariance.diagonal(), lambda index, rows: covariance[rows][:, index], lambda index: covariance[index][:, index],
         tolerance, 1e-12, offered,
