@@ -127,9 +127,10 @@ class ITL(_JointPosteriorAcquisition):
         jitter: Added to :math:`\Sigma_{AA}`'s diagonal, relative to its mean.
         tolerance: The variance a target point may keep given the selected ones, relative
             to the noise (0: every point with variance left is selected).
-        first_pivots: Points to condition on first where they are in the target set (a warm
-            start: :func:`prior_pivots` of the domain, made once for a loop's fixed kernel);
-            the stopping rule is unchanged, so the values move only within the tolerance.
+        first_pivots: Indices of target points to condition on first (a warm start: the
+            target points among :func:`prior_pivots` of the domain, made once for a loop's
+            fixed kernel); the stopping rule is unchanged, so the values move only within
+            the tolerance.
 
     Example:
         >>> import torch
@@ -147,6 +148,11 @@ class ITL(_JointPosteriorAcquisition):
     ) -> None:
         super().__init__(models, target, jitter)
         self.tolerance = tolerance
+        if first_pivots is not None and (
+            target is None or first_pivots.dtype != torch.long or first_pivots.ndim != 1
+            or ((first_pivots < 0) | (first_pivots >= target.shape[0])).any()
+        ):
+            raise InputDataError("`first_pivots` must be a 1-d tensor of indices of `target` rows (a target is needed).")
         self.first_pivots = first_pivots
 
     def forward(self, X: Tensor) -> Tensor:
@@ -160,9 +166,8 @@ class ITL(_JointPosteriorAcquisition):
             # Kernel matrices evaluated at once: the pivot rounds' small blocks spent half their
             # time in GPyTorch's lazy kernel tensors.
             with gpytorch.settings.lazily_evaluate_kernels(False):
-                first = None if self.first_pivots is None else model.transform_inputs(self.first_pivots)
                 variance, conditional = parts.conditional_variances(
-                    model.transform_inputs(X), target, self.jitter, self.tolerance, first
+                    model.transform_inputs(X), target, self.jitter, self.tolerance, self.first_pivots
                 )
             return 0.5 * torch.log((variance + parts.noise) / (conditional + parts.noise))
         noise = self._noise(model)
@@ -236,7 +241,7 @@ class _ExactParts(NamedTuple):
         factorisation of :math:`\Sigma_{AA}` selects until every target point's variance
         given :math:`f_P` is at most ``tolerance`` :math:`\rho^2`: conditioning on the
         rest of :math:`A` then changes nothing measurable (``tolerance=0`` keeps every point
-        with variance left). The target points among ``first`` are tried as pivots first.
+        with variance left). The targets ``first`` (indices) are tried as pivots first.
         Without a target, :math:`A` holds every candidate, and the second is 0."""
         if target is None:
             variance = self.projected(X)[0]
@@ -255,7 +260,7 @@ class _ExactParts(NamedTuple):
             lambda index: covariance(target[index], projected_A[:, index], index),
             tolerance * float(self.noise.detach()),
             jitter * scale,
-            None if first is None else _rows_in(target, first),
+            first,
         )
         pivot_covariance = covariance(target[pivots], projected_A[:, pivots], pivots)
         pivot_chol = robust_cholesky(plus_diagonal(pivot_covariance, jitter * scale), "the selected targets' covariance")
@@ -345,19 +350,13 @@ def _greedy_pivots(matrix: Tensor, limit: float, count: int) -> Tensor:
     return torch.tensor(picked, dtype=torch.long, device=matrix.device)
 
 
-def _rows_in(points: Tensor, wanted: Tensor) -> Tensor:
-    r"""Indices of the rows of ``points`` equal to a row of ``wanted``: the nearest row of
-    each, kept where it is equal."""
-    nearest = torch.cdist(wanted, points).argmin(1)
-    return nearest[(points[nearest] == wanted).all(1)].unique()
-
-
 def prior_pivots(model: Model, points: Tensor, tolerance: float = 1e-6) -> Tensor:
-    r"""The rows of ``points`` (``m x d``) that a pivoted Cholesky factorisation of an exact
-    GP's prior covariance :math:`K(\cdot, \cdot)` selects until every other point's prior
-    variance given them is at most ``tolerance`` times the noise: :class:`ITL`'s
-    ``first_pivots``. They depend on the kernel and the points alone, so a loop with a fixed
-    kernel makes them once, and a resumed loop makes the same ones.
+    r"""Indices of the rows of ``points`` (``m x d``) that a pivoted Cholesky factorisation of
+    an exact GP's prior covariance :math:`K(\cdot, \cdot)` selects until every other point's
+    prior variance given them is at most ``tolerance`` times the noise: where the points are a
+    domain, those in a target set are :class:`ITL`'s ``first_pivots``. They depend on the
+    kernel and the points alone, so a loop with a fixed kernel makes them once, and a resumed
+    loop makes the same ones.
 
     Example:
         >>> import torch
@@ -381,7 +380,7 @@ def prior_pivots(model: Model, points: Tensor, tolerance: float = 1e-6) -> Tenso
             tolerance * float(parts.noise),
             1e-9 * float(diagonal.mean().clamp_min(1e-12)),
         )
-    return points[pivots]
+    return pivots
 
 
 def _same_covariance(model: Model, other: Model) -> bool:

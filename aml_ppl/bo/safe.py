@@ -185,7 +185,7 @@ class SafeBayesianOptimization:
         if self.journal is not None:  # points in flight when an earlier process ended
             self.records += self.journal.interrupt_pending(first_step=len(self.records))
         self._priors: list[GaussianProcess] = []
-        self._prior_pivots: Tensor | None = None
+        self._prior_pivots: Tensor | None = None  # a mask of the domain, made once
         self._bounds: tuple[Tensor, Tensor] | None = None  # intersected over time, after
         self._bounds_count = 0  # this many records
 
@@ -355,7 +355,7 @@ class SafeBayesianOptimization:
         target = self.domain[target_mask]
         objective_only = models[:1] if self.problem.objective_is_constraint else models
         acquisition = {
-            "itl": lambda: ITL(objective_only, target=target, first_pivots=self._first_pivots(models[0])),
+            "itl": lambda: ITL(objective_only, target=target, first_pivots=self._first_pivots(models[0], target_mask)),
             "vtl": lambda: VTL(objective_only, target=target),
             "us": lambda: UncertaintySampling(objective_only),
             "unsafe_ei": lambda: LogExpectedImprovement(models[0], best_f=self.observations[1][:, 0].max()),
@@ -365,15 +365,17 @@ class SafeBayesianOptimization:
         choice, _ = optimize_acqf_discrete(acquisition, q=1, choices=self.domain[sample_space])
         return choice[0], sets
 
-    def _first_pivots(self, model: object) -> Tensor | None:
-        r"""ITL's warm start: the domain's :func:`~aml_ppl.bo.acquisition.prior_pivots`
-        under the objective's kernel, made once while the hyperparameters are fixed (they
-        depend on the kernel and the domain alone, so a resumed loop makes the same)."""
+    def _first_pivots(self, model: object, target_mask: Tensor) -> Tensor | None:
+        r"""ITL's warm start, as indices of the target points: the domain's
+        :func:`~aml_ppl.bo.acquisition.prior_pivots` under the objective's kernel, made once
+        while the hyperparameters are fixed (they depend on the kernel and the domain alone,
+        so a resumed loop makes the same)."""
         if self.fit_hyperparameters:
             return None
         if self._prior_pivots is None:
-            self._prior_pivots = prior_pivots(model, self.domain)
-        return self._prior_pivots
+            self._prior_pivots = torch.zeros_like(target_mask)
+            self._prior_pivots[prior_pivots(model, self.domain)] = True
+        return (target_mask.cumsum(0) - 1)[self._prior_pivots & target_mask]
 
     def _thompson_maximisers(self, model: object, allowed: Tensor) -> Tensor:
         r"""The points of ``allowed`` where at least one of ``thompson_samples`` posterior

@@ -205,10 +205,14 @@ def test_itl_from_the_prior_pivots_matches_a_cold_start():
     train_X = torch.cat([train_X, torch.tensor([[0.6, 0.0], [0.0, 0.6], [-0.6, -0.6]], dtype=torch.float64)])
     model = fixed_gp(train_X, problem.observe(train_X, generator)[:, :1])
     model.covar_module.lengthscale = torch.tensor(1.0, dtype=torch.float64)
-    target = problem.domain[(problem.domain.norm(dim=1) > 1.2)]
-    candidates = problem.domain[(problem.domain.norm(dim=1) <= 1.2)][:, None, :]
-    first = prior_pivots(model, problem.domain)
-    assert 0 < first.shape[0] < problem.domain.shape[0] // 5
+    in_target = problem.domain.norm(dim=1) > 1.2
+    target, candidates = problem.domain[in_target], problem.domain[~in_target][:, None, :]
+    pivots = prior_pivots(model, problem.domain)
+    assert 0 < pivots.shape[0] < problem.domain.shape[0] // 5
+    first = (in_target.cumsum(0) - 1)[pivots[in_target[pivots]]]
+    torch.testing.assert_close(target[first], problem.domain[pivots[in_target[pivots]]])
+    with pytest.raises(ValueError, match="first_pivots"):
+        ITL(model, target=target, first_pivots=torch.tensor([target.shape[0]]))
     with torch.no_grad():
         cold = ITL(model, target=target)(candidates)
         warm = ITL(model, target=target, first_pivots=first)(candidates)
