@@ -279,11 +279,12 @@ class SafeBayesianOptimization:
 
     def _confidence_bounds(self, posteriors: list, count: int) -> tuple[Tensor, Tensor]:
         beta = self._beta_at(count)
-        # Only the Gaussian moments are used: one predictive draw, not a thousand.
-        predictions = [posterior.predict(self.domain, site="f", num_samples=1) for posterior in posteriors]
-        lower = torch.stack([p.mean - beta * p.stddev for p in predictions])
-        upper = torch.stack([p.mean + beta * p.stddev for p in predictions])
-        return lower, upper
+        if self.models is None:  # one GP for every output: outputs of one covariance share its solve
+            mean, variance = self._priors[0].exact_moments([posterior.latents for posterior in posteriors], self.domain)
+        else:
+            predictions = [posterior.predict(self.domain, site="f", num_samples=1) for posterior in posteriors]
+            mean, variance = torch.stack([p.mean for p in predictions]), torch.stack([p.variance for p in predictions])
+        return mean - beta * variance.sqrt(), mean + beta * variance.sqrt()
 
     def _intersected(self, lower: Tensor, upper: Tensor) -> tuple[Tensor, Tensor]:
         r"""Intersect ``[lower, upper]`` with the bounds after every earlier number of

@@ -426,21 +426,36 @@ class GaussianProcess(_GaussianProcessBase):
         self, latents: GaussianLatents, X: torch.Tensor, y: torch.Tensor | None = None
     ) -> dict[str, dist.Normal]:
         r"""The predictive of ``"obs"`` (with noise) and ``"f"`` (without) at ``X`` (AML §6.2)."""
-        stats = latents.statistics
-        X_in = (X.to(stats["x_scale"]) - stats["x_offset"]) / stats["x_scale"]
-        values = latents.fixed
-        mean, prior_variance = self._module_call(values, X_in, diag=True)
-        cross = self._module_call(values, stats["train_inputs"], X_in)[1]
-        solved = solve_lower(stats["cholesky"], cross)
-        f_mean = mean + cross.T @ stats["weights"]
-        f_variance = (prior_variance - solved.square().sum(0)).clamp_min(0)
-        scale = stats["y_scale"]
-        f_mean, f_variance = f_mean * scale + stats["y_offset"], f_variance * scale**2
-        noise = self._noise(values, scale).to(f_variance) * scale**2
+        (f_mean,), (f_variance,) = self.exact_moments([latents], X)
+        scale = latents.statistics["y_scale"]
+        noise = self._noise(latents.fixed, scale).to(f_variance) * scale**2
         return {
             "obs": dist.Normal(f_mean, (f_variance + noise).sqrt()),
             "f": dist.Normal(f_mean, f_variance.clamp_min(1e-300).sqrt()),
         }
+
+    def exact_moments(self, fits: list[GaussianLatents], X: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        r"""The posterior means and variances of :math:`f` at ``X`` (each ``len(fits) x m``)
+        under exact fits of this GP (AML §6.2), :math:`\mu = m(X) + K_{XD}\alpha` and
+        :math:`\sigma^2 = k(x, x) - \lVert L^{-1}K_{DX}\rVert^2`, in ``y``'s units. Fits with
+        the same hyperparameters, inputs and Cholesky factor (outputs of one problem
+        conditioned separately, as a safe-BO loop's objective and constraints) have the same
+        covariance: :math:`K_{DX}` and the solve are then done once."""
+        means, variances, shared = [], [], []
+        for fitted in fits:
+            stats = fitted.statistics
+            same = next((parts for other, parts in shared if _same_covariance(other, fitted)), None)
+            if same is None:
+                X_in = (X.to(stats["x_scale"]) - stats["x_offset"]) / stats["x_scale"]
+                prior_mean, prior_variance = self._module_call(fitted.fixed, X_in, diag=True)
+                cross = self._module_call(fitted.fixed, stats["train_inputs"], X_in)[1]
+                variance = (prior_variance - solve_lower(stats["cholesky"], cross).square().sum(0)).clamp_min(0)
+                same = prior_mean, cross, variance * stats["y_scale"] ** 2
+                shared.append((fitted, same))
+            prior_mean, cross, variance = same
+            means.append((prior_mean + cross.T @ stats["weights"]) * stats["y_scale"] + stats["y_offset"])
+            variances.append(variance)
+        return torch.stack(means), torch.stack(variances)
 
     def botorch_model(self, latents: GaussianLatents, X: torch.Tensor, y: torch.Tensor) -> Any:
         r"""A BoTorch ``SingleTaskGP`` with the exact fit's hyperparameters and data (and its
@@ -765,6 +780,17 @@ def constraints_for(constraint: Any) -> Any:
     if math.isinf(upper):
         return dist.constraints.greater_than(lower)
     return dist.constraints.interval(lower, upper)
+
+
+def _same_covariance(fitted: GaussianLatents, other: GaussianLatents) -> bool:
+    r"""Whether two exact fits have the same posterior covariance and prior mean: the same
+    hyperparameters, transformed inputs and Cholesky factor, on the same scales."""
+    if fitted.fixed.keys() != other.fixed.keys():
+        return False
+    names = ("train_inputs", "cholesky", "x_offset", "x_scale", "y_scale")
+    pairs = [(fitted.fixed[k], other.fixed[k]) for k in fitted.fixed]
+    pairs += [(fitted.statistics[k], other.statistics[k]) for k in names]
+    return all(a.shape == b.shape and torch.equal(a, b) for a, b in pairs)
 
 
 def solve_lower(cholesky: torch.Tensor, right: torch.Tensor) -> torch.Tensor:

@@ -59,6 +59,29 @@ def test_fixed_hyperparameters_equal_the_closed_form(gp_data):
     assert post.log_marginal_likelihood.item() == pytest.approx(expected.item(), abs=1e-8)
 
 
+def test_moments_of_several_fits_share_one_solve_where_the_covariance_is_shared(gp_data, monkeypatch):
+    r"""``exact_moments`` gives each fit's ``"f"`` predictive; two outputs on the same inputs
+    under the same hyperparameters share K(D, X) and its solve (one solve), a third with
+    another output scale gets its own."""
+    from aml_ppl.models import gp as gp_module
+
+    X, y = gp_data
+    model = rbf_model(0.8, 1.5, 0.01)
+    fits = [aml.fit(prior, X, targets, engine=Exact(learn=False)) for prior, targets in
+            ((model, y), (rbf_model(0.8, 1.5, 0.01), torch.cos(X[:, 1])), (rbf_model(0.8, 4.0, 0.01), y))]
+    X_new = torch.rand(9, 2, dtype=torch.float64) * 4
+    solves = []
+    original = gp_module.solve_lower
+    monkeypatch.setattr(gp_module, "solve_lower", lambda *args: solves.append(1) or original(*args))
+    mean, variance = model.exact_moments([fit.latents for fit in fits], X_new)
+    assert len(solves) == 2
+    for row, fit in enumerate(fits):
+        expected = fit.predict(X_new, site="f")
+        torch.testing.assert_close(mean[row], expected.mean, rtol=0, atol=1e-12)
+        torch.testing.assert_close(variance[row], expected.variance, rtol=0, atol=1e-12)
+    assert not torch.allclose(variance[0], variance[2])
+
+
 def test_blr_equals_a_gp_with_the_linear_kernel(gp_data):
     """AML §6: BLR's predictive is the GP's with k(x, x') = xᵀΛ⁻¹x'."""
     X, y = gp_data
