@@ -444,7 +444,7 @@ class GaussianProcess(_GaussianProcessBase):
         means, variances, shared = [], [], []
         for fitted in fits:
             stats = fitted.statistics
-            same = next((parts for other, parts in shared if _same_covariance(other, fitted)), None)
+            same = next((parts for other, parts in shared if _same_fitted_covariance(other, fitted)), None)
             if same is None:
                 X_in = (X.to(stats["x_scale"]) - stats["x_offset"]) / stats["x_scale"]
                 prior_mean, prior_variance = self._module_call(fitted.fixed, X_in, diag=True)
@@ -782,7 +782,7 @@ def constraints_for(constraint: Any) -> Any:
     return dist.constraints.interval(lower, upper)
 
 
-def _same_covariance(fitted: GaussianLatents, other: GaussianLatents) -> bool:
+def _same_fitted_covariance(fitted: GaussianLatents, other: GaussianLatents) -> bool:
     r"""Whether two exact fits have the same posterior covariance and prior mean: the same
     hyperparameters, transformed inputs and Cholesky factor, on the same scales."""
     if fitted.fixed.keys() != other.fixed.keys():
