@@ -28,3 +28,8 @@ def interleaved(runs: dict[str, Callable[[], object]], repeats: int) -> dict[str
             run()
             times[name].append(time.perf_counter() - start)
     return {name: statistics.median(values) for name, values in times.items()}
+
+
+def step_time(short: float, long: float, extra_steps: int) -> float:
+    """Seconds per step from two runs that differ by `extra_steps` steps (one-off costs cancel)."""
+    return (long - short) / extra_steps

@@ -9,6 +9,7 @@ import pyro
 import pyro.distributions as dist
 import torch
 from pyro import poutine
+from pyro.poutine.messenger import Messenger
 from pyro.distributions import constraints
 from pyro.distributions.util import sum_rightmost
 from pyro.infer import TraceMeanField_ELBO
@@ -21,6 +22,19 @@ from aml_ppl.models.linear import check_labels
 ACTIVATIONS = {"relu": torch.relu, "tanh": torch.tanh, "sigmoid": torch.sigmoid}
 GUIDES = ("meanfield", "isotropic")
 LIKELIHOODS = ("gaussian", "categorical")
+
+
+class _AtMeans(Messenger):
+    r"""Set the named sample sites to their distributions' means instead of drawing them
+    (a guide's trace read for those sites' distributions only); other sites are drawn."""
+
+    def __init__(self, names: set[str]) -> None:
+        super().__init__()
+        self.names = names
+
+    def _pyro_sample(self, msg: dict) -> None:
+        if msg["name"] in self.names and msg["value"] is None:
+            msg["value"] = msg["fn"].mean
 
 
 @register_model
@@ -269,7 +283,8 @@ class BayesianNeuralNetwork(Model):
         contributes :math:`\log q - \log p` at the guide's draw. ``data_scale`` multiplies
         the likelihood term (the world size when each rank holds a shard of the data).
         """
-        guide_trace = poutine.trace(guide).get_trace(X, y)
+        with _AtMeans(set(self._layer_shapes())):  # the weights' distributions are read, not draws
+            guide_trace = poutine.trace(guide).get_trace(X, y)
         moments, divergence = {}, X.new_zeros(())
         for name, shape in self._layer_shapes().items():
             posterior = guide_trace.nodes[name]["fn"]

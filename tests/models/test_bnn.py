@@ -8,9 +8,10 @@ from pyro.infer import Trace_ELBO, TraceMeanField_ELBO
 
 import aml_ppl as aml
 from aml_ppl.inference import MAP, SVI
-from aml_ppl.inference.svi import JitFallbackWarning
+from aml_ppl.inference.svi import CompiledModelLoss, CompiledOnceMeanField_ELBO, JitFallbackWarning
 from aml_ppl.models import BayesianNeuralNetwork
 from aml_ppl.models.bnn import LocalReparameterizationELBO
+from tests.jit_checks import assert_traced_once_and_equal_on_the_same_draws
 
 
 def gap_data(n, seed):
@@ -176,6 +177,28 @@ def test_jit_runs_and_falls_back_with_a_warning_where_the_model_does_not_trace()
 
     with pytest.warns(JitFallbackWarning, match="does not trace"):
         aml.fit(Untraceable(1, hidden=(8,), noise_scale=0.1), x, y, engine=SVI(num_steps=5, jit=True, progress_bar=False))
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"noise_scale": 0.1, "subsample_size": 16},
+        {"noise_scale": None, "subsample_size": 16},
+        {"noise_scale": 0.1, "guide": "isotropic"},
+        {"likelihood": "categorical", "out_features": 2, "subsample_size": 16},
+        {"noise_scale": None, "subsample_size": 16, "local_reparameterization": True},
+    ],
+)
+def test_the_jit_loss_is_traced_once_and_equals_the_plain_loss_on_the_same_draws(options, monkeypatch):
+    x, y = gap_data(100, 5)
+    if options.get("likelihood") == "categorical":
+        y = (y > 0).to(x.dtype)
+    bnn = BayesianNeuralNetwork(1, hidden=(8,), **options)
+    plain = bnn.default_loss()
+    compiled = SVI(jit=True)._default_loss(bnn, (x, y), {}, jit=True)
+    expected = CompiledModelLoss if options.get("local_reparameterization") else CompiledOnceMeanField_ELBO
+    assert type(compiled) is expected
+    assert_traced_once_and_equal_on_the_same_draws(compiled, plain, bnn, bnn.guide, x, y, monkeypatch=monkeypatch)
 
 
 @pytest.mark.parametrize(
