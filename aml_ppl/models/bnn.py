@@ -9,10 +9,10 @@ import pyro
 import pyro.distributions as dist
 import torch
 from pyro import poutine
-from pyro.poutine.messenger import Messenger
 from pyro.distributions import constraints
 from pyro.distributions.util import sum_rightmost
 from pyro.infer import TraceMeanField_ELBO
+from pyro.poutine.messenger import Messenger
 
 from aml_ppl._data import check_regression_data
 from aml_ppl.errors import InputDataError, ModelFittingError
