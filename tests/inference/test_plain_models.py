@@ -7,6 +7,8 @@ import torch
 
 import aml_ppl as aml
 from aml_ppl.inference import MAP, NUTS, SVI
+from aml_ppl.inference.svi import make_autoguide
+from tests.jit_checks import assert_traced_once_and_equal_on_the_same_draws
 
 
 def line(x, y=None):
@@ -86,3 +88,30 @@ def test_non_finite_loss_stops_with_the_last_finite_parameters():
     assert 1 < failure.step <= 500
     kept = failure.posterior.sample(1)["w"].item()
     assert kept <= 1.5 and len(failure.posterior.history) == failure.step - 1
+
+
+def subsampled_regression(X, y=None):
+    weights = pyro.sample("weights", dist.Normal(0.0, 1.0).expand([X.shape[1]]).to_event(1))
+    scale = pyro.param("scale", torch.tensor(1.0), constraint=dist.constraints.positive)
+    with pyro.plate("data", X.shape[0], subsample_size=20) as index:
+        mean = pyro.deterministic("mean", X[index] @ weights)
+        pyro.sample("obs", dist.Normal(mean, scale), obs=None if y is None else y[index])
+
+
+def enumerated_mixture(data):
+    proportions = pyro.sample("proportions", dist.Dirichlet(torch.ones(2)))
+    locs = pyro.sample("locs", dist.Normal(0.0, 5.0).expand([2]).to_event(1))
+    with pyro.plate("data", len(data), subsample_size=20):
+        component = pyro.sample("component", dist.Categorical(proportions), infer={"enumerate": "parallel"})
+        pyro.sample("obs", dist.Normal(locs[component], 1.0), obs=pyro.subsample(data, event_dim=0))
+
+
+@pytest.mark.parametrize("model", [subsampled_regression, enumerated_mixture])
+def test_jit_on_a_users_pyro_program_traces_once_and_equals_the_plain_elbo(model, monkeypatch):
+    generator = torch.Generator().manual_seed(0)
+    X = torch.randn(100, 3, generator=generator)
+    args = (X, X.sum(-1)) if model is subsampled_regression else (X[:, 0] * 3,)
+    engine = SVI(jit=True)
+    compiled, plain = (engine._default_loss(model, args, {}, jit=jit) for jit in (True, False))
+    guide = make_autoguide("normal", model, args, {})
+    assert_traced_once_and_equal_on_the_same_draws(compiled, plain, model, guide, *args, monkeypatch=monkeypatch)
