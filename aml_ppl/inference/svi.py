@@ -51,7 +51,6 @@ from aml_ppl.models.base import ModelLoss
 from aml_ppl.models.protocols import DataScaledLoss, HasGuide, InitialValues, PreferredLoss, VariationalBound
 
 
-
 class CompiledOnceMeanField_ELBO(JitTraceMeanField_ELBO):
     r"""Pyro's ``JitTraceMeanField_ELBO``, traced once.
 
