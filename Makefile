@@ -6,7 +6,7 @@ PY      = $(VENV)/bin/python
 # `torch>=` range in pyproject.toml is already met and pip pulls no CUDA build.
 TORCH_CPU ?= torch==2.13.0
 
-.PHONY: install demo test browser bench gpu-check clean
+.PHONY: install demo test test-slow browser bench gpu-check clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,8 +21,13 @@ install: $(VENV)/.installed
 demo: install
 	$(VENV)/bin/aml-ppl demo --out out
 
+# The default run (under 5 minutes on 2 cores; the slowest 15 tests printed) and the
+# `slow` set (longer statistical checks and fault injections); CI runs both.
 test: install browser
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q --durations=15
+
+test-slow: install
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m slow --durations=15
 
 # The report's browser test needs Chromium; on Debian as root, install it when missing (never fatal:
 # without it that one test skips and says why).

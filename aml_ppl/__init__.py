@@ -12,6 +12,7 @@ import importlib
 from typing import Any
 
 from aml_ppl import analysis, inference, models
+from aml_ppl._core.version import __version__
 from aml_ppl.api import fit
 from aml_ppl.errors import (
     AmlPplError,
@@ -23,8 +24,6 @@ from aml_ppl.errors import (
     NonFiniteLossError,
 )
 from aml_ppl.inference import Posterior, Prediction, load
-
-__version__ = "0.1.0"
 
 
 def __getattr__(name: str) -> Any:

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from aml_ppl._core.checks import NON_NEGATIVE, POSITIVE, Integer, check_arguments
 from aml_ppl.errors import InputDataError
 
 
@@ -84,18 +85,13 @@ def check_float_tensor(
 
 def check_count(name: str, value: Any, minimum: int = 1) -> int:
     r"""Return ``value`` if it is an integer of at least ``minimum``; else raise naming ``name``."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise InputDataError(f"`{name}` must be an integer >= {minimum}; got {value!r}.")
+    check_arguments("", {name: Integer(minimum)}, {name: value})
     return value
 
 
 def check_positive(name: str, value: Any, allow_zero: bool = False) -> float:
     r"""Return ``value`` if it is a finite number above zero (or at least zero); else raise."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise InputDataError(f"`{name}` must be a finite number; got {value!r}.")
-    if value < 0 or (value == 0 and not allow_zero):
-        bound = ">= 0" if allow_zero else "> 0"
-        raise InputDataError(f"`{name}` must be {bound}; got {value!r}.")
+    check_arguments("", {name: NON_NEGATIVE if allow_zero else POSITIVE}, {name: value})
     return float(value)
 
 

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-import pyro
-
-from aml_ppl._data import check_finite_arguments, convert_arguments
+from aml_ppl._core.randomness import RandomStream
+from aml_ppl._data import check_count, check_finite_arguments, convert_arguments
 from aml_ppl.errors import InputDataError
 from aml_ppl.inference.base import ENGINES, Engine, Posterior
 from aml_ppl.models.base import Model
@@ -28,7 +27,10 @@ def fit(
         engine: An engine name (``"svi"``, ``"map"``, ``"nuts"``, ``"exact"``), a
             configured engine such as ``SVI(num_steps=500)``, or ``None`` for the
             model's default (``"svi"`` for a plain function).
-        seed: Seeds Pyro's, torch's and numpy's generators first.
+        seed: Runs the fit on a random stream of its own, seeded with ``seed``: the
+            caller's Python, NumPy and torch generators are left as they were, and the
+            posterior's draws continue the stream, so two fits with one seed give the same
+            draws. ``None`` uses the caller's generators, as Pyro does.
         **kwargs: The model's own keyword arguments.
 
     Returns:
@@ -54,8 +56,9 @@ def fit(
         args, kwargs = model.validate(*args, **kwargs)
     check_finite_arguments(args, kwargs)
     if seed is not None:
-        pyro.set_rng_seed(seed)
-    return engine.fit(model, *args, **kwargs)
+        check_count("seed", seed, minimum=0)
+    with RandomStream(seed).active():
+        return engine.fit(model, *args, **kwargs)
 
 
 def _resolve_engine(engine: str | Engine | None, model: Callable) -> Engine:

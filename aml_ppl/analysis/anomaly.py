@@ -7,6 +7,7 @@ from typing import Any
 import torch
 
 from aml_ppl import api
+from aml_ppl._core.checks import Integer, check_arguments
 from aml_ppl._data import check_float_tensor
 from aml_ppl.errors import AmlPplError, InputDataError
 from aml_ppl.inference.em import EM, MixturePosterior
@@ -30,8 +31,7 @@ class PCA:
     """
 
     def __init__(self, n_components: int) -> None:
-        if not isinstance(n_components, int) or n_components < 1:
-            raise InputDataError(f"`n_components` must be a positive integer; got {n_components!r}.")
+        check_arguments("PCA", {"n_components": Integer(1)}, {"n_components": n_components})
         self.n_components = n_components
 
     def fit(self, X: Any) -> "PCA":
@@ -84,6 +84,7 @@ class AnomalyDetector:
     def __init__(
         self,
         n_projection_dims: int | None = 2,
+        *,
         n_components: int = 2,
         covariance_type: str = "full",
         false_positive_rate: float = 0.05,
@@ -92,7 +93,7 @@ class AnomalyDetector:
         if not 0 < false_positive_rate < 1:
             raise InputDataError(f"`false_positive_rate` must lie in (0, 1); got {false_positive_rate}.")
         self.projection = None if n_projection_dims is None else PCA(n_projection_dims)
-        self.mixture = GaussianMixture(n_components, covariance_type)
+        self.mixture = GaussianMixture(n_components, covariance_type=covariance_type)
         self.false_positive_rate = false_positive_rate
         self.engine = engine if engine is not None else EM(n_init=3)
 

@@ -35,13 +35,14 @@ class GaussianMixtureClassifier:
         >>> import torch
         >>> X = torch.cat([torch.randn(50, 2) - 2, torch.randn(50, 2) + 2]).double()
         >>> y = torch.cat([torch.zeros(50), torch.ones(50)]).long()
-        >>> GaussianMixtureClassifier(1, "diag").fit(X, y).predict(X[:3]).tolist()
+        >>> GaussianMixtureClassifier(1, covariance_type="diag").fit(X, y).predict(X[:3]).tolist()
         [0, 0, 0]
     """
 
     def __init__(
         self,
         n_components: int = 1,
+        *,
         covariance_type: str = "full",
         shared_covariance: bool = False,
         reg_covar: float = 1e-9,
@@ -65,7 +66,7 @@ class GaussianMixtureClassifier:
             raise InputDataError("`y` must hold at least two classes.")
         counts = torch.bincount(y, minlength=len(self.classes)).to(X.dtype)
         self.log_priors = torch.log(counts / counts.sum())
-        self.mixtures = [GaussianMixture(self.n_components, self.covariance_type, self.reg_covar) for _ in self.classes]
+        self.mixtures = [GaussianMixture(self.n_components, covariance_type=self.covariance_type, reg_covar=self.reg_covar) for _ in self.classes]
         if self.shared_covariance:
             self.params = self._pooled_params(X, y)
         else:
@@ -80,7 +81,7 @@ class GaussianMixtureClassifier:
     def _pooled_params(self, X: torch.Tensor, y: torch.Tensor) -> list[dict[str, torch.Tensor]]:
         r"""LDA: class means, one covariance :math:`\frac1n\sum_i (x_i-\mu_{y_i})(x_i-\mu_{y_i})^\top`."""
         responsibilities = torch.nn.functional.one_hot(y, len(self.classes)).to(X.dtype)
-        pooled = GaussianMixture(len(self.classes), "tied", self.reg_covar).em_m_step(X, responsibilities)
+        pooled = GaussianMixture(len(self.classes), covariance_type="tied", reg_covar=self.reg_covar).em_m_step(X, responsibilities)
         return [
             {"weights": X.new_ones(1), "means": pooled["means"][label : label + 1], "covariances": pooled["covariances"]}
             for label in range(len(self.classes))

@@ -24,8 +24,8 @@ from gpytorch.likelihoods import FixedNoiseGaussianLikelihood, GaussianLikelihoo
 from gpytorch.models import ExactGP
 from torch import Tensor
 
+from aml_ppl._core.linalg import plus_diagonal, robust_cholesky, solve_lower
 from aml_ppl.errors import InputDataError
-from aml_ppl.models.gp import plus_diagonal, robust_cholesky, solve_lower
 
 
 class _JointPosteriorAcquisition(AcquisitionFunction):
@@ -143,10 +143,10 @@ class ITL(_JointPosteriorAcquisition):
     """
 
     def __init__(
-        self, models: Model | Sequence[Model], target: Tensor | None = None, jitter: float = 1e-9, tolerance: float = 1e-6,
+        self, models: Model | Sequence[Model], *, target: Tensor | None = None, jitter: float = 1e-9, tolerance: float = 1e-6,
         first_pivots: Tensor | None = None,
     ) -> None:
-        super().__init__(models, target, jitter)
+        super().__init__(models, target=target, jitter=jitter)
         self.tolerance = tolerance
         if first_pivots is not None and (
             target is None or first_pivots.dtype != torch.long or first_pivots.ndim != 1
@@ -418,8 +418,8 @@ class VTL(_JointPosteriorAcquisition):
         target: An ``m x d`` tensor, the target set :math:`A`.
     """
 
-    def __init__(self, models: Model | Sequence[Model], target: Tensor) -> None:
-        super().__init__(models, target)
+    def __init__(self, models: Model | Sequence[Model], *, target: Tensor) -> None:
+        super().__init__(models, target=target)
 
     def forward(self, X: Tensor) -> Tensor:
         return self._summed(self._candidates(X), self._remaining_variance)
@@ -446,7 +446,7 @@ class UncertaintySampling(_JointPosteriorAcquisition):
     """
 
     def __init__(self, models: Model | Sequence[Model]) -> None:
-        super().__init__(models, None)
+        super().__init__(models, target=None)
 
     def forward(self, X: Tensor) -> Tensor:
         return self._summed(self._candidates(X), self._variance)

@@ -12,12 +12,14 @@ from botorch.optim import optimize_acqf_discrete
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from aml_ppl._core.linalg import plus_diagonal
 from aml_ppl._data import check_count, check_float_tensor
 from aml_ppl.api import fit
 from aml_ppl.bo.acquisition import ITL, VTL, UncertaintySampling
 from aml_ppl.errors import InputDataError
 from aml_ppl.inference.exact import Exact
-from aml_ppl.models.gp import GaussianProcess, plus_diagonal
+from aml_ppl.models.gp import GaussianProcess
+
 
 STRATEGIES = ("itl", "vtl", "us", "random")
 

@@ -58,7 +58,7 @@ class Journal:
             refused, so that running the same script twice never appends to the first run.
     """
 
-    def __init__(self, path: str | Path, config: dict[str, Any], resume: bool = False) -> None:
+    def __init__(self, path: str | Path, *, config: dict[str, Any], resume: bool = False) -> None:
         self.path = Path(path)
         if self.path.is_dir():
             raise InputDataError(f"`journal` {self.path} is a directory; give a file path.")

@@ -28,6 +28,8 @@ from botorch.sampling.pathwise import (
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from aml_ppl._core.randomness import local_seed
+from aml_ppl._data import check_count
 from aml_ppl.api import fit
 from aml_ppl.bo.acquisition import ITL, VTL, UncertaintySampling, prior_pivots
 from aml_ppl.bo.journal import EvaluationRecord, Journal
@@ -115,6 +117,7 @@ class SafeBayesianOptimization:
     def __init__(
         self,
         problem: SafeProblem,
+        *,
         beta: float | Callable[[int], float] | None = None,
         acquisition: str = "itl",
         lengthscale: float | None = None,
@@ -134,8 +137,7 @@ class SafeBayesianOptimization:
             raise InputDataError(f"`acquisition` must be one of {ACQUISITIONS}; got {acquisition!r}.")
         if target not in ("area_of_interest", "thompson"):
             raise InputDataError(f"`target` must be 'area_of_interest' or 'thompson'; got {target!r}.")
-        if isinstance(thompson_samples, bool) or not isinstance(thompson_samples, int) or thompson_samples < 1:
-            raise InputDataError(f"`thompson_samples` must be a positive integer; got {thompson_samples!r}.")
+        check_count("thompson_samples", thompson_samples)
         self.target = target
         self.thompson_samples = thompson_samples
         if lipschitz is not None:
@@ -180,7 +182,7 @@ class SafeBayesianOptimization:
             "target": target if target == "area_of_interest" else f"thompson:{thompson_samples}",
             "models": None if self.models is None else [_model_fingerprint(model) for model in self.models],
         }
-        self.journal = Journal(journal, config, resume) if journal is not None else None
+        self.journal = Journal(journal, config=config, resume=resume) if journal is not None else None
         self.records: list[EvaluationRecord] = self.journal.records() if self.journal else []
         if self.journal is not None:  # points in flight when an earlier process ended
             self.records += self.journal.interrupt_pending(first_step=len(self.records))
@@ -382,8 +384,7 @@ class SafeBayesianOptimization:
         r"""The points of ``allowed`` where at least one of ``thompson_samples`` posterior
         draws of the objective is largest (a mask of the domain)."""
         points = allowed.nonzero().flatten()
-        with torch.random.fork_rng(devices=[]), torch.no_grad():
-            torch.manual_seed(len(self.records))
+        with local_seed(len(self.records)), torch.no_grad():
             # plain normal weights: BoTorch's default scrambles a 1 024-dimensional Sobol engine per draw
             prior = functools.partial(draw_kernel_feature_paths, weight_generator=torch.randn)
             paths = draw_matheron_paths(model, sample_shape=torch.Size([self.thompson_samples]), prior_sampler=prior)
@@ -514,8 +515,7 @@ class SafeBayesianOptimization:
         """
         if executor is None and max_pending != 1:
             raise InputDataError("`max_pending` > 1 needs an `executor` to evaluate on.")
-        if isinstance(max_pending, bool) or not isinstance(max_pending, int) or max_pending < 1:
-            raise InputDataError(f"`max_pending` must be a positive integer; got {max_pending!r}.")
+        check_count("max_pending", max_pending)
         remaining = max(budget - self._finished(), 0)
         bar = tqdm(total=remaining, desc=f"safe BO ({self.acquisition})", disable=not progress_bar)
         in_flight: dict[Future, tuple[Tensor, dict[str, Tensor], float, int | None]] = {}

@@ -15,7 +15,7 @@ import math
 from abc import ABC, abstractmethod
 from contextlib import contextmanager
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, wraps
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Iterator
 
@@ -23,26 +23,17 @@ import numpy as np
 import pyro
 import torch
 
+from aml_ppl._core.randomness import RandomStream
+from aml_ppl._core.registry import Registry
 from aml_ppl._data import check_count, check_finite_arguments, check_new_arguments, convert_arguments
 from aml_ppl.errors import AmlPplError, IncompatibleEngineError, InputDataError
+from aml_ppl.inference.io import save
 from aml_ppl.inference.replay import Replayed, Structure, inspect_model, replay
 from aml_ppl.models.base import Model
 from aml_ppl.models.protocols import BoTorchExportable, ConditionalPredictive, PointwiseLikelihood, VariationalBound
 
-ENGINES: dict[str, type["Engine"]] = {}
-POSTERIORS: dict[str, type["Posterior"]] = {}
-
-
-def register_engine(cls: type["Engine"]) -> type["Engine"]:
-    r"""Class decorator: make an engine reachable by its ``name`` in ``fit``."""
-    ENGINES[cls.name] = cls
-    return cls
-
-
-def register_posterior(cls: type["Posterior"]) -> type["Posterior"]:
-    r"""Class decorator: let ``load`` rebuild a posterior of this ``kind``."""
-    POSTERIORS[cls.kind] = cls
-    return cls
+ENGINES: Registry[type["Engine"]] = Registry("engine", lambda cls: cls.name)
+register_engine = ENGINES.register  # class decorator: reachable by its ``name`` in ``fit``
 
 
 class Engine(ABC):
@@ -114,6 +105,18 @@ class Prediction:
         return cls(mean=samples.mean(0), variance=samples.var(0, correction=0), samples=samples)
 
 
+def on_own_stream(method: Callable) -> Callable:
+    r"""Run a posterior's method on the posterior's :class:`RandomStream` (the seeded fit's,
+    continued; the caller's generators when the fit was not seeded)."""
+
+    @wraps(method)
+    def drawing(self: "Posterior", *args: Any, **kwargs: Any) -> Any:
+        with self.random_stream.active():
+            return method(self, *args, **kwargs)
+
+    return drawing
+
+
 @contextmanager
 def isolated_param_store() -> Iterator[None]:
     r"""Run inside an empty Pyro param store, restoring the caller's afterwards."""
@@ -169,6 +172,9 @@ class Posterior(ABC):
             ArviZ's ``constant_data`` group); empty when there are none.
         rank: The rank of the process that holds this posterior in a data-parallel fit
             (0 otherwise); only rank 0 writes it with :meth:`save`.
+        random_stream: Where its draws come from: a fit with ``seed=`` continues its own
+            seeded stream (the caller's generators are left alone, and two fits with one
+            seed draw the same); otherwise the caller's generators, as in Pyro.
     """
 
     kind: ClassVar[str]
@@ -190,6 +196,7 @@ class Posterior(ABC):
         self.engine = engine
         self.history = torch.as_tensor(history, dtype=torch.float64)
         self.objective = objective
+        self.random_stream = RandomStream.current()
 
     @cached_property
     def structure(self) -> Structure:
@@ -278,6 +285,7 @@ class Posterior(ABC):
 
     # -- the surface ---------------------------------------------------------------
 
+    @on_own_stream
     def sample(self, num_samples: int = 1000) -> dict[str, torch.Tensor]:
         r"""Draw from the posterior of the latent sites.
 
@@ -294,6 +302,7 @@ class Posterior(ABC):
         with torch.no_grad():
             return {name: value.detach() for name, value in self._draw(num_samples).items()}
 
+    @on_own_stream
     def predict(
         self, *args: Any, num_samples: int = 1000, site: str | None = None, **kwargs: Any
     ) -> Prediction:
@@ -327,6 +336,7 @@ class Posterior(ABC):
         site = self._observed_site(site)
         return Prediction.from_samples(self._replay(num_samples, args, kwargs).predictive[site])
 
+    @on_own_stream
     def deterministic_values(self, *args: Any, num_samples: int = 1000, **kwargs: Any) -> dict[str, torch.Tensor]:
         r"""Every ``pyro.deterministic`` site at these arguments, for ``num_samples``
         posterior draws (one replay): site name to a ``num_samples x ...`` tensor."""
@@ -334,6 +344,7 @@ class Posterior(ABC):
         args, kwargs = self._arguments(args, kwargs)
         return self._replay(num_samples, args, kwargs).deterministic
 
+    @on_own_stream
     def log_prob(
         self, *args: Any, num_samples: int = 1000, site: str | None = None, **kwargs: Any
     ) -> torch.Tensor:
@@ -370,6 +381,7 @@ class Posterior(ABC):
             terms = replayed.log_likelihood[site]
         return torch.logsumexp(terms, 0) - math.log(terms.shape[0])
 
+    @on_own_stream
     def to_botorch(self, num_samples: int = 64) -> Any:
         r"""A BoTorch ``Model`` of this posterior, for any BoTorch acquisition function: at a
         point estimate (MAP, a delta guide) the model at that point; otherwise a model
@@ -388,6 +400,7 @@ class Posterior(ABC):
         draws = self.sample(1 if self.is_point_estimate else num_samples)
         return self.model.botorch_ensemble(draws, *self.data_args, **self.data_kwargs)
 
+    @on_own_stream
     def credible_interval(
         self, site: str, level: float = 0.95, num_samples: int = 4000
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -396,6 +409,7 @@ class Posterior(ABC):
             raise InputDataError(f"`site` must be one of {self.latent_sites}; got {site!r}.")
         return Prediction.from_samples(self.sample(num_samples)[site]).interval(level)
 
+    @on_own_stream
     def to_arviz(self, *args: Any, num_samples: int = 1000, **kwargs: Any) -> Any:
         r"""Export to ArviZ ``InferenceData``, for every engine.
 
@@ -416,8 +430,6 @@ class Posterior(ABC):
         r"""Write tensors and JSON metadata; :func:`aml_ppl.load` reads them back
         without unpickling arbitrary objects (``torch.load(weights_only=True)``). In a
         data-parallel fit only rank 0 writes (the ranks hold the same posterior)."""
-        from aml_ppl.inference.io import save
-
         if self.rank == 0:
             save(self, path)
 

@@ -20,10 +20,9 @@ from aml_ppl.inference.base import (
     Posterior,
     isolated_param_store,
     register_engine,
-    register_posterior,
 )
 from aml_ppl.inference.distributed import Ranks
-from aml_ppl.inference.io import recorded, stored
+from aml_ppl.inference.io import recorded, register_posterior, stored
 from aml_ppl.inference.optimise import Checkpoint, minimise_lbfgs
 from aml_ppl.inference.replay import inspect_model, is_enumerated, structure_trace
 from aml_ppl.models.protocols import CheckedOnce, ClosedFormEM, DataSampling, Relabelable
@@ -204,6 +203,7 @@ class EM(Engine):
 
     def __init__(
         self,
+        *,
         max_iter: int = 100,
         tol: float = 1e-3,
         n_init: int = 1,

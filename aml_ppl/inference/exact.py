@@ -9,16 +9,17 @@ from typing import Any, Callable, ClassVar
 import torch
 from pyro.distributions import MultivariateNormal, Normal
 
+from aml_ppl._core.checks import changed_options
 from aml_ppl._data import check_count
 from aml_ppl.errors import ConvergenceWarning, InputDataError, ModelFittingError
 from aml_ppl.inference.base import (
     Engine,
     Posterior,
     Prediction,
+    on_own_stream,
     register_engine,
-    register_posterior,
 )
-from aml_ppl.inference.io import recorded, stored
+from aml_ppl.inference.io import recorded, register_posterior, stored
 from aml_ppl.inference.optimise import OptimisationResult, minimise_adam, minimise_lbfgs
 from aml_ppl.models.protocols import (
     EvidenceMaximisation,
@@ -92,6 +93,7 @@ class GaussianPosterior(Posterior):
             site = self._observed_site(site)
         return site, predictives[site], args, kwargs
 
+    @on_own_stream
     def predict(
         self, *args: Any, num_samples: int = 1000, site: str | None = None, **kwargs: Any
     ) -> Prediction:
@@ -195,6 +197,7 @@ class Exact(Engine):
 
     def __init__(
         self,
+        *,
         num_restarts: int = 8,
         raw_samples: int = 64,
         max_iter: int | None = None,
@@ -210,11 +213,23 @@ class Exact(Engine):
         self.max_iter = None if max_iter is None else check_count("max_iter", max_iter)
         self.learn, self.optimizer, self.lr = learn, optimizer, lr
         self.options = options
+        # Options of the evidence maximisation alone, set away from their defaults.
+        self.evidence_options = changed_options(
+            Exact.__init__,
+            {"num_restarts": num_restarts, "raw_samples": raw_samples, "learn": learn, "optimizer": optimizer, "lr": lr},
+        )
 
     def incompatibility(self, model: Callable, args: tuple, kwargs: dict) -> str | None:
-        if isinstance(model, (ExactGaussian, EvidenceMaximisation)):
+        if isinstance(model, EvidenceMaximisation):
             return None
-        return "it offers no closed-form Gaussian posterior (exact_posterior or evidence_objective, and exact_predictive)"
+        if not isinstance(model, ExactGaussian):
+            return "it offers no closed-form Gaussian posterior (exact_posterior or evidence_objective, and exact_predictive)"
+        if self.evidence_options:
+            return (
+                f"the options {self.evidence_options} fit hyperparameters by evidence maximisation (a GP's), "
+                f"and {type(model).__name__} has a closed form; drop them"
+            )
+        return None
 
     def fit(self, model: Callable, *args: Any, **kwargs: Any) -> GaussianPosterior:
         self.check_supports(model, args, kwargs)

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-import aml_ppl
+from aml_ppl._core.version import __version__
 from aml_ppl.models.protocols import VariationalBound
 
 if TYPE_CHECKING:
@@ -89,7 +89,7 @@ def _attributes(posterior: "Posterior") -> dict[str, Any]:
         "objective": posterior.objective,
         "point_estimate": int(posterior.is_point_estimate),
         "inference_library": "pyro",
-        "aml_ppl_version": aml_ppl.__version__,
+        "aml_ppl_version": __version__,
     }
 
 

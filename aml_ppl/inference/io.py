@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
+from aml_ppl._core.randomness import RandomStream
+from aml_ppl._core.registry import Registry
 from aml_ppl.errors import AmlPplError, InputDataError
 from aml_ppl.models.base import Model, model_class
 
@@ -19,6 +21,8 @@ if TYPE_CHECKING:
     from aml_ppl.inference.base import Posterior
 
 FORMAT = "aml_ppl.posterior/1"
+POSTERIORS: Registry[type["Posterior"]] = Registry("posterior kind", lambda cls: cls.kind)
+register_posterior = POSTERIORS.register  # class decorator: ``load`` rebuilds this ``kind``
 
 
 def save(posterior: "Posterior", path: str | Path) -> None:
@@ -34,6 +38,7 @@ def save(posterior: "Posterior", path: str | Path) -> None:
         "model": model_spec,
         "meta": {**meta, "engine": posterior.engine, "objective": posterior.objective},
         "tensors": {**tensors, "_history": posterior.history},
+        "random_stream": posterior.random_stream.state_tensors(),
         "args": [_storable(f"argument {i}", arg) for i, arg in enumerate(posterior.data_args)],
         "kwargs": {k: _storable(f"argument {k!r}", v) for k, v in posterior.data_kwargs.items()},
     }
@@ -53,8 +58,6 @@ def load(path: str | Path, model: Callable | None = None, guide: Callable | None
     Raises:
         InputDataError: If the file is not a saved posterior, or the model is needed.
     """
-    from aml_ppl.inference.base import POSTERIORS
-
     payload = torch.load(Path(path), weights_only=True)
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise InputDataError(f"{path} is not a posterior saved by aml_ppl.")
@@ -66,7 +69,7 @@ def load(path: str | Path, model: Callable | None = None, guide: Callable | None
                 "function, or a model holding objects such as a GPyTorch kernel); pass it as `model=`."
             )
         model = model_class(spec["class"])(**spec["config"])
-    return POSTERIORS[payload["kind"]]._from_state(
+    posterior = POSTERIORS[payload["kind"]]._from_state(
         model,
         tuple(payload["args"]),
         dict(payload["kwargs"]),
@@ -74,6 +77,9 @@ def load(path: str | Path, model: Callable | None = None, guide: Callable | None
         payload["meta"],
         guide,
     )
+    # A seeded fit's draws go on where the saved posterior's stopped.
+    posterior.random_stream = RandomStream.from_state_tensors(payload.get("random_stream", {}))
+    return posterior
 
 
 def recorded(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> dict[str, Any]:

@@ -50,6 +50,7 @@ class MAP(SVI):
 
     def __init__(
         self,
+        *,
         num_steps: int = 500,
         laplace: bool = False,
         optimizer: str = "lbfgs",

@@ -22,6 +22,7 @@ import torch
 from pyro.infer.mcmc.util import initialize_model
 from pyro.ops.integrator import potential_grad
 
+from aml_ppl._core.randomness import local_seed
 from aml_ppl._data import check_count, check_positive
 from aml_ppl.errors import AmlPplWarning, InputDataError, JitFallbackWarning, ModelFittingError
 from aml_ppl.inference.base import (
@@ -29,9 +30,8 @@ from aml_ppl.inference.base import (
     Posterior,
     isolated_param_store,
     register_engine,
-    register_posterior,
 )
-from aml_ppl.inference.io import recorded, stored
+from aml_ppl.inference.io import recorded, register_posterior, stored
 from aml_ppl.inference.replay import inspect_model
 
 # ArviZ's names for the per-draw statistics a NUTS chain records.
@@ -204,6 +204,7 @@ class NUTS(Engine):
 
     def __init__(
         self,
+        *,
         num_samples: int = 500,
         warmup_steps: int = 500,
         num_chains: int = 1,
@@ -401,8 +402,7 @@ def sample_chain(
     kernel_options, num_samples, warmup_steps, progress_bar = settings
     if threads is not None:
         torch.set_num_threads(threads)
-    pyro.set_rng_seed(seed)
-    with isolated_param_store():
+    with local_seed(seed), isolated_param_store():
         kernel = _RecordingNUTS(model, **kernel_options)
         mcmc = pyro.infer.MCMC(kernel, num_samples=num_samples, warmup_steps=warmup_steps, disable_progbar=not progress_bar)
         mcmc.run(*args, **kwargs)

@@ -42,9 +42,8 @@ from aml_ppl.inference.base import (
     Posterior,
     isolated_param_store,
     register_engine,
-    register_posterior,
 )
-from aml_ppl.inference.io import recorded, stored
+from aml_ppl.inference.io import recorded, register_posterior, stored
 from aml_ppl.inference.optimise import OptimisationResult, minimise_lbfgs
 from aml_ppl.inference.replay import inspect_model, is_enumerated
 from aml_ppl.models.base import ModelLoss
@@ -332,6 +331,7 @@ class SVI(Engine):
 
     def __init__(
         self,
+        *,
         num_steps: int = 2000,
         lr: float = 0.01,
         guide: str | Callable | None = None,

@@ -14,12 +14,13 @@ from typing import Any, ClassVar, TypeVar
 import torch
 from pyro.nn import PyroModule
 
+from aml_ppl._core.registry import Registry
 from aml_ppl.errors import InputDataError
 from aml_ppl.models.protocols import GaussianLatents
 
 __all__ = ["GaussianLatents", "MODELS", "Model", "ModelLoss", "model_class", "register_model"]
 
-MODELS: dict[str, type["Model"]] = {}
+MODELS: Registry[type["Model"]] = Registry("model", lambda cls: cls.__name__)
 ModelType = TypeVar("ModelType", bound=type["Model"])
 
 
@@ -33,8 +34,7 @@ def register_model(cls: ModelType) -> ModelType:
         >>> aml.models.register_model(aml.models.BayesianLinearRegression).__name__
         'BayesianLinearRegression'
     """
-    MODELS[cls.__name__] = cls
-    return cls
+    return MODELS.register(cls)
 
 
 def model_class(name: str) -> type["Model"]:

@@ -14,6 +14,7 @@ from pyro.distributions.util import sum_rightmost
 from pyro.infer import TraceMeanField_ELBO
 from pyro.poutine.messenger import Messenger
 
+from aml_ppl._core.checks import Integer
 from aml_ppl._data import check_regression_data
 from aml_ppl.errors import InputDataError, ModelFittingError
 from aml_ppl.models.base import Model, ModelLoss, register_model
@@ -97,6 +98,7 @@ class BayesianNeuralNetwork(Model):
     def __init__(
         self,
         in_features: int,
+        *,
         hidden: tuple[int, ...] = (50,),
         out_features: int = 1,
         activation: str = "relu",
@@ -113,7 +115,7 @@ class BayesianNeuralNetwork(Model):
     ) -> None:
         super().__init__()
         widths = (in_features, *tuple(hidden), out_features)
-        if any(isinstance(w, bool) or not isinstance(w, int) or w < 1 for w in widths):
+        if not all(Integer(1).accepts(width) for width in widths):
             raise InputDataError(f"layer widths must be positive integers; got {widths}.")
         for option, value, allowed in (
             ("activation", activation, tuple(ACTIVATIONS)),

@@ -200,7 +200,7 @@ class DiffusionELBO(ModelLoss):
         num_particles: Timesteps drawn per data point and step.
     """
 
-    def __init__(self, weighting: str = "simple", num_particles: int = 1) -> None:
+    def __init__(self, weighting: str = "simple", *, num_particles: int = 1) -> None:
         super().__init__(num_particles)
         self.weighting = weighting
 
@@ -284,6 +284,7 @@ class DDPM(Model):
     def __init__(
         self,
         data_shape: Sequence[int],
+        *,
         network: str | nn.Module = "mlp",
         network_options: dict[str, Any] | None = None,
         num_timesteps: int = 1000,
@@ -729,4 +730,4 @@ class DDPM(Model):
 
     def default_loss(self, num_particles: int = 1) -> DiffusionELBO:
         r"""A :class:`DiffusionELBO` with this model's ``objective``."""
-        return DiffusionELBO(self.objective, num_particles)
+        return DiffusionELBO(self.objective, num_particles=num_particles)

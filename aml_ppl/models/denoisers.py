@@ -63,7 +63,7 @@ class MLPDenoiser(nn.Module):
     """
 
     def __init__(
-        self, dim: int, hidden: int = 128, depth: int = 3, embedding_dim: int = 64, out_channels: int | None = None
+        self, dim: int, *, hidden: int = 128, depth: int = 3, embedding_dim: int = 64, out_channels: int | None = None
     ) -> None:
         super().__init__()
         self.time = TimeEmbedding(embedding_dim, hidden)
@@ -125,6 +125,7 @@ class UNetDenoiser(nn.Module):
     def __init__(
         self,
         channels: int = 1,
+        *,
         base: int = 32,
         multipliers: tuple[int, ...] = (1, 2, 2),
         embedding_dim: int = 64,

@@ -10,6 +10,7 @@ import pyro.distributions as dist
 import torch
 from pyro.distributions import constraints
 
+from aml_ppl._core.checks import Integer, check_arguments
 from aml_ppl._data import check_regression_data
 from aml_ppl.errors import InputDataError, ModelFittingError
 from aml_ppl.models.base import Model, register_model
@@ -65,6 +66,7 @@ class BayesianLinearRegression(Model):
     def __init__(
         self,
         prior_precision: float | torch.Tensor | None = 1.0,
+        *,
         noise_scale: float | None = 1.0,
         hyperprior: tuple[float, float] = (1.0, 1e-3),
     ) -> None:
@@ -309,13 +311,13 @@ class BayesianLogisticRegression(Model):
     def __init__(
         self,
         num_classes: int = 2,
+        *,
         prior_scale: float = 1.0,
         intercept: bool = False,
         intercept_scale: float = 10.0,
     ) -> None:
         super().__init__()
-        if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 2:
-            raise InputDataError(f"`num_classes` must be an integer >= 2; got {num_classes!r}.")
+        check_arguments(type(self).__name__, {"num_classes": Integer(2)}, {"num_classes": num_classes})
         for name, value in (("prior_scale", prior_scale), ("intercept_scale", intercept_scale)):
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
                 raise InputDataError(f"`{name}` must be a positive number; got {value!r}.")

@@ -12,6 +12,16 @@ import pyro.distributions as dist
 import torch
 from pyro.ops.indexing import Vindex
 
+from aml_ppl._core.checks import (
+    NON_NEGATIVE,
+    POSITIVE,
+    Boolean,
+    Constraint,
+    Integer,
+    OneOf,
+    Optional,
+    check_arguments,
+)
 from aml_ppl._data import check_float_tensor
 from aml_ppl.errors import AmlPplWarning, InputDataError
 from aml_ppl.models.base import Model, register_model
@@ -73,9 +83,21 @@ class GaussianMixture(Model):
 
     default_engine: ClassVar[str] = "em"
 
+    argument_constraints: ClassVar[dict[str, Constraint]] = {
+        "n_components": Integer(1),
+        "covariance_type": OneOf(COVARIANCE_TYPES),
+        "reg_covar": NON_NEGATIVE,
+        "equal_weights": Boolean(),
+        "fixed_variance": Optional(POSITIVE),
+        "weight_concentration": POSITIVE,
+        "mean_prior_scale": POSITIVE,
+        "scale_prior_scale": POSITIVE,
+    }
+
     def __init__(
         self,
         n_components: int,
+        *,
         covariance_type: str = "full",
         reg_covar: float = 1e-6,
         equal_weights: bool = False,
@@ -85,25 +107,9 @@ class GaussianMixture(Model):
         scale_prior_scale: float = 2.0,
     ) -> None:
         super().__init__()
-        if not isinstance(n_components, int) or n_components < 1:
-            raise InputDataError(f"`n_components` must be a positive integer; got {n_components!r}.")
-        if covariance_type not in COVARIANCE_TYPES:
-            raise InputDataError(
-                f"`covariance_type` must be one of {COVARIANCE_TYPES}; got {covariance_type!r}."
-            )
-        if not reg_covar >= 0:
-            raise InputDataError(f"`reg_covar` must be non-negative; got {reg_covar}.")
-        if fixed_variance is not None and (covariance_type != "spherical" or not fixed_variance > 0):
-            raise InputDataError(
-                "`fixed_variance` must be positive and needs covariance_type='spherical'."
-            )
-        for name, value in (
-            ("weight_concentration", weight_concentration),
-            ("mean_prior_scale", mean_prior_scale),
-            ("scale_prior_scale", scale_prior_scale),
-        ):
-            if not value > 0:
-                raise InputDataError(f"`{name}` must be positive; got {value}.")
+        check_arguments(type(self).__name__, self.argument_constraints, locals())
+        if fixed_variance is not None and covariance_type != "spherical":
+            raise InputDataError("`fixed_variance` needs covariance_type='spherical'.")
         self.n_components = n_components
         self.covariance_type = covariance_type
         self.reg_covar = float(reg_covar)

@@ -81,7 +81,7 @@ def test_one_diagonal_component_is_gaussian_naive_bayes(three_classes):
     reference = GaussianNB().fit(X.numpy(), y.numpy())
     # GaussianNB adds var_smoothing * max feature variance to every variance: our reg_covar.
     smoothing = 1e-9 * X.var(0, correction=0).max().item()
-    ours = GaussianMixtureClassifier(1, "diag", reg_covar=smoothing).fit(X, y)
+    ours = GaussianMixtureClassifier(1, covariance_type="diag", reg_covar=smoothing).fit(X, y)
     np.testing.assert_allclose(ours.predict_proba(X).numpy(), reference.predict_proba(X.numpy()), atol=1e-9)
 
 

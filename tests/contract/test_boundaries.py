@@ -51,7 +51,7 @@ def test_new_inputs_with_other_columns_are_refused():
 @pytest.mark.parametrize(
     "make, match",
     [
-        (lambda: SVI(lr=-0.1), "`lr` must be > 0"),
+        (lambda: SVI(lr=-0.1), "`lr` must be a finite number > 0"),
         (lambda: SVI(lr=float("nan")), "`lr` must be a finite"),
         (lambda: SVI(num_steps=0), "num_steps"),
         (lambda: NUTS(target_accept_prob=1.5), "target_accept_prob"),

@@ -134,12 +134,27 @@ def test_predict_and_log_prob_against_the_oracle(pair):
     expected = oracle(case, draws, post.param_sites, case.args)["mean"].mean(0)
     tolerance = 5 * (2 * prediction.variance / num).sqrt() + 1e-6
     assert torch.all((prediction.mean - expected.to(prediction.mean)).abs() <= tolerance)
-    # log_prob: log mean_s p(y_i | θ_s), from the oracle on the posterior's draws.
+    # log_prob: log mean_s p(y_i | θ_s) over S draws, against the same estimate from the
+    # oracle's terms on S other draws. By the delta method each estimate's sd is about
+    # cv_i / sqrt(S), cv_i the coefficient of variation of p(y_i | θ_s) over draws; five
+    # times the sd of the difference fails with probability < 1e-5 per point. A point
+    # estimate's one draw leaves no Monte Carlo error: the two agree to rounding.
     log_prob = post.log_prob(num_samples=NUM_SAMPLES)
     assert log_prob.shape == observations.shape and torch.isfinite(log_prob).all()
     if case.new_args is not None:
         new = post.predict(*case.new_args, num_samples=50)
         assert new.mean.shape == case.new_args[0].shape[:1]
+    # (A global enumerated site is drawn only in the replay, not by `sample`: its terms are
+    # checked on the exported draws in test_arviz_export_against_the_oracle_and_predictive.)
+    on_draws = oracle(case, post.sample(1 if post.is_point_estimate else NUM_SAMPLES), post.param_sites, case.args)
+    if "log_likelihood" not in on_draws:
+        return
+    terms = on_draws["log_likelihood"].to(log_prob)
+    expected_log_prob = torch.logsumexp(terms, 0) - math.log(terms.shape[0])
+    likelihoods = (terms - terms.max(0).values).exp()
+    variation = likelihoods.std(0, correction=0) / likelihoods.mean(0)
+    tolerance = 5 * (2 / NUM_SAMPLES) ** 0.5 * variation + 1e-6
+    assert torch.all((log_prob - expected_log_prob).abs() <= tolerance)
 
 
 @pytest.mark.parametrize("pair", RUNNABLE, ids=ids)

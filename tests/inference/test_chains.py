@@ -57,6 +57,7 @@ def test_chains_in_two_processes_equal_the_same_chains_in_turn():
         assert not torch.equal(in_turn.samples["beta"][0], in_turn.samples["beta"][1])  # two different chains
 
 
+@pytest.mark.slow
 def test_a_dead_or_stuck_worker_fails_the_run_naming_the_chain():
     X, y = data()
     start = time.perf_counter()

@@ -124,6 +124,7 @@ def test_a_killed_rank_fails_the_survivor_with_a_clear_error(tmp_path) -> None:
     assert record["seconds"] < 30  # the peer's closed connection is seen at once, not at the timeout
 
 
+@pytest.mark.slow
 def test_a_stalled_rank_fails_the_other_within_the_timeout(tmp_path) -> None:
     r"""Rank 1 sleeps for a minute mid-run; rank 0, with ``timeout=5``, fails after about
     five seconds (not at the end of the sleep)."""

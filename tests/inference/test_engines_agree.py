@@ -40,6 +40,7 @@ def test_nuts_within_monte_carlo_error(regression_data, exact):
     assert np.all(np.abs(np.cov(draws.T) - covariance) < 4 * covariance_error)
 
 
+@pytest.mark.slow
 def test_svi_full_rank_guide_reaches_the_exact_posterior(regression_data, exact):
     model, closed_form = exact
     # lr decays from 0.05 to 5e-5 over the run (ClippedAdam's per-step factor lrd): Adam's

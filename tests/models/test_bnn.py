@@ -21,6 +21,7 @@ def gap_data(n, seed):
     return x[:, None], torch.sin(x) + 0.1 * torch.randn(n, generator=generator)
 
 
+@pytest.mark.slow
 def test_epistemic_variance_is_larger_in_the_gap_than_on_the_data():
     x, y = gap_data(600, 0)
     bnn = BayesianNeuralNetwork(1, hidden=(50,), activation="tanh")
@@ -40,6 +41,7 @@ def test_both_guide_families_train_and_the_loss_falls():
         assert history[-100:].mean() < 0.5 * history[:100].mean()
 
 
+@pytest.mark.slow
 def test_the_minibatch_elbo_is_unbiased_for_the_full_batch_elbo():
     """Pyro's subsampled plate scales the likelihood by n / batch: over draws of weights and
     batches the minibatch estimate averages to the full-data ELBO."""
@@ -99,6 +101,7 @@ def test_local_reparameterisation_trains_on_minibatches():
     assert aml.analysis.rmse(post, x, y, num_samples=200) < 0.15
 
 
+@pytest.mark.slow
 def test_the_95_percent_predictive_interval_covers_held_out_data_at_about_its_rate():
     """Learned noise, local reparameterisation, 2000 points. The learned noise variance is the
     residual variance plus the mean epistemic variance (the ELBO's expected log-likelihood),
@@ -116,6 +119,7 @@ def test_the_95_percent_predictive_interval_covers_held_out_data_at_about_its_ra
     assert abs(split.aleatoric.mean() - 0.01) < 0.002  # the true noise variance, 0.1²
 
 
+@pytest.mark.slow
 def test_a_bnn_is_better_calibrated_than_the_same_network_as_a_point_estimate():
     r"""make_moons (noise 0.3), 300 training points, a 32-32 network under the broad prior
     of scale 10 (weights N(0, 10²/fan-in), biases N(0, 10²)), 2 000 steps of each: the mean-field BNN (local reparameterisation) against
@@ -142,6 +146,7 @@ def test_a_bnn_is_better_calibrated_than_the_same_network_as_a_point_estimate():
     assert errors["bayes"] < errors["point"] - 0.01
 
 
+@pytest.mark.slow
 def test_a_network_of_1e5_weights_predicts_1000_draws_in_one_pass():
     bnn = BayesianNeuralNetwork(10, hidden=(316, 316), noise_scale=0.1)
     assert sum(torch.Size(shape).numel() for shape in bnn._layer_shapes().values()) > 100_000

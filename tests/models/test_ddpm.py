@@ -109,6 +109,7 @@ def test_prior_term_is_below_its_stated_bound(schedule: str) -> None:
     assert ours.max() < 4 * 1e-4
 
 
+@pytest.mark.slow
 def test_subsampled_bound_agrees_with_the_full_sum_and_with_pyros_elbo_on_the_chain() -> None:
     r"""The :class:`DiffusionELBO` estimate (random minibatch and timestep) and Pyro's
     ``TraceMeanField_ELBO`` on (model, guide) estimate the same negative ELBO as the sum of
@@ -186,6 +187,7 @@ def test_discretized_decoder_is_a_distribution_over_the_grid() -> None:
     assert bool(torch.isin(draws.double(), grid).all())
 
 
+@pytest.mark.slow
 def test_training_on_two_moons_brings_samples_to_the_data_and_sampling_is_seeded() -> None:
     r"""A CPU-sized fit (T = 100, 1500 steps): the energy distance from generated to held-out
     points falls to under a tenth of the untrained model's; the same seed draws the same points."""

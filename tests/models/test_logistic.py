@@ -33,6 +33,7 @@ def test_map_equals_scikit_learns_l2_logistic_regression(classes):
     np.testing.assert_allclose(ours if classes == 2 else ours.T, sklearn.coef_.reshape(ours.T.shape) if classes > 2 else sklearn.coef_[0], atol=1e-4)
 
 
+@pytest.mark.slow
 def test_nuts_and_svi_agree_within_monte_carlo_error():
     """300 points: a near-Gaussian posterior, so a full-rank Gaussian guide holds it."""
     X, y = classification_data(n=300, seed=1)

@@ -155,7 +155,7 @@ def test_hard_em_is_lloyds_kmeans():
 
     X = draw_mixture(600, seed=5)[0]
     centres = X[:4].clone()
-    model = GaussianMixture(4, "spherical", equal_weights=True, fixed_variance=1.0)
+    model = GaussianMixture(4, covariance_type="spherical", equal_weights=True, fixed_variance=1.0)
     start = {"weights": torch.full((4,), 0.25), "means": centres, "covariances": torch.ones(4)}
     post = aml.fit(model, X, engine=EM(init=start, hard=True, tol=0, max_iter=100))
     kmeans = KMeans(4, init=centres.numpy(), n_init=1, algorithm="lloyd", tol=0, max_iter=100).fit(X.numpy())
@@ -303,6 +303,7 @@ def _partitions(X, k, labels, seeds):
     return np.mean(ours), np.mean(theirs)
 
 
+@pytest.mark.slow
 def test_default_start_partitions_digits_as_well_as_scikit_learn():
     """Issue 13: digits (standardised, 10 principal components), k = 10. One seed's ARI moves
     by up to 0.07 between optima of nearly equal likelihood (per-start likelihoods of the two

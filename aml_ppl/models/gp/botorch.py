@@ -2,7 +2,7 @@ r"""BoTorch forms of the Gaussian process: one ``SingleTaskGP`` at a point, or a
 them over hyperparameter draws that BoTorch reads as one fully Bayesian model.
 
 Importing this module imports BoTorch, which changes GPyTorch's settings process-wide,
-so :mod:`aml_ppl.models.gp` imports it only when a BoTorch model is asked for.
+so :mod:`aml_ppl.models.gp.exact` imports it only when a BoTorch model is asked for.
 """
 
 from __future__ import annotations

@@ -1,0 +1,319 @@
+r"""The exact Gaussian process on GPyTorch, presented as a Pyro program (notes AML §6)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, ClassVar
+
+import gpytorch
+import pyro
+import pyro.distributions as dist
+import torch
+
+from aml_ppl._core.linalg import plus_diagonal, robust_cholesky, solve_lower
+from aml_ppl.errors import InputDataError
+from aml_ppl.models.base import register_model
+from aml_ppl.models.gp.base import _GaussianProcessBase
+from aml_ppl.models.gp.likelihood import MarginalLikelihood
+from aml_ppl.models.protocols import GaussianLatents
+
+
+@register_model
+class GaussianProcess(_GaussianProcessBase):
+    r"""A Gaussian-process regression model (notes AML §6).
+
+    .. math::
+
+        f \sim \mathcal{GP}(m, k), \qquad y \mid X \sim \mathcal{N}(m(X), K(X, X) + \sigma^2 I),
+
+    with predictive (AML §6.2)
+
+    .. math::
+
+        y_* \mid x_*, X, y \sim \mathcal{N}\big(m(x_*) + k^\top (K + \sigma^2 I)^{-1}(y - m(X)),\;
+        c - k^\top (K + \sigma^2 I)^{-1} k + \sigma^2\big),
+
+    :math:`k = k(X, x_*)`, :math:`c = k(x_*, x_*)`; site ``"f"`` of the exact
+    predictive leaves out :math:`\sigma^2`. The mean, kernel and likelihood are a
+    GPyTorch ``ExactGP``'s; any GPyTorch kernel and their sums, products and
+    ``ScaleKernel`` scalings work (:mod:`aml_ppl.models.kernels` adds the sigmoid
+    kernel). As a Pyro program each hyperparameter is a site named after its
+    constrained GPyTorch name (``"covar_module.base_kernel.lengthscale"``) with a
+    prior (log-normal for positive ones, normal otherwise, or your own), and
+    ``"obs"`` is the marginal :math:`\mathcal{N}(m, K + \sigma^2 I)`; so NUTS, MAP
+    and SVI run it. The ``"exact"`` engine maximises the log marginal likelihood
+    (type-II maximum likelihood, AML §6.3) in float64 on standardised targets, from
+    a data-driven start and restarts (see :class:`MarginalLikelihood`), with a
+    Cholesky that retries with growing jitter before it fails with advice; every
+    output is back in ``y``'s units.
+
+    Args:
+        kernel: A GPyTorch kernel; ``ScaleKernel(RBFKernel())`` by default.
+        mean: ``"constant"`` or ``"zero"``.
+        noise: A fixed noise variance :math:`\sigma^2` (0 allowed), or ``None`` to learn it.
+        noise_floor: Lower bound on a learned noise variance.
+        normalize_inputs: Scale inputs to the unit cube of the training data (exact engine).
+        standardize_outputs: Standardise ``y`` to mean 0, sd 1 (exact engine). ``None``:
+            when the engine learns the hyperparameters; with ``Exact(learn=False)``
+            they are the kernel's as given, for ``y`` in its own units.
+        priors: Site name to a Pyro distribution, overriding the default priors.
+
+    Example:
+        >>> import torch, aml_ppl as aml
+        >>> X = torch.linspace(0, 5, 30, dtype=torch.float64)[:, None]; y = torch.sin(X[:, 0])
+        >>> post = aml.fit(aml.models.GaussianProcess(), X, y, engine="exact")
+        >>> post.predict(X[:2]).mean.shape
+        torch.Size([2])
+    """
+
+    default_engine: ClassVar[str] = "exact"
+
+    def __init__(
+        self,
+        kernel: gpytorch.kernels.Kernel | None = None,
+        *,
+        mean: str = "constant",
+        noise: float | None = None,
+        noise_floor: float = 1e-6,
+        normalize_inputs: bool = False,
+        standardize_outputs: bool | None = None,
+        priors: dict[str, dist.Distribution] | None = None,
+    ) -> None:
+        super().__init__()
+        self._setup(kernel, mean, noise, noise_floor, priors)
+        self.normalize_inputs = normalize_inputs
+        self.standardize_outputs = standardize_outputs
+
+    # -- the Pyro program -------------------------------------------------------------------
+
+    def model(self, X: torch.Tensor, y: torch.Tensor | None = None) -> None:
+        self._follow(X)
+        values = self._sample_hyperparameters()
+        mean, covariance = self._module_call(values, X)
+        covariance = plus_diagonal(covariance, self._noise(values))
+        pyro.sample("obs", dist.MultivariateNormal(mean, scale_tril=robust_cholesky(covariance)), obs=y)
+
+    def guide(self, X: torch.Tensor, y: torch.Tensor | None = None) -> None:
+        r"""Point masses on the hyperparameters (type-II MAP under SVI)."""
+        self._follow(X)
+        self._hyperparameter_points()
+
+    # -- the exact engine --------------------------------------------------------------------
+
+    @staticmethod
+    def _transforms(
+        X: torch.Tensor, y: torch.Tensor, normalize: bool, standardize: bool
+    ) -> dict[str, torch.Tensor]:
+        r"""Offsets and scales of the input normalisation and output standardisation."""
+        d = X.shape[1]
+        stats = {
+            "x_offset": X.new_zeros(d), "x_scale": X.new_ones(d),
+            "y_offset": y.new_zeros(()), "y_scale": y.new_ones(()),
+        }
+        if normalize:
+            low, high = X.min(0).values, X.max(0).values
+            stats["x_offset"], stats["x_scale"] = low, torch.where(high > low, high - low, 1.0)
+        if standardize:
+            stats["y_offset"] = y.mean()
+            stats["y_scale"] = y.std() if y.numel() > 1 and y.std() > 0 else y.new_ones(())
+        return stats
+
+    def log_marginal_likelihood(
+        self, values: dict[str, torch.Tensor], X: torch.Tensor, y: torch.Tensor, y_scale: torch.Tensor | float = 1.0
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        r""":math:`\log p(y \mid X) = -\tfrac12 r^\top (K+\sigma^2 I)^{-1} r - \sum_i \log L_{ii}
+        - \tfrac n2 \log 2\pi`, :math:`r = y - m(X)`, :math:`LL^\top = K + \sigma^2 I`.
+
+        Args:
+            values: Hyperparameters by site name.
+            X, y: Inputs and targets (targets divided by ``y_scale``, if standardised).
+            y_scale: The scale ``y`` was divided by (a fixed noise is in ``y``'s units).
+
+        Returns:
+            ``(log_marginal_likelihood, cholesky, weights)``, weights :math:`(K+\sigma^2I)^{-1} r`.
+        """
+        mean, covariance = self._module_call(values, X)
+        return self._log_density(mean, plus_diagonal(covariance, self._noise(values, y_scale)), y)
+
+    @staticmethod
+    def _log_density(
+        mean: torch.Tensor, covariance: torch.Tensor, y: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        cholesky = robust_cholesky(covariance)
+        residual = (y - mean)[:, None]
+        weights = torch.cholesky_solve(residual, cholesky)[:, 0]
+        value = (
+            -0.5 * (residual[:, 0] @ weights)
+            - torch.log(torch.diagonal(cholesky)).sum()
+            - 0.5 * y.shape[0] * math.log(2 * math.pi)
+        )
+        return value, cholesky, weights
+
+    def value_and_gradient_surrogate(
+        self, values: dict[str, torch.Tensor], X: torch.Tensor, y: torch.Tensor, y_scale: torch.Tensor | float = 1.0
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        r"""The log marginal likelihood, and a surrogate with the same gradient that
+        autograd differentiates through the kernel only, not through the Cholesky:
+
+        .. math::
+
+            \frac{\partial \log p}{\partial A} = \tfrac12(\alpha\alpha^\top - A^{-1}), \quad
+            \frac{\partial \log p}{\partial m} = \alpha, \qquad
+            A = K + \sigma^2 I,\ \alpha = A^{-1}(y - m),
+
+        so :math:`\sum_{ij} W_{ij} A_{ij} + \alpha^\top m` with :math:`W` held fixed
+        has the gradient of :math:`\log p`.
+        """
+        mean, covariance = self._module_call(values, X)
+        noise = self._noise(values, y_scale)
+        with torch.no_grad():
+            value, cholesky, weights = self._log_density(mean, plus_diagonal(covariance, noise), y)
+            # ½(ααᵀ − A⁻¹) built in place in A⁻¹'s storage: no further n x n temporaries.
+            sensitivity = torch.cholesky_inverse(cholesky).mul_(-0.5).addr_(weights, weights, alpha=0.5)
+            del cholesky
+        surrogate = (
+            torch.vdot(sensitivity.flatten(), covariance.flatten())
+            + noise * sensitivity.trace()
+            + weights @ mean
+        )
+        return value, surrogate
+
+    def evidence_objective(self, X: torch.Tensor, y: torch.Tensor | None = None, learned: bool = True) -> MarginalLikelihood:
+        r"""The log marginal likelihood that the exact engine maximises (AML §6.3).
+
+        Args:
+            X: An ``n x d`` tensor.
+            y: An ``n`` tensor.
+            learned: Whether the hyperparameters will be learned: then the targets are
+                standardised (unless ``standardize_outputs=False``) and hyperparameters
+                left at GPyTorch's initial values start from data-driven ones.
+        """
+        if y is None:
+            raise InputDataError("the exact GP posterior needs observations `y`.")
+        self._follow(X)
+        standardize = learned if self.standardize_outputs is None else self.standardize_outputs
+        return MarginalLikelihood(self, X, y, standardize, data_driven_start=learned)
+
+    def _conditioned(
+        self,
+        values: dict[str, torch.Tensor],
+        X_in: torch.Tensor,
+        y_in: torch.Tensor,
+        stats: dict[str, torch.Tensor],
+        history: list[float],
+    ) -> GaussianLatents:
+        r"""The predictive's statistics at hyperparameters ``values`` on transformed data."""
+        with torch.no_grad():
+            value, cholesky, weights = self.log_marginal_likelihood(values, X_in, y_in, stats["y_scale"])
+        history.append(value.item())
+        log_evidence = value - y_in.numel() * torch.log(stats["y_scale"])  # back on y's own scale
+        return GaussianLatents(
+            loc={}, covariance={}, fixed=values, log_marginal_likelihood=log_evidence,
+            history=history,
+            statistics={"train_inputs": X_in, "cholesky": cholesky, "weights": weights, **stats},
+        )
+
+    def conditional_predictive(
+        self, values: dict[str, torch.Tensor], train_args: tuple, X: torch.Tensor, y: torch.Tensor | None = None
+    ) -> dict[str, dist.Normal]:
+        r"""The exact predictive at ``X`` given one draw of the hyperparameters and the
+        training data: averaged over draws, the fully Bayesian predictive (NUTS)."""
+        X_train, y_train = train_args
+        identity = self._transforms(X_train, y_train, normalize=False, standardize=False)
+        return self.exact_predictive(self._conditioned(values, X_train, y_train, identity, []), X)
+
+    def leave_one_out(
+        self,
+        values: dict[str, torch.Tensor],
+        X: torch.Tensor,
+        y: torch.Tensor,
+        statistics: dict[str, torch.Tensor] | None = None,
+    ) -> dict[str, dist.Normal]:
+        r"""The exact leave-one-out predictive of each :math:`y_i` given the others
+        (Rasmussen & Williams §5.4.2), at hyperparameters ``values``:
+
+        .. math::
+
+            y_i \mid y_{-i} \sim \mathcal{N}\big(y_i - \alpha_i / [A^{-1}]_{ii},\; 1 / [A^{-1}]_{ii}\big),
+            \qquad A = K + \sigma^2 I,\ \alpha = A^{-1}(y - m).
+
+        One Cholesky of :math:`A`, no refit per point; in ``y``'s own units (with the
+        exact engine's ``statistics``, its transforms are applied first). This is the
+        GP's pointwise log-likelihood in ArviZ.
+        """
+        stats = statistics or self._transforms(X, y, normalize=False, standardize=False)
+        X_in = (X.to(stats["x_scale"]) - stats["x_offset"]) / stats["x_scale"]
+        y_in = (y.to(stats["y_scale"]) - stats["y_offset"]) / stats["y_scale"]
+        cholesky, weights = self.log_marginal_likelihood(values, X_in, y_in, stats["y_scale"])[1:]
+        precision_diagonal = torch.cholesky_inverse(cholesky).diagonal()
+        mean = y_in - weights / precision_diagonal
+        scale = stats["y_scale"]
+        return {"obs": dist.Normal(mean * scale + stats["y_offset"], precision_diagonal.rsqrt() * scale)}
+
+    def exact_predictive(
+        self, latents: GaussianLatents, X: torch.Tensor, y: torch.Tensor | None = None
+    ) -> dict[str, dist.Normal]:
+        r"""The predictive of ``"obs"`` (with noise) and ``"f"`` (without) at ``X`` (AML §6.2)."""
+        (f_mean,), (f_variance,) = self.exact_moments([latents], X)
+        scale = latents.statistics["y_scale"]
+        noise = self._noise(latents.fixed, scale).to(f_variance) * scale**2
+        return {
+            "obs": dist.Normal(f_mean, (f_variance + noise).sqrt()),
+            "f": dist.Normal(f_mean, f_variance.clamp_min(1e-300).sqrt()),
+        }
+
+    def exact_moments(self, fits: list[GaussianLatents], X: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        r"""The posterior means and variances of :math:`f` at ``X`` (each ``len(fits) x m``)
+        under exact fits of this GP (AML §6.2), :math:`\mu = m(X) + K_{XD}\alpha` and
+        :math:`\sigma^2 = k(x, x) - \lVert L^{-1}K_{DX}\rVert^2`, in ``y``'s units. Fits with
+        the same hyperparameters, inputs and Cholesky factor (outputs of one problem
+        conditioned separately, as a safe-BO loop's objective and constraints) have the same
+        covariance: :math:`K_{DX}` and the solve are then done once."""
+        means, variances, shared = [], [], []
+        for fitted in fits:
+            stats = fitted.statistics
+            same = next((parts for other, parts in shared if _same_fitted_covariance(other, fitted)), None)
+            if same is None:
+                X_in = (X.to(stats["x_scale"]) - stats["x_offset"]) / stats["x_scale"]
+                prior_mean, prior_variance = self._module_call(fitted.fixed, X_in, diag=True)
+                cross = self._module_call(fitted.fixed, stats["train_inputs"], X_in)[1]
+                variance = (prior_variance - solve_lower(stats["cholesky"], cross).square().sum(0)).clamp_min(0)
+                same = prior_mean, cross, variance * stats["y_scale"] ** 2
+                shared.append((fitted, same))
+            prior_mean, cross, variance = same
+            means.append((prior_mean + cross.T @ stats["weights"]) * stats["y_scale"] + stats["y_offset"])
+            variances.append(variance)
+        return torch.stack(means), torch.stack(variances)
+
+    def botorch_model(self, latents: GaussianLatents, X: torch.Tensor, y: torch.Tensor) -> Any:
+        r"""A BoTorch ``SingleTaskGP`` with the exact fit's hyperparameters and data (and its
+        input normalisation and output standardisation), for any BoTorch acquisition
+        function. Imports BoTorch (which changes GPyTorch settings process-wide), so it is
+        called only on request."""
+        from aml_ppl.models.gp.botorch import single_task_gp
+
+        raw = self._raw_values(latents.fixed)
+        return single_task_gp(self.gp, raw, latents.statistics, X, y, self.noise, self.noise_floor)
+
+    def botorch_ensemble(self, draws: dict[str, torch.Tensor], X: torch.Tensor, y: torch.Tensor) -> Any:
+        r"""The BoTorch form of a fit of the Pyro program (MAP, SVI, NUTS) on the raw data:
+        hyperparameter ``draws`` (site to ``S x ...``) become one ``SingleTaskGP`` when
+        ``S = 1`` and otherwise a :class:`~aml_ppl.models.gp.botorch.HyperparameterEnsembleGP`
+        batched over the draws, which BoTorch reads as a fully Bayesian model."""
+        from aml_ppl.models.gp.botorch import single_task_gp
+
+        stats = self._transforms(X, y, normalize=False, standardize=False)
+        count = next(iter(draws.values())).shape[0] if draws else 1
+        raw = self._raw_values({site: value[0] if count == 1 else value for site, value in draws.items()})
+        return single_task_gp(self.gp, raw, stats, X, y, self.noise, self.noise_floor, None if count == 1 else count)
+
+
+def _same_fitted_covariance(fitted: GaussianLatents, other: GaussianLatents) -> bool:
+    r"""Whether two exact fits have the same posterior covariance and prior mean: the same
+    hyperparameters, transformed inputs and Cholesky factor, on the same scales."""
+    if fitted.fixed.keys() != other.fixed.keys():
+        return False
+    names = ("train_inputs", "cholesky", "x_offset", "x_scale", "y_scale")
+    pairs = [(fitted.fixed[k], other.fixed[k]) for k in fitted.fixed]
+    pairs += [(fitted.statistics[k], other.statistics[k]) for k in names]
+    return all(a.shape == b.shape and torch.equal(a, b) for a, b in pairs)
