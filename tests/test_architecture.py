@@ -111,3 +111,8 @@ def test_the_bottom_floor_imports_only_torch_pyro_numpy_and_errors():
             for name in names:
                 top = name.split(".")[0]
                 assert top in allowed or top in sys.stdlib_module_names, f"{module} imports {name}"
+
+
+def test_no_file_in_the_package_is_over_500_lines():
+    long = {name: len(path.read_text().splitlines()) for name, path in MODULES.items()}
+    assert not {name: count for name, count in long.items() if count > 500}

@@ -36,7 +36,7 @@ def _set_global_states(states: tuple[Any, Any, torch.Tensor, list[torch.Tensor]]
 
 
 def _seed_globals(seed: int) -> None:
-    r"""The states ``pyro.set_rng_seed(seed)`` reaches, each taken from a fresh generator."""
+    r"""The states Pyro's own seeding reaches for ``seed``, each taken from a fresh generator."""
     random.setstate(random.Random(seed).getstate())
     np.random.set_state(np.random.RandomState(seed % 2**32).get_state())
     torch.set_rng_state(torch.Generator().manual_seed(seed).get_state())

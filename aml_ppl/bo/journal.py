@@ -2,12 +2,15 @@ r"""An embedded SQLite journal: every evaluation is committed before the next su
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sqlite3
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterator
+
+import torch
 
 from aml_ppl.errors import InputDataError
 
@@ -137,3 +140,15 @@ class Journal:
 
     def close(self) -> None:
         self._connection.close()
+
+
+def domain_fingerprint(domain: torch.Tensor) -> str:
+    r"""The candidate domain's shape and a hash of its values, for the journal's settings check."""
+    values = domain.detach().to("cpu", torch.float64).contiguous().numpy().tobytes()
+    return f"{tuple(domain.shape)} sha256:{hashlib.sha256(values).hexdigest()[:16]}"
+
+
+def model_fingerprint(model: Any) -> str:
+    r"""A GP's (:class:`~aml_ppl.models.GaussianProcess`) structure and a hash of its parameter values, for the journal's settings check."""
+    values = b"".join(value.detach().to("cpu", torch.float64).contiguous().numpy().tobytes() for value in model.state_dict().values())
+    return f"{type(model.gp.covar_module).__name__} sha256:{hashlib.sha256(values).hexdigest()[:16]}"

@@ -3,12 +3,9 @@ r"""Safe Bayesian optimisation with transductive acquisitions (notes AML §7.5).
 from __future__ import annotations
 
 import copy
-import functools
-import hashlib
 import itertools
 import math
-import time
-from concurrent.futures import FIRST_COMPLETED, Executor, Future, wait
+from concurrent.futures import Executor
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -16,24 +13,24 @@ import gpytorch
 import torch
 from botorch.acquisition import LogExpectedImprovement
 from botorch.optim import optimize_acqf_discrete
-from botorch.models.transforms.input import InputTransform
-from botorch.models.transforms.outcome import OutcomeTransform
-from botorch.sampling.pathwise import (
-    GeneralizedLinearPath,
-    PathDict,
-    SamplePath,
-    draw_kernel_feature_paths,
-    draw_matheron_paths,
-)
 from torch import Tensor
-from tqdm.auto import tqdm
 
-from aml_ppl._core.randomness import local_seed
 from aml_ppl._data import check_count
 from aml_ppl.api import fit
 from aml_ppl.bo.acquisition import ITL, VTL, UncertaintySampling, prior_pivots
-from aml_ppl.bo.journal import EvaluationRecord, Journal
+from aml_ppl.bo.journal import EvaluationRecord, Journal, domain_fingerprint, model_fingerprint
+from aml_ppl.bo.pathwise import thompson_maximisers
 from aml_ppl.bo.problems import SafeProblem
+from aml_ppl.bo.runner import checked_values, evaluate_in_turn_or_in_flight
+from aml_ppl.bo.sets import (
+    SafeSets,
+    checked_beta,
+    confidence_bounds,
+    constraint_rows,
+    expanders,
+    safe_sets,
+    with_safeopt_sets,
+)
 from aml_ppl.errors import InputDataError
 from aml_ppl.inference.exact import Exact
 from aml_ppl.models.gp import GaussianProcess
@@ -151,7 +148,7 @@ class SafeBayesianOptimization:
         self.domain = problem.domain.to(self.device)
         self.beta = beta if beta is not None else problem.beta
         if not callable(self.beta):
-            _check_beta(self.beta)
+            checked_beta(self.beta)
         self.acquisition = acquisition
         self.models = _checked_models(models)
         self.lengthscale = lengthscale if lengthscale is not None else problem.lengthscale
@@ -177,10 +174,10 @@ class SafeBayesianOptimization:
             "intersect_bounds": intersect_bounds,
             "lipschitz": None if lipschitz is None else lipschitz.tolist(),
             "beta": self.beta if not callable(self.beta) else getattr(self.beta, "__name__", "schedule"),
-            "domain": _fingerprint(problem.domain),
+            "domain": domain_fingerprint(problem.domain),
             "output_scale": self.output_scale,
             "target": target if target == "area_of_interest" else f"thompson:{thompson_samples}",
-            "models": None if self.models is None else [_model_fingerprint(model) for model in self.models],
+            "models": None if self.models is None else [model_fingerprint(model) for model in self.models],
         }
         self.journal = Journal(journal, config=config, resume=resume) if journal is not None else None
         self.records: list[EvaluationRecord] = self.journal.records() if self.journal else []
@@ -190,6 +187,21 @@ class SafeBayesianOptimization:
         self._prior_pivots: Tensor | None = None  # a mask of the domain, made once
         self._bounds: tuple[Tensor, Tensor] | None = None  # intersected over time, after
         self._bounds_count = 0  # this many records
+        self._fitted: tuple[int, EvaluationRecord | None, list] | None = None  # after this many records
+
+    def __enter__(self) -> "SafeBayesianOptimization":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        r"""Close the journal (a ``with`` block's loop leaves no database open)."""
+        if self.journal is not None:
+            self.journal.close()
+
+    def to_botorch(self) -> list:
+        r"""The BoTorch models (``SingleTaskGP``) of the GPs fitted to every evaluation so far,
+        the objective's then each constraint's: the same fits the loop's last step read, for
+        a plain BoTorch step of your own without refitting."""
+        return [posterior.to_botorch() for posterior in self._posteriors()]
 
     # -- data ------------------------------------------------------------------------------
 
@@ -254,7 +266,18 @@ class SafeBayesianOptimization:
     # -- the model and the sets ------------------------------------------------------------
 
     def _posteriors(self, records: list[EvaluationRecord] | None = None) -> list:
-        X, Y = self._observations(self.records if records is None else records)
+        r"""One exact GP fit per output on ``records`` (by default every record so far, fitted
+        once per new record and shared by the bounds, the sets, the acquisition and
+        :meth:`to_botorch`)."""
+        if records is not None:
+            return self._fit(records)
+        newest = self.records[-1] if self.records else None
+        if self._fitted is None or self._fitted[0] != len(self.records) or self._fitted[1] is not newest:
+            self._fitted = (len(self.records), newest, self._fit(self.records))
+        return self._fitted[2]
+
+    def _fit(self, records: list[EvaluationRecord]) -> list:
+        X, Y = self._observations(records)
         if X.shape[0] == 0:
             raise InputDataError("add safe seed points (`add_seed`) before asking for suggestions.")
         if self.models is not None and len(self.models) != Y.shape[1]:
@@ -277,16 +300,12 @@ class SafeBayesianOptimization:
         return GaussianProcess(kernel, mean="zero", noise=self.noise_variance)
 
     def _beta_at(self, count: int) -> float:
-        return _check_beta(self.beta(count)) if callable(self.beta) else self.beta
+        return checked_beta(self.beta(count)) if callable(self.beta) else self.beta
 
     def _confidence_bounds(self, posteriors: list, count: int) -> tuple[Tensor, Tensor]:
-        beta = self._beta_at(count)
-        if self.models is None:  # one GP for every output: outputs of one covariance share its solve
-            mean, variance = self._priors[0].exact_moments([posterior.latents for posterior in posteriors], self.domain)
-        else:
-            predictions = [posterior.predict(self.domain, site="f", num_samples=1) for posterior in posteriors]
-            mean, variance = torch.stack([p.mean for p in predictions]), torch.stack([p.variance for p in predictions])
-        return mean - beta * variance.sqrt(), mean + beta * variance.sqrt()
+        # one GP for every output (no `models`): outputs of one covariance share its solve
+        shared = self._priors[0] if self.models is None else None
+        return confidence_bounds(posteriors, self.domain, self._beta_at(count), shared)
 
     def _intersected(self, lower: Tensor, upper: Tensor) -> tuple[Tensor, Tensor]:
         r"""Intersect ``[lower, upper]`` with the bounds after every earlier number of
@@ -304,29 +323,15 @@ class SafeBayesianOptimization:
         self._bounds, self._bounds_count = (lower, upper), len(self.records)
         return lower, upper
 
-    def _sets(self, posteriors: list) -> dict[str, Tensor]:
+    def _sets(self, posteriors: list) -> SafeSets:
         lower, upper = self._confidence_bounds(posteriors, len(self.records))
         if self.intersect_bounds:
             lower, upper = self._intersected(lower, upper)
-        constraint_rows = slice(0, 1) if self.problem.objective_is_constraint else slice(1, None)
-        if lower[constraint_rows].shape[0] == 0:  # unconstrained: everything is safe
-            safe = optimistic = torch.ones(self.domain.shape[0], dtype=torch.bool, device=self.device)
-        else:
-            safe = (lower[constraint_rows] >= 0).all(0)
-            optimistic = (upper[constraint_rows] >= 0).all(0)
-        best_lower = lower[0][safe].max() if safe.any() else torch.tensor(-math.inf)
-        return {
-            "safe_set_pessimistic": safe,
-            "safe_set_optimistic": optimistic,
-            "area_of_interest": optimistic & (upper[0] >= best_lower),
-            "lower": lower,
-            "upper": upper,
-            "certificate": (upper[0][optimistic].max() - best_lower) if optimistic.any() else torch.tensor(math.nan),
-        }
+        return safe_sets(lower, upper, self.problem.objective_is_constraint)
 
     # -- ask / tell ---------------------------------------------------------------------------
 
-    def suggest(self, pending: Tensor | None = None) -> tuple[Tensor, dict[str, Tensor]]:
+    def suggest(self, pending: Tensor | None = None) -> tuple[Tensor, SafeSets]:
         r"""The next point (``d``) and the sets it was chosen from.
 
         Args:
@@ -350,11 +355,12 @@ class SafeBayesianOptimization:
         if not sample_space.any():
             raise InputDataError("the pessimistic safe set is empty: no point is known to be safe.")
         if self.acquisition == "safeopt":
-            return self._safeopt_choice(posteriors, sets, sample_space), sets
+            return self._safeopt_choice(posteriors, sets, sample_space)
         models = [posterior.to_botorch() for posterior in posteriors]
         target_mask = sets["area_of_interest"] if sets["area_of_interest"].any() else sample_space
         if self.target == "thompson" and self.acquisition in ("itl", "vtl"):
-            target_mask = self._thompson_maximisers(models[0], sets["safe_set_optimistic"] | sample_space)
+            allowed_targets = sets["safe_set_optimistic"] | sample_space
+            target_mask = thompson_maximisers(models[0], self.domain, allowed_targets, self.thompson_samples, len(self.records))
         target = self.domain[target_mask]
         objective_only = models[:1] if self.problem.objective_is_constraint else models
         acquisition = {
@@ -380,66 +386,21 @@ class SafeBayesianOptimization:
             self._prior_pivots[prior_pivots(model, self.domain)] = True
         return (target_mask.cumsum(0) - 1)[self._prior_pivots & target_mask]
 
-    def _thompson_maximisers(self, model: object, allowed: Tensor) -> Tensor:
-        r"""The points of ``allowed`` where at least one of ``thompson_samples`` posterior
-        draws of the objective is largest (a mask of the domain)."""
-        points = allowed.nonzero().flatten()
-        with local_seed(len(self.records)), torch.no_grad():
-            # plain normal weights: BoTorch's default scrambles a 1 024-dimensional Sobol engine per draw
-            prior = functools.partial(draw_kernel_feature_paths, weight_generator=torch.randn)
-            paths = draw_matheron_paths(model, sample_shape=torch.Size([self.thompson_samples]), prior_sampler=prior)
-            draws = shared_input_values(paths, self.domain[points]).reshape(self.thompson_samples, -1)
-        mask = torch.zeros_like(allowed)
-        mask[points[draws.argmax(1)]] = True
-        return mask
-
-    def _safeopt_choice(self, posteriors: list, sets: dict[str, Tensor], sample_space: Tensor) -> Tensor:
+    def _safeopt_choice(self, posteriors: list, sets: SafeSets, sample_space: Tensor) -> tuple[Tensor, SafeSets]:
         r"""SafeOpt's rule: the widest confidence interval among maximisers and expanders
-        (added to ``sets`` as ``"maximisers"`` and ``"expanders"``)."""
-        lower, upper = sets["lower"], sets["upper"]
-        sets["maximisers"] = sample_space & (upper[0] >= lower[0][sample_space].max())
-        sets["expanders"] = self._expanders(posteriors, sets, sample_space)
-        width = (upper - lower).max(0).values.masked_fill(~(sets["maximisers"] | sets["expanders"]), -math.inf)
-        return self.domain[width.argmax()]
-
-    def _expanders(self, posteriors: list, sets: dict[str, Tensor], sample_space: Tensor) -> Tensor:
-        r"""Safe points after which some point outside :math:`S_n` would satisfy every
-        constraint, judged by optimistic Lipschitz cones or by the GP after an optimistic
-        observation (the rank-one update below)."""
+        (returned in the sets as ``maximisers`` and ``expanders``)."""
+        rows = constraint_rows(len(posteriors), self.problem.objective_is_constraint)
+        models = [] if self.lipschitz is not None else [posteriors[row].to_botorch() for row in rows]
         beta = self._beta_at(len(self.records))
-        upper = sets["upper"]
-        constraint_rows = [0] if self.problem.objective_is_constraint else list(range(1, upper.shape[0]))
-        if self.lipschitz is not None and self.lipschitz.numel() not in (1, len(constraint_rows)):
-            raise InputDataError(
-                f"`lipschitz` has {self.lipschitz.numel()} constants for {len(constraint_rows)} constraints."
-            )
-        candidates = torch.nonzero(sample_space).flatten()
-        unsafe = ~sets["safe_set_pessimistic"]
-        becomes_safe = torch.ones(candidates.numel(), int(unsafe.sum()), dtype=torch.bool, device=self.device)
-        for number, row in enumerate(constraint_rows):
-            if self.lipschitz is not None:
-                distance = torch.cdist(self.domain[candidates], self.domain[unsafe])
-                constant = self.lipschitz[number if self.lipschitz.numel() > 1 else 0]
-                becomes_safe &= upper[row][candidates, None] - constant * distance >= 0
-                continue
-            model = posteriors[row].to_botorch()
-            posterior = model.posterior(self.domain, observation_noise=False)
-            covariance = posterior.distribution.covariance_matrix
-            mean, variance = posterior.mean[:, 0], covariance.diagonal().clamp_min(0)
-            # Observing y = u_g(x) at candidate x, the rank-one update at every point z:
-            # μ'(z) = μ(z) + Σ_zx (u_g(x) - μ(x)) / (σ²_x + ρ²), σ'²(z) = σ²(z) - Σ_zx² / (σ²_x + ρ²).
-            cross = covariance[candidates][:, unsafe]
-            denominator = (variance[candidates] + model.likelihood.noise.mean())[:, None]
-            gain = (upper[row][candidates] - mean[candidates])[:, None]
-            new_mean = mean[unsafe] + cross * gain / denominator
-            new_sd = (variance[unsafe] - cross.square() / denominator).clamp_min(0).sqrt()
-            becomes_safe &= new_mean - beta * new_sd >= 0
-        expanders = torch.zeros_like(sample_space)
-        expanders[candidates] = becomes_safe.any(1)
-        return expanders
+        expander_mask = expanders(
+            sets, self.domain, sample_space, models, beta, self.problem.objective_is_constraint, self.lipschitz
+        )
+        sets = with_safeopt_sets(sets, sample_space, expander_mask)
+        width = (sets.upper - sets.lower).max(0).values.masked_fill(~(sets.maximisers | sets.expanders), -math.inf)
+        return self.domain[width.argmax()], sets
 
     def observe(
-        self, x: Tensor, values: Tensor | None, sets: dict[str, Tensor], seconds: float, message: str = "",
+        self, x: Tensor, values: Tensor | None, sets: SafeSets, seconds: float, message: str = "",
         pending_id: int | None = None,
     ) -> EvaluationRecord:
         r"""Record the evaluation of ``x``: ``values`` (``1 + c``) or ``None`` for a failure.
@@ -448,7 +409,7 @@ class SafeBayesianOptimization:
         with the reason, never as data. ``pending_id``: the journal's id of the point when
         it was dispatched to an executor (the pending entry is dropped as the result is
         committed)."""
-        values, problem = self._checked_values(values)
+        values, problem = checked_values(values, self.num_outputs)
         ok = problem is None and not message
         record = EvaluationRecord(
             step=len(self.records),
@@ -467,23 +428,6 @@ class SafeBayesianOptimization:
         else:
             self._append(record)
         return record
-
-    def _checked_values(self, values: object) -> tuple[list[float] | None, str | None]:
-        r"""``(values as floats, None)`` for a well-formed return, else ``(None, why not)``."""
-        if values is None:
-            return None, "the objective returned None"
-        try:
-            flat = torch.as_tensor(values, dtype=torch.float64).reshape(-1)
-        except (TypeError, ValueError, RuntimeError) as error:
-            return None, f"the objective returned {type(values).__name__}, not numbers ({error})"
-        if self.num_outputs is not None and flat.numel() != self.num_outputs:
-            return None, (
-                f"the objective returned {flat.numel()} values; expected {self.num_outputs} "
-                "(the objective, then each constraint), as the seeds have"
-            )
-        if not torch.isfinite(flat).all():
-            return None, "the objective returned NaN or infinite values"
-        return flat.tolist(), None
 
     def run(
         self,
@@ -517,38 +461,16 @@ class SafeBayesianOptimization:
             raise InputDataError("`max_pending` > 1 needs an `executor` to evaluate on.")
         check_count("max_pending", max_pending)
         remaining = max(budget - self._finished(), 0)
-        bar = tqdm(total=remaining, desc=f"safe BO ({self.acquisition})", disable=not progress_bar)
-        in_flight: dict[Future, tuple[Tensor, dict[str, Tensor], float, int | None]] = {}
-        try:
-            while remaining > 0:
-                while len(in_flight) < max_pending and len(in_flight) < remaining:
-                    start = time.perf_counter()
-                    pending = torch.stack([entry[0] for entry in in_flight.values()]) if in_flight else None
-                    x, sets = self.suggest(pending)
-                    seconds = time.perf_counter() - start
-                    pending_id = self.journal.add_pending(x.tolist()) if self.journal and executor else None
-                    future = executor.submit(objective, x) if executor else _evaluated_here(objective, x)
-                    in_flight[future] = (x, sets, seconds, pending_id)
-                finished, _ = wait(in_flight, return_when=FIRST_COMPLETED)
-                for future in finished:
-                    x, sets, seconds, pending_id = in_flight.pop(future)
-                    try:
-                        values, message = future.result(), ""
-                    except Exception as error:  # any failure of the user's objective is recorded
-                        values, message = None, f"{type(error).__name__}: {error}"
-                    record = self.observe(x, values, sets, seconds, message, pending_id)
-                    remaining -= 1
-                    bar.update()
-                    if record.status == "failed" and stop_on_failure:
-                        raise RuntimeError(f"evaluation {record.step} at {record.x} failed: {record.message}")
-        finally:
-            bar.close()
+        evaluate_in_turn_or_in_flight(
+            self, objective, remaining, stop_on_failure=stop_on_failure, progress_bar=progress_bar,
+            executor=executor, max_pending=max_pending,
+        )
         return self.records
 
     def _finished(self) -> int:
         return sum(record.status in ("ok", "failed") for record in self.records)
 
-    def current_sets(self) -> dict[str, Tensor]:
+    def current_sets(self) -> SafeSets:
         r"""The sets after every evaluation so far: ``safe_set_pessimistic``,
         ``safe_set_optimistic`` and ``area_of_interest`` (``N`` masks of the domain), the
         bounds ``lower`` and ``upper`` (``(1 + c) x N``) and the ``certificate``."""
@@ -561,16 +483,6 @@ class SafeBayesianOptimization:
         return self.domain[lower.argmax()]
 
 
-def _evaluated_here(objective: Callable[[Tensor], Tensor], x: Tensor) -> Future:
-    r"""A finished future holding ``objective(x)`` or the error it raised."""
-    future: Future = Future()
-    try:
-        future.set_result(objective(x))
-    except Exception as error:  # handed to the loop, which records it
-        future.set_exception(error)
-    return future
-
-
 def _checked_models(models: Sequence[GaussianProcess] | None) -> list[GaussianProcess] | None:
     if models is None:
         return None
@@ -579,57 +491,3 @@ def _checked_models(models: Sequence[GaussianProcess] | None) -> list[GaussianPr
     if not models or wrong:
         raise InputDataError(f"`models` must be aml_ppl GaussianProcess objects, one per output; got {wrong or 'none'}.")
     return models
-
-
-def _model_fingerprint(model: GaussianProcess) -> str:
-    r"""A model's structure and a hash of its parameter values, for the journal's settings check."""
-    values = b"".join(value.detach().to("cpu", torch.float64).contiguous().numpy().tobytes() for value in model.state_dict().values())
-    return f"{type(model.gp.covar_module).__name__} sha256:{hashlib.sha256(values).hexdigest()[:16]}"
-
-
-def _check_beta(beta: object) -> float:
-    if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not math.isfinite(beta) or beta <= 0:
-        raise InputDataError(f"`beta` must be a positive number (or a function returning one); got {beta!r}.")
-    return float(beta)
-
-
-def _fingerprint(domain: Tensor) -> str:
-    r"""The candidate domain's shape and a hash of its values, for the journal's settings check."""
-    values = domain.detach().to("cpu", torch.float64).contiguous().numpy().tobytes()
-    return f"{tuple(domain.shape)} sha256:{hashlib.sha256(values).hexdigest()[:16]}"
-
-
-def shared_input_values(path: SamplePath, X: Tensor) -> Tensor:
-    r"""``path(X)`` for inputs ``X`` (``q x d``) shared by all ``S`` draws of a BoTorch sample
-    path: ``S x q`` values.
-
-    BoTorch's ``GeneralizedLinearPath`` multiplies the ``q x F`` features by each draw's
-    weights as a batch of ``S`` matrix-vector products over the broadcast features, so it reads
-    the features ``S`` times; here the features multiply all weights in one matrix product.
-    The paths' transforms apply as in BoTorch's ``TransformedModuleMixin``; paths of other
-    kinds (ensembles, batched weights) are evaluated by BoTorch.
-
-    Example:
-        >>> import torch
-        >>> from botorch.models import SingleTaskGP
-        >>> model = SingleTaskGP(torch.rand(10, 2, dtype=torch.float64), torch.rand(10, 1, dtype=torch.float64))
-        >>> paths = draw_matheron_paths(model, sample_shape=torch.Size([4]))
-        >>> X = torch.rand(50, 2, dtype=torch.float64)
-        >>> torch.allclose(shared_input_values(paths, X), paths(X))
-        True
-    """
-    linear = isinstance(path, GeneralizedLinearPath) and not path.is_ensemble and path.weight.dim() == 2
-    if not (linear or (isinstance(path, PathDict) and path.join is not None)) or X.dim() != 2:
-        return path(X)
-    transform = path.input_transform
-    if transform is not None:
-        X = transform.forward(X) if isinstance(transform, InputTransform) else transform(X)
-    if linear:
-        values = (path.feature_map(X) @ path.weight.T).T
-        values = values if path.bias_module is None else values + path.bias_module(X)
-    else:
-        values = path.join([shared_input_values(part, X) for part in path.paths.values()])
-    transform = path.output_transform
-    if transform is None:
-        return values
-    return transform.untransform(values)[0] if isinstance(transform, OutcomeTransform) else transform(values)

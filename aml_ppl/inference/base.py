@@ -14,7 +14,6 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from contextlib import contextmanager
-from dataclasses import dataclass
 from functools import cached_property, wraps
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Iterator
@@ -24,9 +23,11 @@ import pyro
 import torch
 
 from aml_ppl._core.randomness import RandomStream
+from aml_ppl._core.records import Prediction
 from aml_ppl._core.registry import Registry
 from aml_ppl._data import check_count, check_finite_arguments, check_new_arguments, convert_arguments
 from aml_ppl.errors import AmlPplError, IncompatibleEngineError, InputDataError
+from aml_ppl.inference import predictive
 from aml_ppl.inference.io import save
 from aml_ppl.inference.replay import Replayed, Structure, inspect_model, replay
 from aml_ppl.models.base import Model
@@ -64,45 +65,6 @@ def capable_engines(model: Callable, args: tuple, kwargs: dict) -> list[str]:
         for name, engine in ENGINES.items()
         if engine().incompatibility(model, args, kwargs) is None
     ]
-
-
-@dataclass(frozen=True)
-class Prediction:
-    r"""The posterior predictive at some inputs.
-
-    Attributes:
-        mean: Predictive mean, shaped like one observation of the site.
-        variance: Predictive variance, same shape.
-        samples: ``num_samples x ...`` draws from the predictive, or ``None``.
-        gaussian: Whether the predictive is exactly Gaussian (then
-            :meth:`interval` is exact rather than empirical).
-    """
-
-    mean: torch.Tensor
-    variance: torch.Tensor
-    samples: torch.Tensor | None = None
-    gaussian: bool = False
-
-    @property
-    def stddev(self) -> torch.Tensor:
-        return self.variance.sqrt()
-
-    def interval(self, level: float = 0.95) -> tuple[torch.Tensor, torch.Tensor]:
-        r"""Central predictive interval holding ``level`` of the mass: ``(lower, upper)``."""
-        if not 0 < level < 1:
-            raise InputDataError(f"`level` must lie in (0, 1); got {level}.")
-        tail = (1 - level) / 2
-        if self.gaussian or self.samples is None:
-            z = torch.distributions.Normal(0.0, 1.0).icdf(torch.tensor(1 - tail)).item()
-            return self.mean - z * self.stddev, self.mean + z * self.stddev
-        quantiles = self.samples.new_tensor([tail, 1 - tail])
-        lower, upper = torch.quantile(self.samples.to(quantiles), quantiles, dim=0)
-        return lower, upper
-
-    @classmethod
-    def from_samples(cls, samples: torch.Tensor) -> "Prediction":
-        r"""Moments and intervals of ``num_samples x ...`` draws."""
-        return cls(mean=samples.mean(0), variance=samples.var(0, correction=0), samples=samples)
 
 
 def on_own_stream(method: Callable) -> Callable:
@@ -324,13 +286,7 @@ class Posterior(ABC):
             return Prediction.from_samples(self._with_learned_params(self.model.generate, num_samples, **kwargs))
         args, kwargs = self._arguments(args, kwargs)
         if isinstance(self.model, ConditionalPredictive):  # a mixture of Gaussians, one per draw
-            conditionals = self._conditional_predictives(num_samples, site, args, kwargs)
-            means = torch.stack([normal.mean for normal in conditionals])
-            variances = torch.stack([normal.variance for normal in conditionals])
-            samples = torch.stack([normal.sample() for normal in conditionals])
-            return Prediction(
-                mean=means.mean(0), variance=variances.mean(0) + means.var(0, correction=0), samples=samples
-            )
+            return predictive.mixture_prediction(self, num_samples, site, args, kwargs)
         if site is not None and site in self.structure.deterministic:
             return Prediction.from_samples(self._replay(num_samples, args, kwargs).deterministic[site])
         site = self._observed_site(site)
@@ -369,11 +325,7 @@ class Posterior(ABC):
         if self.is_point_estimate:
             num_samples = 1
         if isinstance(self.model, ConditionalPredictive):
-            observed = self._inspect(args, kwargs)
-            if site not in observed.observations:
-                raise InputDataError(f"the arguments hold no observations for site {site!r}.")
-            conditionals = self._conditional_predictives(num_samples, site, args, kwargs)
-            terms = torch.stack([normal.log_prob(observed.observations[site]) for normal in conditionals])
+            terms = predictive.conditional_log_likelihood(self, num_samples, site, args, kwargs)
         else:
             replayed = self._replay(num_samples, args, kwargs)
             if site not in replayed.log_likelihood:
@@ -455,58 +407,18 @@ class Posterior(ABC):
         r"""The replay of ``num_draws`` posterior draws (or of ``draws``, if given)."""
         draws = self.sample(num_draws) if draws is None else draws
         if isinstance(self.model, PointwiseLikelihood):
-            return self._replay_joint(draws, num_draws, args, kwargs)
+            return predictive.joint_replay(self, draws, num_draws, args, kwargs)
         structure = self._inspect(args, kwargs)
         with evaluation_mode(self.model):
             return replay(self._evaluation_model(), draws, num_draws, args, kwargs, structure)
-
-    def _replay_joint(self, draws: dict, num_draws: int, args: tuple, kwargs: dict) -> Replayed:
-        r"""For a model whose observed site is one joint density (a GP): per draw, the
-        exact leave-one-out predictive of each observation given the others (its
-        ``log_likelihood``: the non-factorised LOO of Bürkner et al. 2020, for which
-        ``az.loo`` is valid) and the conditional predictive (its replicates). A point
-        estimate computes both once."""
-        structure = self._inspect(args, kwargs)
-        distinct = 1 if self.is_point_estimate else num_draws
-        terms: dict[str, list[torch.Tensor]] = {site: [] for site in structure.observations}
-        with torch.no_grad():
-            for index in range(distinct):
-                values = {name: value[index] for name, value in draws.items()}
-                held_out = self.model.leave_one_out(values, *args, statistics=self._statistics(), **kwargs)
-                for site, observation in structure.observations.items():
-                    terms[site].append(held_out[site].log_prob(observation))
-            predictive = {
-                site: self._predictive_samples(site, num_draws, args, kwargs, draws) for site in structure.observed
-            }
-        log_likelihood = {
-            site: torch.stack(values).expand(num_draws, -1) if distinct == 1 else torch.stack(values)
-            for site, values in terms.items()
-        }
-        return Replayed(predictive=predictive, log_likelihood=log_likelihood, observed=dict(structure.observations))
 
     def _statistics(self) -> dict[str, torch.Tensor] | None:
         r"""Precomputed statistics of a closed-form fit (a GP's transforms), else ``None``."""
         return None
 
     def _predictive_samples(self, site: str, num_draws: int, args: tuple, kwargs: dict, draws: dict) -> torch.Tensor:
-        r"""``num_draws`` replicates of ``site`` from the conditional predictive, one per draw
-        (one predictive, sampled ``num_draws`` times, for a point estimate)."""
-        if self.is_point_estimate:
-            return self._conditional_predictives(1, site, args, kwargs, draws)[0].sample((num_draws,))
-        return torch.stack([normal.sample() for normal in self._conditional_predictives(num_draws, site, args, kwargs, draws)])
-
-    def _conditional_predictives(
-        self, num_samples: int, site: str | None, args: tuple, kwargs: dict, draws: dict | None = None
-    ) -> list[Any]:
-        r"""Per posterior draw, the model's predictive given that draw and the fitting data."""
-        draws = self.sample(num_samples) if draws is None else draws
-        results = []
-        with torch.no_grad():
-            for index in range(num_samples):
-                values = {name: value[index] for name, value in draws.items()}
-                predictives = self.model.conditional_predictive(values, self.data_args, *args, **kwargs)
-                results.append(predictives[site if site in predictives else self._observed_site(site)])
-        return results
+        r"""Replicates of ``site`` for a joint-likelihood model (a hook: a closed form draws its own)."""
+        return predictive.predictive_samples(self, site, num_draws, args, kwargs, draws)
 
     def _observed_site(self, site: str | None) -> str:
         if site is None:

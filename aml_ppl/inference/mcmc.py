@@ -2,19 +2,12 @@ r"""The No-U-Turn sampler (Pyro ``MCMC(NUTS)``) behind :func:`aml_ppl.fit`."""
 
 from __future__ import annotations
 
-import contextlib
-import math
-import multiprocessing
-import multiprocessing.connection
+import functools
 import os
-import pickle
 import sys
-import threading
-import time
 import warnings
-from concurrent.futures import Executor, ProcessPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
-from typing import Any, Callable, ClassVar, Iterator
+from concurrent.futures import Executor
+from typing import Any, Callable, ClassVar
 
 import numpy as np
 import pyro.infer
@@ -24,13 +17,14 @@ from pyro.ops.integrator import potential_grad
 
 from aml_ppl._core.randomness import local_seed
 from aml_ppl._data import check_count, check_positive
-from aml_ppl.errors import AmlPplWarning, InputDataError, JitFallbackWarning, ModelFittingError
+from aml_ppl.errors import InputDataError, JitFallbackWarning
 from aml_ppl.inference.base import (
     Engine,
     Posterior,
     isolated_param_store,
     register_engine,
 )
+from aml_ppl.inference.chains import chain_executor, run_chains
 from aml_ppl.inference.io import recorded, register_posterior, stored
 from aml_ppl.inference.replay import inspect_model
 
@@ -259,11 +253,9 @@ class NUTS(Engine):
         seeds = torch.randint(2**31 - 1, (self.num_chains,)).tolist()
         kernel_options = {**self.kernel_options, "jit_compile": self._use_jit(model, args, kwargs)}
         settings = (kernel_options, self.num_samples, self.warmup_steps, self.progress_bar)
-        executor = self._chain_executor(model)
-        if executor is None:
-            results = [sample_chain(model, args, kwargs, settings, seed) for seed in seeds]
-        else:
-            results = self._on_executor(executor, model, args, kwargs, settings, seeds)
+        chain = functools.partial(sample_chain, model, args, kwargs, settings)
+        executor = chain_executor(self.executor, self.num_chains, model)
+        results = run_chains(chain, seeds, executor, timeout=self.timeout, label="NUTS chain")
         chains, stats = [chain for chain, _ in results], [records for _, records in results]
         samples = {name: torch.stack([chain[name] for chain in chains]) for name in chains[0]}
         stats = {
@@ -295,56 +287,6 @@ class NUTS(Engine):
                 stacklevel=4,
             )
         return problem is None
-
-    def _chain_executor(self, model: Callable) -> Executor | str | None:
-        r"""Where the chains run: an executor, ``"pool"`` (a process pool this run owns), or
-        ``None`` (in turn, in this process)."""
-        if isinstance(self.executor, Executor):
-            return self.executor
-        several = self.num_chains > 1 and (os.cpu_count() or 1) > 1
-        if self.executor is None or (self.executor == "auto" and not several):
-            return None
-        if _can_fork():
-            return "fork"
-        reason = _unsendable(model)
-        if reason is None:
-            return "pool"
-        if self.executor == "processes":
-            warnings.warn(f"chains run one after another: {reason}.", ChainsInTurnWarning, stacklevel=4)
-        return None
-
-    def _on_executor(
-        self, executor: Executor | str, model: Callable, args: tuple, kwargs: dict, settings: tuple, seeds: list[int]
-    ) -> list[tuple[dict, dict]]:
-        if executor == "fork":
-            return _forked_chains(model, args, kwargs, settings, seeds, self.timeout)
-        owned = executor == "pool"
-        if owned:
-            context = multiprocessing.get_context("spawn")
-            executor = ProcessPoolExecutor(min(self.num_chains, os.cpu_count() or 1), mp_context=context)
-        with _main_hidden() if owned else contextlib.nullcontext():  # workers start on submit
-            futures = [executor.submit(sample_chain, model, args, kwargs, settings, seed, 1) for seed in seeds]
-        results = []
-        try:
-            for index, future in enumerate(futures):
-                try:
-                    results.append(future.result(timeout=self.timeout))
-                except FutureTimeout as error:
-                    raise ModelFittingError(f"NUTS chain {index} did not finish within timeout = {self.timeout} s.") from error
-                except Exception as error:  # a dead worker (BrokenProcessPool) or an error in the chain
-                    raise ModelFittingError(f"NUTS chain {index} failed in its worker: {type(error).__name__}: {error}") from error
-        finally:
-            if owned:
-                if len(results) < len(futures):  # a failed run leaves no worker behind
-                    for process in list(getattr(executor, "_processes", {}).values()):
-                        process.terminate()
-                executor.shutdown(wait=False, cancel_futures=True)
-        return results
-
-
-class ChainsInTurnWarning(AmlPplWarning):
-    r"""``executor="processes"`` was asked for, but the chains run one after another."""
-
 
 # Where a JIT trace freezes a tensor into a Python value, torch warns; in torch's and Pyro's
 # own code (and ours) these are checks of arguments, in a user's model control flow.
@@ -407,126 +349,3 @@ def sample_chain(
         mcmc = pyro.infer.MCMC(kernel, num_samples=num_samples, warmup_steps=warmup_steps, disable_progbar=not progress_bar)
         mcmc.run(*args, **kwargs)
         return mcmc.get_samples(), kernel.records
-
-
-def _can_fork() -> bool:
-    r"""Whether chains may run in forked processes: on Linux, before CUDA is initialised here
-    (a forked child cannot use it), before JAX runs here (its runtime's threads deadlock a
-    forked child, as JAX itself warns), while every other Python thread is a library's daemon
-    (tqdm's monitor, a resource sharer) and none is the user's. A fork copies only the
-    calling thread, so a lock another thread holds stays locked in the child; the daemons
-    here sleep between short checks, and Pyro's own chains and PyTorch's data loaders fork
-    beside them."""
-    others = [thread for thread in threading.enumerate() if thread is not threading.current_thread()]
-    return (
-        sys.platform == "linux"
-        and not torch.cuda.is_initialized()
-        and not _jax_running()
-        and threading.current_thread() is threading.main_thread()
-        and all(thread.daemon for thread in others)
-    )
-
-
-def _jax_running() -> bool:
-    r"""Whether JAX has started its backends (and their threads) in this process; where its
-    private flag is missing, that it has once JAX is imported."""
-    if "jax" not in sys.modules:
-        return False
-    try:
-        from jax._src import xla_bridge
-
-        return bool(xla_bridge.backends_are_initialized())
-    except (ImportError, AttributeError):
-        return True
-
-
-def _forked_chains(
-    model: Callable, args: tuple, kwargs: dict, settings: tuple, seeds: list[int], timeout: float | None
-) -> list[tuple[dict, dict]]:
-    r"""Each chain in a process forked from this one, as many at a time as there are cores.
-
-    A forked worker starts with this process's memory: torch, Pyro and the model are
-    already loaded (a spawned one spends seconds importing them), and the model need not be
-    importable or picklable; only the draws come back, through a pipe. A worker that dies
-    or runs past ``timeout`` fails the run naming its chain, and no worker outlives it."""
-    context = multiprocessing.get_context("fork")
-    running: dict[Any, tuple[int, Any, float]] = {}  # receiving end -> (chain, process, deadline)
-    results: dict[int, tuple[dict, dict]] = {}
-    waiting = list(enumerate(seeds))
-    try:
-        while waiting or running:
-            while waiting and len(running) < (os.cpu_count() or 1):
-                index, seed = waiting.pop(0)
-                receiver, sender = context.Pipe(duplex=False)
-                process = context.Process(target=_chain_to_pipe, args=(sender, model, args, kwargs, settings, seed), daemon=True)
-                with warnings.catch_warnings():  # Python 3.12+ warns of any thread at a fork; see _can_fork
-                    warnings.simplefilter("ignore", DeprecationWarning)
-                    process.start()
-                sender.close()
-                running[receiver] = (index, process, math.inf if timeout is None else time.monotonic() + timeout)
-            next_deadline = min(deadline for _, _, deadline in running.values())
-            ready = multiprocessing.connection.wait(list(running), None if next_deadline == math.inf else max(next_deadline - time.monotonic(), 0))
-            for receiver in ready:
-                index, process, _ = running.pop(receiver)
-                try:
-                    outcome, payload = pickle.loads(receiver.recv_bytes())
-                except EOFError:
-                    outcome, payload = "error", None
-                receiver.close()
-                process.join()
-                if outcome == "error":
-                    reason = payload or f"the worker died (exit code {process.exitcode})"
-                    raise ModelFittingError(f"NUTS chain {index} failed in its worker: {reason}")
-                results[index] = payload
-            for index, _, deadline in running.values():
-                if time.monotonic() >= deadline:
-                    raise ModelFittingError(f"NUTS chain {index} did not finish within timeout = {timeout} s.")
-    finally:
-        for receiver, (_, process, _) in running.items():
-            process.terminate()
-            process.join()
-            receiver.close()
-    return [results[index] for index in range(len(seeds))]
-
-
-def _chain_to_pipe(sender: Any, model: Callable, args: tuple, kwargs: dict, settings: tuple, seed: int) -> None:
-    r"""A forked worker's work: one chain on one thread, its draws (or its error) sent back."""
-    try:
-        message = ("done", sample_chain(model, args, kwargs, settings, seed, 1))
-    except Exception as error:  # reported by the parent, naming the chain
-        message = ("error", f"{type(error).__name__}: {error}")
-    try:  # plain pickle: torch's pickler would share the tensors through this process, which ends here
-        sender.send_bytes(pickle.dumps(message))
-    finally:
-        sender.close()
-
-
-@contextlib.contextmanager
-def _main_hidden() -> Iterator[None]:
-    r"""Start spawned workers without re-running the user's script: a spawned process
-    re-imports ``__main__`` from its ``__file__`` or ``__spec__``, which runs an unguarded
-    script (no ``if __name__ == "__main__"``) again, fits and all. The chains' model and data
-    come pickled from importable modules (``_unsendable`` checks), so workers need none of it."""
-    main = sys.modules["__main__"]
-    spec, has_file, path = getattr(main, "__spec__", None), hasattr(main, "__file__"), getattr(main, "__file__", None)
-    main.__spec__ = None
-    if has_file:
-        del main.__file__
-    try:
-        yield
-    finally:
-        main.__spec__ = spec
-        if has_file:
-            main.__file__ = path
-
-
-def _unsendable(model: Callable) -> str | None:
-    r"""Why ``model`` cannot be sent to a spawned worker, or ``None`` if it can."""
-    defined_in = getattr(model, "__module__", None) or type(model).__module__
-    if defined_in in ("__main__", "__mp_main__") or type(model).__module__ == "__main__":
-        return "the model is defined in __main__ (a script or notebook), which a worker cannot import; move it into a module"
-    try:
-        pickle.dumps(model)
-    except Exception as error:  # lambdas, closures, open handles
-        return f"the model cannot be pickled ({type(error).__name__}: {error})"
-    return None

@@ -3,140 +3,41 @@ r"""Stochastic variational inference: maximise the ELBO over a guide's parameter
 from __future__ import annotations
 
 import copy
-import functools
 import math
 import warnings
 from typing import Any, Callable, ClassVar
 
 import pyro
-import pyro.distributions as dist
 import pyro.ops.jit
 import pyro.optim
 import torch
 from pyro import poutine
-from pyro.infer import (
-    JitTrace_ELBO,
-    JitTraceEnum_ELBO,
-    JitTraceMeanField_ELBO,
-    Predictive,
-    Trace_ELBO,
-    TraceEnum_ELBO,
-    TraceMeanField_ELBO,
-)
-from pyro.infer.autoguide import (
-    AutoDelta,
-    AutoLaplaceApproximation,
-    AutoLowRankMultivariateNormal,
-    AutoMultivariateNormal,
-    AutoNormal,
-    init_to_value,
-)
+from pyro.infer import Predictive, Trace_ELBO, TraceEnum_ELBO
+from pyro.infer.autoguide import AutoLaplaceApproximation
 from pyro.infer.util import zero_grads
 from tqdm.auto import tqdm
 
 from aml_ppl._data import check_count, check_positive
-from aml_ppl.errors import AmlPplWarning, InputDataError, JitFallbackWarning, ModelFittingError, NonFiniteLossError
-from aml_ppl.inference.distributed import DataPlateScale, RankFailureError, Ranks
-from aml_ppl.inference.base import (
-    Engine,
-    Posterior,
-    isolated_param_store,
-    register_engine,
+from aml_ppl.errors import InputDataError, JitFallbackWarning, ModelFittingError, NonFiniteLossError
+from aml_ppl.inference.base import Engine, Posterior, isolated_param_store, register_engine
+from aml_ppl.inference.distributed import DataPlateScale, Ranks
+from aml_ppl.inference.guides import (
+    AUTOGUIDES,
+    frozen_copy,
+    is_delta_guide,
+    make_autoguide,
+    map_start,
+    param_values,
+    substituted,
+    warn_if_on_boundary,
 )
 from aml_ppl.inference.io import recorded, register_posterior, stored
-from aml_ppl.inference.optimise import OptimisationResult, minimise_lbfgs
-from aml_ppl.inference.replay import inspect_model, is_enumerated
+from aml_ppl.inference.losses import JIT_LOSSES, CompiledModelLoss, finite_or_nan
+from aml_ppl.inference.replay import inspect_model
 from aml_ppl.models.base import ModelLoss
 from aml_ppl.models.protocols import DataScaledLoss, HasGuide, InitialValues, PreferredLoss, VariationalBound
 
 
-class CompiledOnceMeanField_ELBO(JitTraceMeanField_ELBO):
-    r"""Pyro's ``JitTraceMeanField_ELBO``, traced once.
-
-    Pyro 1.9's version checks for a cached ``_loss_and_surrogate_loss`` but stores its
-    compiled loss as ``_differentiable_loss``, so it runs ``torch.jit.trace`` again at every
-    step: on a 8-50-50-1 BNN, 44-48 ms a step against the plain ``TraceMeanField_ELBO``'s
-    5-6 ms, and about 3 MB more memory a step (``benchmarks/RESULTS.md``). Marking the
-    compiled loss as cached makes later steps run the trace of the first (2.2-2.7 ms); the
-    estimate is unchanged (the minibatch's ``randperm`` and the guide's draws are ops of the
-    trace, drawn anew each call). ``SVI(jit=True)`` uses it for a mean-field loss.
-
-    Example:
-        >>> import torch, aml_ppl as aml
-        >>> X = torch.randn(64, 3); y = X.sum(-1)
-        >>> bnn = aml.models.BayesianNeuralNetwork(3, hidden=(8,), noise_scale=0.1, subsample_size=16)
-        >>> engine = aml.inference.SVI(num_steps=20, jit=True, progress_bar=False)
-        >>> type(engine._default_loss(bnn, (X, y), {}, jit=True)).__name__
-        'CompiledOnceMeanField_ELBO'
-        >>> post = aml.fit(bnn, X, y, engine=engine)
-    """
-
-    def differentiable_loss(self, model: Callable, guide: Callable, *args: Any, **kwargs: Any) -> torch.Tensor:
-        loss = super().differentiable_loss(model, guide, *args, **kwargs)
-        self._loss_and_surrogate_loss = getattr(self, "_differentiable_loss", None)  # None: Pyro's own caching
-        return loss
-
-
-class CompiledModelLoss(ModelLoss):
-    r"""A model's own loss (a :class:`~aml_ppl.models.base.ModelLoss`, such as the BNN's
-    ``LocalReparameterizationELBO``) traced once per (model, guide) with Pyro's JIT
-    (``pyro.ops.jit.trace``: the parameters the loss reads from the param store become the
-    trace's inputs); later calls run the trace, whose random ops draw anew each call.
-
-    Args:
-        loss: The loss to compile. Its ``num_particles`` and ``data_scale`` are read (and
-            ``data_scale`` set) through this wrapper; they are fixed once traced.
-
-    Example:
-        >>> import torch, aml_ppl as aml
-        >>> from aml_ppl.models.bnn import LocalReparameterizationELBO
-        >>> X = torch.randn(64, 3); y = X.sum(-1)
-        >>> bnn = aml.models.BayesianNeuralNetwork(3, hidden=(8,), noise_scale=0.1, local_reparameterization=True)
-        >>> loss = CompiledModelLoss(LocalReparameterizationELBO())
-        >>> guide = bnn.guide  # one bound method: the trace is kept per (model, guide)
-        >>> first, second = (loss.differentiable_loss(bnn, guide, X, y) for _ in range(2))
-        >>> len(loss.traces)
-        1
-    """
-
-    def __init__(self, loss: ModelLoss) -> None:
-        self.compiled_loss = loss
-        self.traces: dict[tuple[int, int], Callable] = {}
-
-    @property
-    def num_particles(self) -> int:
-        return self.compiled_loss.num_particles
-
-    @property
-    def data_scale(self) -> float:
-        return self.compiled_loss.data_scale
-
-    @data_scale.setter
-    def data_scale(self, value: float) -> None:
-        self.compiled_loss.data_scale = value
-
-    def differentiable_loss(self, model: Callable, guide: Callable, *args: Any, **kwargs: Any) -> torch.Tensor:
-        key = (id(model), id(guide))
-        if key not in self.traces:
-            evaluate = functools.partial(self.compiled_loss.differentiable_loss, model, guide)
-            self.traces[key] = pyro.ops.jit.trace(evaluate, ignore_warnings=True)
-        return self.traces[key](*args, **kwargs)
-
-
-JIT_LOSSES = {Trace_ELBO: JitTrace_ELBO, TraceMeanField_ELBO: CompiledOnceMeanField_ELBO, TraceEnum_ELBO: JitTraceEnum_ELBO}
-
-
-class BoundaryWarning(AmlPplWarning):
-    r"""A Laplace approximation was taken at a mode on the boundary of a site's support."""
-
-
-AUTOGUIDES: dict[str, type] = {
-    "normal": AutoNormal,
-    "mvn": AutoMultivariateNormal,
-    "lowrank": AutoLowRankMultivariateNormal,
-    "delta": AutoDelta,
-    "laplace": AutoLaplaceApproximation,
-}
 OPTIMIZERS: dict[str, Callable[[float], pyro.optim.PyroOptim]] = {
     "adam": lambda lr: pyro.optim.Adam({"lr": lr}),
     "clipped_adam": lambda lr: pyro.optim.ClippedAdam({"lr": lr, "clip_norm": 10.0}),
@@ -180,8 +81,8 @@ class GuidePosterior(Posterior):
         self.guide_spec = guide_spec
         self.model_params = model_params
         self.guide_params = guide_params
-        self._point_estimate = isinstance(model, VariationalBound) or _is_delta_guide(
-            _substituted(guide, guide_params), args, kwargs
+        self._point_estimate = isinstance(model, VariationalBound) or is_delta_guide(
+            substituted(guide, guide_params), args, kwargs
         )
         super().__init__(
             model, args, kwargs, engine=engine, history=history, objective=objective
@@ -198,7 +99,7 @@ class GuidePosterior(Posterior):
     def _draw(self, num_samples: int) -> dict[str, torch.Tensor]:
         r"""Draw in one vectorised pass when the guide broadcasts (autoguides do),
         else one guide run per draw."""
-        guide = _substituted(self.guide, self.guide_params)
+        guide = substituted(self.guide, self.guide_params)
         args, kwargs = self.data_args, self.data_kwargs
         with isolated_param_store(), torch.no_grad():
             try:  # a guide that does not broadcast over a draws plate raises or misshapes
@@ -572,149 +473,9 @@ class SVI(Engine):
             kwargs,
             guide=frozen_copy(guide) if module_guide else guide,
             guide_spec=spec,
-            model_params=_param_values(model, args, kwargs),
-            guide_params={} if module_guide else _param_values(guide, args, kwargs),
+            model_params=param_values(model, args, kwargs),
+            guide_params={} if module_guide else param_values(guide, args, kwargs),
             engine=self.name,
             history=history,
             objective=self.objective,
         )
-
-
-def make_autoguide(
-    name: str, model: Callable, args: tuple, kwargs: dict, start: dict[str, torch.Tensor] | None = None
-) -> Callable:
-    r"""An autoguide over the model's continuous sites.
-
-    Sites marked for enumeration are hidden from it (they are summed out). Its means
-    start at ``start``, else at the model's ``init_values(*args)`` if it has that
-    capability (a mixture starts from k-means), else at the prior median.
-    """
-    blocked = poutine.block(model, hide_fn=is_enumerated)
-    if start is None and isinstance(model, InitialValues):
-        with torch.no_grad():
-            start = model.init_values(*args, **kwargs)
-    if start is None:
-        return AUTOGUIDES[name](blocked)
-    return AUTOGUIDES[name](blocked, init_loc_fn=init_to_value(values=start))
-
-
-def minimise_elbo_lbfgs(
-    loss: Any, model: Callable, guide: Callable, args: tuple, kwargs: dict, max_iter: int, **options: Any
-) -> OptimisationResult:
-    r"""L-BFGS (:func:`~aml_ppl.inference.optimise.minimise_lbfgs`, ``options`` its
-    tolerances and ``ranks``) on a deterministic ELBO loss over every parameter the pair
-    creates, in name order."""
-    with poutine.trace(param_only=True) as capture:
-        loss.differentiable_loss(model, guide, *args, **kwargs)
-    params = [capture.trace.nodes[name]["value"].unconstrained() for name in sorted(capture.trace.nodes)]
-
-    def objective() -> tuple[torch.Tensor, torch.Tensor]:
-        value = finite_or_nan(loss.differentiable_loss, model, guide, *args, **kwargs)
-        return value, value
-
-    return minimise_lbfgs(params, objective, max_iter, **options)
-
-
-def map_start(
-    model: Callable, args: tuple, kwargs: dict, max_iter: int = 100, ranks: Ranks = Ranks()
-) -> dict[str, torch.Tensor] | None:
-    r"""The MAP estimate of every latent site after at most ``max_iter`` L-BFGS iterations
-    (an ``AutoDelta`` on ``Trace_ELBO``, in a private parameter store, losses and gradients
-    averaged over ``ranks``); ``None`` for a model with subsampled plates or enumerated
-    sites (no deterministic joint to climb) or when the run fails or ends at a non-finite
-    point."""
-    structure = inspect_model(model, args, kwargs)
-    if structure.subsampled or structure.enumerated:
-        return None
-    with isolated_param_store():
-        guide, elbo = AutoDelta(model), Trace_ELBO()
-        try:
-            if minimise_elbo_lbfgs(elbo, model, guide, args, kwargs, max_iter, ranks=ranks).failed:
-                return None
-            with torch.no_grad():
-                mode = {name: value.detach().clone() for name, value in guide.median(*args, **kwargs).items()}
-        except RankFailureError:
-            raise
-        except (ValueError, RuntimeError):  # a model the point guide cannot run: Pyro's default start
-            return None
-    return mode if all(bool(torch.isfinite(value).all()) for value in mode.values()) else None
-
-
-# An unconstrained coordinate this large puts a constrained value within e^-10 of its
-# support's boundary on the transform's scale (a scale below 5e-5, a probability above
-# 1 - 5e-5): where a mode goes when it is on the boundary (a hierarchical scale collapsing).
-BOUNDARY_UNCONSTRAINED = 10.0
-
-
-def warn_if_on_boundary(guide: AutoLaplaceApproximation) -> None:
-    r"""Warn, naming the sites, where the mode of a Laplace approximation lies on the
-    boundary of a constrained site's support: the log density is not locally
-    quadratic there, so :math:`\mathcal{N}(\hat\theta, H^{-1})` misstates the posterior."""
-    on_boundary = [
-        site["name"]
-        for site, value in guide._unpack_latent(guide.loc.detach())
-        if site["fn"].support is not dist.constraints.real
-        and bool((value.abs() > BOUNDARY_UNCONSTRAINED).any())
-    ]
-    if on_boundary:
-        warnings.warn(
-            f"the mode lies on the boundary of the support of {on_boundary}, where a Laplace "
-            "approximation is unreliable; use NUTS or SVI for these sites.",
-            BoundaryWarning,
-            stacklevel=5,  # the caller of aml_ppl.fit
-        )
-
-
-def frozen_copy(module: torch.nn.Module) -> torch.nn.Module:
-    r"""A deep copy of a trained guide module. Tensors a module caches from its last call
-    (a flow's ``_cached_x_y``) still carry autograd history, which ``deepcopy`` refuses;
-    they are detached first, in place (the values stay)."""
-    for submodule in module.modules():
-        for key, value in list(vars(submodule).items()):
-            if isinstance(value, torch.Tensor) and value.grad_fn is not None:
-                vars(submodule)[key] = value.detach()
-            elif isinstance(value, tuple) and any(isinstance(v, torch.Tensor) for v in value):
-                vars(submodule)[key] = tuple(v.detach() if isinstance(v, torch.Tensor) else v for v in value)
-    return copy.deepcopy(module)
-
-
-def _is_delta_guide(guide: Callable, args: tuple, kwargs: dict) -> bool:
-    r"""Whether every latent site of ``guide`` is a point mass (a MAP or delta guide)."""
-    with isolated_param_store(), torch.no_grad():
-        trace = poutine.trace(guide).get_trace(*args, **kwargs)
-    sites = [site for site in trace.nodes.values() if site["type"] == "sample" and not site["is_observed"]]
-    return all(isinstance(_base(site["fn"]), dist.Delta) for site in sites)  # none: all params
-
-
-def _base(fn: Any) -> Any:
-    while hasattr(fn, "base_dist"):
-        fn = fn.base_dist
-    return fn
-
-
-def _param_values(program: Callable, args: tuple, kwargs: dict) -> dict[str, torch.Tensor]:
-    r"""Copies of the current values of ``program``'s ``pyro.param`` sites (the program runs
-    without recording gradients: a DDPM's reverse chain would otherwise hold T networks'
-    activations)."""
-    with poutine.trace(param_only=True) as capture, torch.no_grad():
-        program(*args, **kwargs)
-    return {name: site["value"].detach().clone() for name, site in capture.trace.nodes.items()}
-
-
-def _substituted(program: Callable, params: dict[str, torch.Tensor]) -> Callable:
-    return poutine.substitute(program, data=params) if params else program
-
-
-def finite_or_nan(loss_fn: Callable, *args: Any, **kwargs: Any) -> Any:
-    r"""Evaluate a loss; NaN where a distribution rejected a non-finite parameter.
-
-    Pyro validates distribution parameters, so a NaN usually surfaces as
-    ``ValueError: Expected parameter ... found invalid values`` before any loss
-    is formed; both forms count as a non-finite step.
-    """
-    try:
-        return loss_fn(*args, **kwargs)
-    except ValueError as error:
-        if "invalid values" not in str(error):
-            raise
-        return math.nan

@@ -3,8 +3,7 @@ r"""What we believe generated the data: Pyro generative models with guides."""
 from aml_ppl.models import protocols
 from aml_ppl.models.base import GaussianLatents, Model, register_model
 from aml_ppl.models.bnn import BayesianNeuralNetwork
-from aml_ppl.models.ddpm import DDPM, DiffusionELBO, NoiseSchedule
-from aml_ppl.models.denoisers import MLPDenoiser, UNetDenoiser
+from aml_ppl.models.ddpm import DDPM, DiffusionELBO, MLPDenoiser, NoiseSchedule, UNetDenoiser
 from aml_ppl.models.gp import GaussianProcess, SparseGaussianProcess
 from aml_ppl.models.kernels import SigmoidKernel
 from aml_ppl.models.linear import BayesianLinearRegression, BayesianLogisticRegression

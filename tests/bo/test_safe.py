@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from aml_ppl.bo import SafeBayesianOptimization
+from aml_ppl.bo.pathwise import thompson_maximisers
 from aml_ppl.bo.problems import candidate_domain, one_d_hard, two_d_island
 
 
@@ -242,9 +243,9 @@ def test_the_thompson_target_is_likely_maximisers_and_replays_on_resume(tmp_path
     path = tmp_path / "journal.sqlite"
     loop, objective = seeded_loop(problem, 0, target="thompson", journal=path)
     loop.run(objective, budget=10, progress_bar=False)
-    models = [posterior.to_botorch() for posterior in loop._posteriors()]
+    models = loop.to_botorch()
     sets = loop.current_sets()
-    mask = loop._thompson_maximisers(models[0], sets["safe_set_optimistic"])
+    mask = thompson_maximisers(models[0], loop.domain, sets["safe_set_optimistic"], loop.thompson_samples, len(loop.records))
     assert 1 <= int(mask.sum()) <= loop.thompson_samples
     assert not (mask & ~sets["safe_set_optimistic"]).any()
     assert (sets["upper"][0][mask] >= sets["lower"][0][sets["safe_set_pessimistic"]].max()).all()
@@ -265,7 +266,7 @@ def test_the_draws_shared_evaluation_equals_botorchs_on_the_same_paths(transform
     from botorch.models.transforms import Normalize, Standardize
     from botorch.sampling.pathwise import draw_matheron_paths
 
-    from aml_ppl.bo.safe import shared_input_values
+    from aml_ppl.bo.pathwise import shared_input_values
 
     generator = torch.Generator().manual_seed(0)
     scale = 5.0 if transforms else 1.0
@@ -279,3 +280,22 @@ def test_the_draws_shared_evaluation_equals_botorchs_on_the_same_paths(transform
         expected = paths(candidates)
         torch.testing.assert_close(shared_input_values(paths, candidates), expected, rtol=1e-10, atol=1e-10)
     assert expected.std(0).mean() > 0.01  # draws that differ
+
+
+def test_the_loop_is_a_context_manager_and_hands_its_fits_to_botorch(tmp_path):
+    r"""``with`` closes the journal; ``to_botorch()`` gives the GPs the last step read, on
+    every evaluation, whose posterior mean is the centre of the step's bounds; the sets are
+    a frozen record, also read by name."""
+    problem = one_d_hard()
+    with seeded_loop(problem, 0, journal=tmp_path / "journal.sqlite")[0] as loop:
+        x, sets = loop.suggest()
+        models = loop.to_botorch()
+        assert models[0].train_inputs[0].shape[0] == len(loop.records)
+        centre = (sets.lower[0] + sets.upper[0]) / 2
+        mean = models[0].posterior(loop.domain).mean[:, 0]
+        torch.testing.assert_close(mean, centre, rtol=0, atol=1e-8)
+        assert sets["safe_set_pessimistic"] is sets.safe_set_pessimistic and "maximisers" not in sets
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            sets.lower = sets.upper
+    with pytest.raises(sqlite3.ProgrammingError):
+        loop.journal.records()

@@ -11,7 +11,7 @@ from pyro.infer.autoguide import AutoIAFNormal
 
 import aml_ppl as aml
 from aml_ppl.inference import EM, MAP, NUTS, SVI
-from aml_ppl.inference.svi import BoundaryWarning
+from aml_ppl.inference.guides import BoundaryWarning
 from aml_ppl.models import BayesianLinearRegression, GaussianProcess
 from tests.contract.cases import (
     MIX_Y,

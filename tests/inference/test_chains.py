@@ -15,7 +15,7 @@ import torch
 import aml_ppl as aml
 from aml_ppl.errors import ModelFittingError
 from aml_ppl.inference import NUTS
-from aml_ppl.inference.mcmc import ChainsInTurnWarning
+from aml_ppl.inference.chains import ChainsInTurnWarning
 
 
 def data():

@@ -7,7 +7,7 @@ import torch
 
 import aml_ppl as aml
 from aml_ppl.inference import MAP, NUTS, SVI
-from aml_ppl.inference.svi import make_autoguide
+from aml_ppl.inference.guides import make_autoguide
 from tests.jit_checks import assert_traced_once_and_equal_on_the_same_draws
 
 

@@ -7,8 +7,9 @@ import torch
 from pyro.infer import Trace_ELBO, TraceMeanField_ELBO
 
 import aml_ppl as aml
+from aml_ppl.errors import JitFallbackWarning
 from aml_ppl.inference import MAP, SVI
-from aml_ppl.inference.svi import CompiledModelLoss, CompiledOnceMeanField_ELBO, JitFallbackWarning
+from aml_ppl.inference.losses import CompiledModelLoss, CompiledOnceMeanField_ELBO
 from aml_ppl.models import BayesianNeuralNetwork
 from aml_ppl.models.bnn import LocalReparameterizationELBO
 from tests.jit_checks import assert_traced_once_and_equal_on_the_same_draws

@@ -12,10 +12,10 @@ from torch import nn
 
 import aml_ppl as aml
 from aml_ppl.errors import IncompatibleEngineError, InputDataError
-from aml_ppl.inference.svi import CompiledModelLoss
+from aml_ppl.inference.losses import CompiledModelLoss
 from aml_ppl.models import DDPM, NoiseSchedule
 from aml_ppl.models.ddpm import DiscretizedNormal
-from aml_ppl.models.denoisers import MLPDenoiser
+from aml_ppl.models.ddpm.denoisers import MLPDenoiser
 from tests.jit_checks import assert_traced_once_and_equal_on_the_same_draws
 
 

@@ -1,0 +1,48 @@
+r"""Typed records that several floors share: a prediction at new inputs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from aml_ppl.errors import InputDataError
+
+
+@dataclass(frozen=True)
+class Prediction:
+    r"""The posterior predictive at some inputs.
+
+    Attributes:
+        mean: Predictive mean, shaped like one observation of the site.
+        variance: Predictive variance, same shape.
+        samples: ``num_samples x ...`` draws from the predictive, or ``None``.
+        gaussian: Whether the predictive is exactly Gaussian (then
+            :meth:`interval` is exact rather than empirical).
+    """
+
+    mean: torch.Tensor
+    variance: torch.Tensor
+    samples: torch.Tensor | None = None
+    gaussian: bool = False
+
+    @property
+    def stddev(self) -> torch.Tensor:
+        return self.variance.sqrt()
+
+    def interval(self, level: float = 0.95) -> tuple[torch.Tensor, torch.Tensor]:
+        r"""Central predictive interval holding ``level`` of the mass: ``(lower, upper)``."""
+        if not 0 < level < 1:
+            raise InputDataError(f"`level` must lie in (0, 1); got {level}.")
+        tail = (1 - level) / 2
+        if self.gaussian or self.samples is None:
+            z = torch.distributions.Normal(0.0, 1.0).icdf(torch.tensor(1 - tail)).item()
+            return self.mean - z * self.stddev, self.mean + z * self.stddev
+        quantiles = self.samples.new_tensor([tail, 1 - tail])
+        lower, upper = torch.quantile(self.samples.to(quantiles), quantiles, dim=0)
+        return lower, upper
+
+    @classmethod
+    def from_samples(cls, samples: torch.Tensor) -> "Prediction":
+        r"""Moments and intervals of ``num_samples x ...`` draws."""
+        return cls(mean=samples.mean(0), variance=samples.var(0, correction=0), samples=samples)

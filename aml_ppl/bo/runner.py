@@ -1,0 +1,98 @@
+r"""The evaluation driver of a safe-BO loop: ask, evaluate (here or on an executor, several
+points in flight), tell, until the budget is spent; nothing finished is ever lost.
+
+The loop supplies the algorithm (``suggest(pending)`` and ``observe``) and its journal;
+this module owns the scheduling: the pending points, the futures, the progress bar.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import FIRST_COMPLETED, Executor, Future, wait
+from typing import TYPE_CHECKING, Callable
+
+import torch
+from torch import Tensor
+from tqdm.auto import tqdm
+
+if TYPE_CHECKING:
+    from aml_ppl.bo.safe import SafeBayesianOptimization
+    from aml_ppl.bo.sets import SafeSets
+
+
+def evaluate_in_turn_or_in_flight(
+    loop: "SafeBayesianOptimization",
+    objective: Callable[[Tensor], Tensor],
+    count: int,
+    *,
+    stop_on_failure: bool,
+    progress_bar: bool,
+    executor: Executor | None,
+    max_pending: int,
+) -> None:
+    r"""Evaluate ``count`` suggestions of ``loop`` with ``objective``, recording each result
+    (or failure) through ``loop.observe`` as it arrives.
+
+    Each new point is chosen given the points in flight (``loop.suggest(pending)``); on an
+    ``executor`` each is journalled as pending when dispatched and replaced by its result
+    when it returns. See :meth:`SafeBayesianOptimization.run` for the arguments.
+
+    Raises:
+        RuntimeError: On a failed evaluation with ``stop_on_failure`` (after recording it).
+    """
+    remaining = count
+    bar = tqdm(total=remaining, desc=f"safe BO ({loop.acquisition})", disable=not progress_bar)
+    in_flight: dict[Future, tuple[Tensor, "SafeSets", float, int | None]] = {}
+    try:
+        while remaining > 0:
+            while len(in_flight) < max_pending and len(in_flight) < remaining:
+                start = time.perf_counter()
+                pending = torch.stack([entry[0] for entry in in_flight.values()]) if in_flight else None
+                x, sets = loop.suggest(pending)
+                seconds = time.perf_counter() - start
+                pending_id = loop.journal.add_pending(x.tolist()) if loop.journal and executor else None
+                future = executor.submit(objective, x) if executor else _evaluated_here(objective, x)
+                in_flight[future] = (x, sets, seconds, pending_id)
+            finished, _ = wait(in_flight, return_when=FIRST_COMPLETED)
+            for future in finished:
+                x, sets, seconds, pending_id = in_flight.pop(future)
+                try:
+                    values, message = future.result(), ""
+                except Exception as error:  # any failure of the user's objective is recorded
+                    values, message = None, f"{type(error).__name__}: {error}"
+                record = loop.observe(x, values, sets, seconds, message, pending_id)
+                remaining -= 1
+                bar.update()
+                if record.status == "failed" and stop_on_failure:
+                    raise RuntimeError(f"evaluation {record.step} at {record.x} failed: {record.message}")
+    finally:
+        bar.close()
+
+
+def _evaluated_here(objective: Callable[[Tensor], Tensor], x: Tensor) -> Future:
+    r"""A finished future holding ``objective(x)`` or the error it raised."""
+    future: Future = Future()
+    try:
+        future.set_result(objective(x))
+    except Exception as error:  # handed to the loop, which records it
+        future.set_exception(error)
+    return future
+
+
+def checked_values(values: object, num_outputs: int | None) -> tuple[list[float] | None, str | None]:
+    r"""``(values as floats, None)`` for a well-formed return of the objective (``num_outputs``
+    finite numbers, when known), else ``(None, why not)``: recorded as a failure, never as data."""
+    if values is None:
+        return None, "the objective returned None"
+    try:
+        flat = torch.as_tensor(values, dtype=torch.float64).reshape(-1)
+    except (TypeError, ValueError, RuntimeError) as error:
+        return None, f"the objective returned {type(values).__name__}, not numbers ({error})"
+    if num_outputs is not None and flat.numel() != num_outputs:
+        return None, (
+            f"the objective returned {flat.numel()} values; expected {num_outputs} "
+            "(the objective, then each constraint), as the seeds have"
+        )
+    if not torch.isfinite(flat).all():
+        return None, "the objective returned NaN or infinite values"
+    return flat.tolist(), None

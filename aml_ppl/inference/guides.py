@@ -1,0 +1,167 @@
+r"""Guides for SVI and MAP: autoguides by name, the MAP start of their means, the Laplace
+boundary check, and what a fitted guide's record keeps."""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from typing import Any, Callable
+
+import pyro.distributions as dist
+import torch
+from pyro import poutine
+from pyro.infer import Trace_ELBO
+from pyro.infer.autoguide import (
+    AutoDelta,
+    AutoLaplaceApproximation,
+    AutoLowRankMultivariateNormal,
+    AutoMultivariateNormal,
+    AutoNormal,
+    init_to_value,
+)
+
+from aml_ppl.errors import AmlPplWarning
+from aml_ppl.inference.base import isolated_param_store
+from aml_ppl.inference.distributed import RankFailureError, Ranks
+from aml_ppl.inference.losses import finite_or_nan
+from aml_ppl.inference.optimise import OptimisationResult, minimise_lbfgs
+from aml_ppl.inference.replay import inspect_model, is_enumerated
+from aml_ppl.models.protocols import InitialValues
+
+
+class BoundaryWarning(AmlPplWarning):
+    r"""A Laplace approximation was taken at a mode on the boundary of a site's support."""
+
+
+AUTOGUIDES: dict[str, type] = {
+    "normal": AutoNormal,
+    "mvn": AutoMultivariateNormal,
+    "lowrank": AutoLowRankMultivariateNormal,
+    "delta": AutoDelta,
+    "laplace": AutoLaplaceApproximation,
+}
+
+
+def make_autoguide(
+    name: str, model: Callable, args: tuple, kwargs: dict, start: dict[str, torch.Tensor] | None = None
+) -> Callable:
+    r"""An autoguide over the model's continuous sites.
+
+    Sites marked for enumeration are hidden from it (they are summed out). Its means
+    start at ``start``, else at the model's ``init_values(*args)`` if it has that
+    capability (a mixture starts from k-means), else at the prior median.
+    """
+    blocked = poutine.block(model, hide_fn=is_enumerated)
+    if start is None and isinstance(model, InitialValues):
+        with torch.no_grad():
+            start = model.init_values(*args, **kwargs)
+    if start is None:
+        return AUTOGUIDES[name](blocked)
+    return AUTOGUIDES[name](blocked, init_loc_fn=init_to_value(values=start))
+
+
+def minimise_elbo_lbfgs(
+    loss: Any, model: Callable, guide: Callable, args: tuple, kwargs: dict, max_iter: int, **options: Any
+) -> OptimisationResult:
+    r"""L-BFGS (:func:`~aml_ppl.inference.optimise.minimise_lbfgs`, ``options`` its
+    tolerances and ``ranks``) on a deterministic ELBO loss over every parameter the pair
+    creates, in name order."""
+    with poutine.trace(param_only=True) as capture:
+        loss.differentiable_loss(model, guide, *args, **kwargs)
+    params = [capture.trace.nodes[name]["value"].unconstrained() for name in sorted(capture.trace.nodes)]
+
+    def objective() -> tuple[torch.Tensor, torch.Tensor]:
+        value = finite_or_nan(loss.differentiable_loss, model, guide, *args, **kwargs)
+        return value, value
+
+    return minimise_lbfgs(params, objective, max_iter, **options)
+
+
+def map_start(
+    model: Callable, args: tuple, kwargs: dict, max_iter: int = 100, ranks: Ranks = Ranks()
+) -> dict[str, torch.Tensor] | None:
+    r"""The MAP estimate of every latent site after at most ``max_iter`` L-BFGS iterations
+    (an ``AutoDelta`` on ``Trace_ELBO``, in a private parameter store, losses and gradients
+    averaged over ``ranks``); ``None`` for a model with subsampled plates or enumerated
+    sites (no deterministic joint to climb) or when the run fails or ends at a non-finite
+    point."""
+    structure = inspect_model(model, args, kwargs)
+    if structure.subsampled or structure.enumerated:
+        return None
+    with isolated_param_store():
+        guide, elbo = AutoDelta(model), Trace_ELBO()
+        try:
+            if minimise_elbo_lbfgs(elbo, model, guide, args, kwargs, max_iter, ranks=ranks).failed:
+                return None
+            with torch.no_grad():
+                mode = {name: value.detach().clone() for name, value in guide.median(*args, **kwargs).items()}
+        except RankFailureError:
+            raise
+        except (ValueError, RuntimeError):  # a model the point guide cannot run: Pyro's default start
+            return None
+    return mode if all(bool(torch.isfinite(value).all()) for value in mode.values()) else None
+
+
+# An unconstrained coordinate this large puts a constrained value within e^-10 of its
+# support's boundary on the transform's scale (a scale below 5e-5, a probability above
+# 1 - 5e-5): where a mode goes when it is on the boundary (a hierarchical scale collapsing).
+BOUNDARY_UNCONSTRAINED = 10.0
+
+
+def warn_if_on_boundary(guide: AutoLaplaceApproximation) -> None:
+    r"""Warn, naming the sites, where the mode of a Laplace approximation lies on the
+    boundary of a constrained site's support: the log density is not locally
+    quadratic there, so :math:`\mathcal{N}(\hat\theta, H^{-1})` misstates the posterior."""
+    on_boundary = [
+        site["name"]
+        for site, value in guide._unpack_latent(guide.loc.detach())
+        if site["fn"].support is not dist.constraints.real
+        and bool((value.abs() > BOUNDARY_UNCONSTRAINED).any())
+    ]
+    if on_boundary:
+        warnings.warn(
+            f"the mode lies on the boundary of the support of {on_boundary}, where a Laplace "
+            "approximation is unreliable; use NUTS or SVI for these sites.",
+            BoundaryWarning,
+            stacklevel=5,  # the caller of aml_ppl.fit
+        )
+
+
+def frozen_copy(module: torch.nn.Module) -> torch.nn.Module:
+    r"""A deep copy of a trained guide module. Tensors a module caches from its last call
+    (a flow's ``_cached_x_y``) still carry autograd history, which ``deepcopy`` refuses;
+    they are detached first, in place (the values stay)."""
+    for submodule in module.modules():
+        for key, value in list(vars(submodule).items()):
+            if isinstance(value, torch.Tensor) and value.grad_fn is not None:
+                vars(submodule)[key] = value.detach()
+            elif isinstance(value, tuple) and any(isinstance(v, torch.Tensor) for v in value):
+                vars(submodule)[key] = tuple(v.detach() if isinstance(v, torch.Tensor) else v for v in value)
+    return copy.deepcopy(module)
+
+
+def is_delta_guide(guide: Callable, args: tuple, kwargs: dict) -> bool:
+    r"""Whether every latent site of ``guide`` is a point mass (a MAP or delta guide)."""
+    with isolated_param_store(), torch.no_grad():
+        trace = poutine.trace(guide).get_trace(*args, **kwargs)
+    sites = [site for site in trace.nodes.values() if site["type"] == "sample" and not site["is_observed"]]
+    return all(isinstance(_base(site["fn"]), dist.Delta) for site in sites)  # none: all params
+
+
+def _base(fn: Any) -> Any:
+    while hasattr(fn, "base_dist"):
+        fn = fn.base_dist
+    return fn
+
+
+def param_values(program: Callable, args: tuple, kwargs: dict) -> dict[str, torch.Tensor]:
+    r"""Copies of the current values of ``program``'s ``pyro.param`` sites (the program runs
+    without recording gradients: a DDPM's reverse chain would otherwise hold T networks'
+    activations)."""
+    with poutine.trace(param_only=True) as capture, torch.no_grad():
+        program(*args, **kwargs)
+    return {name: site["value"].detach().clone() for name, site in capture.trace.nodes.items()}
+
+
+def substituted(program: Callable, params: dict[str, torch.Tensor]) -> Callable:
+    return poutine.substitute(program, data=params) if params else program
