@@ -140,7 +140,6 @@ class Posterior(ABC):
     """
 
     kind: ClassVar[str]
-    rank: int = 0
 
     def __init__(
         self,
@@ -151,8 +150,10 @@ class Posterior(ABC):
         engine: str,
         history: list[float] | torch.Tensor,
         objective: str,
+        rank: int = 0,
     ) -> None:
         self.model = model
+        self.rank = rank
         self.data_args = args
         self.data_kwargs = kwargs
         self.engine = engine

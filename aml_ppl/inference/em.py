@@ -55,11 +55,12 @@ class MixturePosterior(Posterior):
         engine: str,
         history: list[float] | torch.Tensor,
         objective: str,
+        rank: int = 0,
     ) -> None:
         self.params = params
         self.replicates = replicates
         self.converged = converged
-        super().__init__(model, args, kwargs, engine=engine, history=history, objective=objective)
+        super().__init__(model, args, kwargs, engine=engine, history=history, objective=objective, rank=rank)
 
     @property
     def _closed_form(self) -> bool:
@@ -308,13 +309,12 @@ class EM(Engine):
             "fisher": lambda: self._fisher(model, X, params),
             "bootstrap": lambda: self._bootstrap(model, X, params),
         }[self.uncertainty]()
-        posterior = MixturePosterior(
+        return MixturePosterior(
             model, args, kwargs, params=params, replicates=replicates, converged=converged,
             engine=self.name, history=history,
             objective="mean_classification_log_likelihood" if self.hard else "mean_log_likelihood",
+            rank=ranks.rank,
         )
-        posterior.rank = ranks.rank
-        return posterior
 
     def _run(
         self, model: Any, X: torch.Tensor, params: dict[str, torch.Tensor], restart: int = 0, ranks: Ranks = Ranks()

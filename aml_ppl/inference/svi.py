@@ -76,6 +76,7 @@ class GuidePosterior(Posterior):
         engine: str,
         history: list[float] | torch.Tensor,
         objective: str,
+        rank: int = 0,
     ) -> None:
         self.guide = guide
         self.guide_spec = guide_spec
@@ -84,9 +85,7 @@ class GuidePosterior(Posterior):
         self._point_estimate = isinstance(model, VariationalBound) or is_delta_guide(
             substituted(guide, guide_params), args, kwargs
         )
-        super().__init__(
-            model, args, kwargs, engine=engine, history=history, objective=objective
-        )
+        super().__init__(model, args, kwargs, engine=engine, history=history, objective=objective, rank=rank)
 
     @property
     def param_sites(self) -> dict[str, torch.Tensor]:
@@ -311,8 +310,7 @@ class SVI(Engine):
                 )
             ranks.broadcast(params[name] for name in sorted(params))
             history, failed_step = self._optimise(fitted_model, fitted_guide, loss, args, kwargs, ranks)
-            posterior = self._freeze(model, guide, spec, args, kwargs, history)
-        posterior.rank = ranks.rank
+            posterior = self._freeze(model, guide, spec, args, kwargs, history, ranks.rank)
         if failed_step is not None:
             raise NonFiniteLossError(
                 f"the {self.name} loss was not finite at step {failed_step + 1}; the "
@@ -454,8 +452,10 @@ class SVI(Engine):
         args: tuple,
         kwargs: dict,
         history: list[float],
+        rank: int = 0,
     ) -> GuidePosterior:
-        r"""Copy the trained guide and parameter values into an immutable posterior."""
+        r"""Copy the trained guide and parameter values into an immutable posterior (held by
+        process ``rank`` of a data-parallel fit)."""
         if isinstance(guide, AutoLaplaceApproximation):
             warn_if_on_boundary(guide)
             try:
@@ -478,4 +478,5 @@ class SVI(Engine):
             engine=self.name,
             history=history,
             objective=self.objective,
+            rank=rank,
         )

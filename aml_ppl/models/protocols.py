@@ -1,7 +1,16 @@
 r"""The capabilities a model may offer, each declared once as a ``typing.Protocol``.
 
 Engines and posteriors check these (``isinstance(model, ExactGaussian)``), never a
-model class, so a user's own model gains an engine by offering the methods. The
+model class, so a user's own model gains an engine by offering the methods. ``isinstance``
+reads the method names only; :mod:`aml_ppl.testing` checks what they do (an exact
+posterior against the model's own Pyro program, EM steps against the EM theorem).
+
+Which feature reads which protocol: ``"em"`` :class:`ClosedFormEM` (and
+:class:`DataSampling`, :class:`Relabelable`, :class:`CheckedOnce`); ``"exact"``
+:class:`ExactGaussian` or :class:`EvidenceMaximisation`; ``predict``/``log_prob``
+:class:`ConditionalPredictive`, :class:`PointwiseLikelihood`, :class:`VariationalBound`;
+``to_botorch`` :class:`BoTorchExportable`; SVI and MAP :class:`HasGuide`,
+:class:`PreferredLoss`, :class:`InitialValues`, :class:`DataScaledLoss`. The
 records the capabilities exchange (:class:`GaussianLatents`) live here too, low
 enough that ``models`` and ``inference`` both import them.
 """
@@ -48,21 +57,39 @@ class ClosedFormEM(Protocol):
     process's shard of the points into the sum over all shards, and passes every sum over
     points through it."""
 
-    def em_initial_params(self, X: torch.Tensor, init: Any) -> dict[str, torch.Tensor]: ...
+    def em_initial_params(self, X: torch.Tensor, init: Any) -> dict[str, torch.Tensor]:
+        r"""Starting parameters for data ``X`` (``n x d``); ``init`` is the engine's ``init``
+        (``"kmeans++"``, ``"random"`` or a dict of parameters). Called once per restart."""
+        ...
 
     def em_step(
         self, X: torch.Tensor, params: dict[str, torch.Tensor], hard: bool = False
-    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]: ...
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        r"""One EM iteration (the engine's loop calls it): ``(objective, next_params)``, the
+        ``n`` per-point log-likelihoods :math:`\log p(x_i)` under ``params`` and the M-step's
+        parameters for their responsibilities. Their sum must never fall from one call to
+        the next (:func:`aml_ppl.testing.check_closed_form_em`)."""
+        ...
 
     def em_e_step(
         self, X: torch.Tensor, params: dict[str, torch.Tensor]
-    ) -> tuple[torch.Tensor, torch.Tensor]: ...
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        r"""``(log_responsibilities, log_density)``: ``n x k`` and ``n`` (the E-step alone, for
+        ``predict`` and the bootstrap); each row of responsibilities sums to one."""
+        ...
 
-    def em_m_step(self, X: torch.Tensor, responsibilities: torch.Tensor) -> dict[str, torch.Tensor]: ...
+    def em_m_step(self, X: torch.Tensor, responsibilities: torch.Tensor) -> dict[str, torch.Tensor]:
+        r"""Maximum-likelihood parameters for ``n x k`` ``responsibilities`` (hard EM passes
+        one-hot rows)."""
+        ...
 
-    def em_sites(self, params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]: ...
+    def em_sites(self, params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        r"""The parameters as the Pyro program's latent sites (the posterior's draws)."""
+        ...
 
-    def em_num_parameters(self, d: int) -> int: ...
+    def em_num_parameters(self, d: int) -> int:
+        r"""Free parameters for ``d`` features (for BIC and AIC)."""
+        ...
 
 
 @runtime_checkable
@@ -71,23 +98,35 @@ class DataSampling(Protocol):
 
     def em_sample_data(
         self, params: dict[str, torch.Tensor], num_points: int
-    ) -> tuple[torch.Tensor, torch.Tensor]: ...
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        r"""``num_points`` draws and their component labels: ``n x d`` and ``n``."""
+        ...
 
 
 @runtime_checkable
 class Relabelable(Protocol):
     r"""A canonical labelling of EM parameters (bootstrap replicates stay comparable)."""
 
-    def em_relabel(self, params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]: ...
+    def em_relabel(self, params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        r"""``params`` with components in a canonical order."""
+        ...
 
 
 @runtime_checkable
 class ExactGaussian(Protocol):
     r"""A closed-form Gaussian posterior and predictive (the ``"exact"`` engine)."""
 
-    def exact_posterior(self, *args: Any, **kwargs: Any) -> GaussianLatents: ...
+    def exact_posterior(self, *args: Any, **kwargs: Any) -> GaussianLatents:
+        r"""The closed-form posterior given the model's arguments (the ``"exact"`` engine
+        calls it once): a :class:`GaussianLatents` whose ``loc`` and ``covariance`` are the
+        Gaussian the Pyro program's joint density defines
+        (:func:`aml_ppl.testing.check_exact_gaussian`)."""
+        ...
 
-    def exact_predictive(self, latents: GaussianLatents, *args: Any, **kwargs: Any) -> dict[str, Any]: ...
+    def exact_predictive(self, latents: GaussianLatents, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        r"""Site name to a ``torch.distributions`` predictive at new arguments (``predict``,
+        ``log_prob``): the observed site's, and any noise-free site the model offers."""
+        ...
 
 
 @runtime_checkable
@@ -97,15 +136,26 @@ class EvidenceObjective(Protocol):
 
     start: dict[str, torch.Tensor]
 
-    def random_starts(self, count: int) -> list[dict[str, torch.Tensor]]: ...
+    def random_starts(self, count: int) -> list[dict[str, torch.Tensor]]:
+        r"""``count`` starting points (unconstrained values by site) to screen."""
+        ...
 
-    def subset(self, size: int) -> EvidenceObjective: ...
+    def subset(self, size: int) -> EvidenceObjective:
+        r"""The same objective on at most ``size`` data points (for screening starts)."""
+        ...
 
-    def value(self, raw: dict[str, torch.Tensor]) -> float: ...
+    def value(self, raw: dict[str, torch.Tensor]) -> float:
+        r"""The log marginal likelihood at ``raw`` as a float (no gradient)."""
+        ...
 
-    def __call__(self, raw: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]: ...
+    def __call__(self, raw: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        r"""``(value, surrogate)``: the log marginal likelihood at ``raw`` and a scalar whose
+        gradient is its gradient (an analytic gradient may be cheaper than autograd's)."""
+        ...
 
-    def latents(self, raw: dict[str, torch.Tensor], history: list[float]) -> GaussianLatents: ...
+    def latents(self, raw: dict[str, torch.Tensor], history: list[float]) -> GaussianLatents:
+        r"""The fitted posterior at ``raw``, with ``history`` (per evaluation) recorded."""
+        ...
 
 
 @runtime_checkable
@@ -113,9 +163,14 @@ class EvidenceMaximisation(Protocol):
     r"""An exact Gaussian predictive whose hyperparameters the ``"exact"`` engine fits by
     maximising the model's :class:`EvidenceObjective` (an exact GP)."""
 
-    def evidence_objective(self, *args: Any, learned: bool = True, **kwargs: Any) -> EvidenceObjective: ...
+    def evidence_objective(self, *args: Any, learned: bool = True, **kwargs: Any) -> EvidenceObjective:
+        r"""The objective the ``"exact"`` engine maximises over hyperparameters; ``learned=False``
+        keeps the model's values (the objective's start) as they are."""
+        ...
 
-    def exact_predictive(self, latents: GaussianLatents, *args: Any, **kwargs: Any) -> dict[str, Any]: ...
+    def exact_predictive(self, latents: GaussianLatents, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        r"""As :meth:`ExactGaussian.exact_predictive`."""
+        ...
 
 
 @runtime_checkable
@@ -126,7 +181,10 @@ class ConditionalPredictive(Protocol):
 
     def conditional_predictive(
         self, values: dict[str, torch.Tensor], train_args: tuple, *args: Any, **kwargs: Any
-    ) -> dict[str, Any]: ...
+    ) -> dict[str, Any]:
+        r"""Site name to the predictive at new ``args`` given one draw ``values`` (unbatched) and
+        the fitting data ``train_args`` (``predict`` averages these over draws)."""
+        ...
 
 
 @runtime_checkable
@@ -137,7 +195,10 @@ class PointwiseLikelihood(Protocol):
 
     def leave_one_out(
         self, values: dict[str, torch.Tensor], *args: Any, statistics: dict | None = None, **kwargs: Any
-    ) -> dict[str, Any]: ...
+    ) -> dict[str, Any]:
+        r"""Site name to a distribution whose ``log_prob`` of the observations gives the ``n``
+        terms :math:`\log p(y_i \mid y_{-i}, \theta)` (ArviZ's ``log_likelihood``)."""
+        ...
 
 
 @runtime_checkable
@@ -145,16 +206,23 @@ class BoTorchExportable(Protocol):
     r"""A BoTorch ``Model`` from a fitted exact posterior (``botorch_model``) or from draws
     of the Pyro program's latent sites (``botorch_ensemble``: MAP, SVI, NUTS)."""
 
-    def botorch_model(self, latents: GaussianLatents, *args: Any, **kwargs: Any) -> Any: ...
+    def botorch_model(self, latents: GaussianLatents, *args: Any, **kwargs: Any) -> Any:
+        r"""A BoTorch ``Model`` at a closed-form fit's values (``Posterior.to_botorch``)."""
+        ...
 
-    def botorch_ensemble(self, draws: dict[str, torch.Tensor], *args: Any, **kwargs: Any) -> Any: ...
+    def botorch_ensemble(self, draws: dict[str, torch.Tensor], *args: Any, **kwargs: Any) -> Any:
+        r"""A BoTorch ``Model`` batched over ``S`` draws (``S x ...`` tensors by site), read as
+        fully Bayesian."""
+        ...
 
 
 @runtime_checkable
 class HasGuide(Protocol):
     r"""A variational family of the model's own, used by SVI unless another is given."""
 
-    def guide(self, *args: Any, **kwargs: Any) -> None: ...
+    def guide(self, *args: Any, **kwargs: Any) -> None:
+        r"""A Pyro guide with the model's signature (SVI's default variational family)."""
+        ...
 
 
 @runtime_checkable
@@ -166,7 +234,9 @@ class PreferredLoss(Protocol):
     model trace that choosing a loss otherwise costs.
     """
 
-    def default_loss(self, num_particles: int = 1) -> Any: ...
+    def default_loss(self, num_particles: int = 1) -> Any:
+        r"""The ELBO (or a ``ModelLoss``) SVI uses unless another is given."""
+        ...
 
 
 @runtime_checkable
@@ -183,14 +253,18 @@ class DataScaledLoss(Protocol):
 class InitialValues(Protocol):
     r"""A data-driven starting point for autoguides."""
 
-    def init_values(self, *args: Any, **kwargs: Any) -> dict[str, torch.Tensor]: ...
+    def init_values(self, *args: Any, **kwargs: Any) -> dict[str, torch.Tensor]:
+        r"""Unconstrained-space starting values by site for autoguides (SVI, MAP)."""
+        ...
 
 
 @runtime_checkable
 class CheckedOnce(Protocol):
     r"""A check run once on the final EM estimate (a collapsed mixture component)."""
 
-    def em_check(self, params: dict[str, torch.Tensor]) -> None: ...
+    def em_check(self, params: dict[str, torch.Tensor]) -> None:
+        r"""Raise or warn about the final EM estimate ``params`` (the engine calls it once)."""
+        ...
 
 
 @runtime_checkable
@@ -202,6 +276,10 @@ class VariationalBound(Protocol):
 
     observed_site: str
 
-    def log_prob_bound(self, *args: Any, **kwargs: Any) -> torch.Tensor: ...
+    def log_prob_bound(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        r"""The bound on :math:`\log p(x_i)` per data point (``Posterior.log_prob``)."""
+        ...
 
-    def generate(self, num_samples: int, **kwargs: Any) -> torch.Tensor: ...
+    def generate(self, num_samples: int, **kwargs: Any) -> torch.Tensor:
+        r"""``num_samples`` new data points from the model (``Posterior.predict``)."""
+        ...
