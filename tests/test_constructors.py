@@ -64,6 +64,12 @@ def test_exact_refuses_evidence_options_on_a_closed_form_model(regression_data):
     assert torch.isfinite(post.latents.loc["beta"]).all()
 
 
+def test_map_refuses_a_learning_rate_its_line_search_would_ignore():
+    with pytest.raises(aml.InputDataError, match="`lr` = 0.1 is Adam's learning rate"):
+        inference.MAP(lr=0.1)
+    assert inference.MAP(optimizer="adam", lr=0.1).lr == 0.1
+
+
 def test_a_registry_refuses_a_taken_name():
     class Impostor(inference.Engine):
         name = "svi"

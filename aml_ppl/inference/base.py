@@ -4,19 +4,19 @@ An :class:`Engine` needs one method, ``fit(model, *args, **kwargs) -> Posterior`
 (as BoTorch's ``AcquisitionFunction`` needs only ``forward``), and says through
 :meth:`Engine.incompatibility` why it cannot run a model, if it cannot. A
 :class:`Posterior` is a record of what the engine produced (draws, a guide, a
-closed form) plus the surface; the replay behind ``predict``, ``log_prob`` and
-``to_arviz`` lives in :mod:`~aml_ppl.inference.replay`, the ArviZ conversion in
-:mod:`~aml_ppl.inference.export`, saving and loading in :mod:`~aml_ppl.inference.io`.
+closed form) plus the surface, which checks its arguments and delegates: what a verb
+computes for a model's capabilities is decided in :mod:`~aml_ppl.inference.predictive`
+(no method here tests a capability), the replay of a Pyro program is
+:mod:`~aml_ppl.inference.replay`, the ArviZ conversion :mod:`~aml_ppl.inference.export`,
+saving and loading :mod:`~aml_ppl.inference.io`.
 """
 
 from __future__ import annotations
 
-import math
 from abc import ABC, abstractmethod
-from contextlib import contextmanager
 from functools import cached_property, wraps
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Iterator
+from typing import Any, Callable, ClassVar
 
 import numpy as np
 import pyro
@@ -26,12 +26,12 @@ from aml_ppl._core.randomness import RandomStream
 from aml_ppl._core.records import Prediction
 from aml_ppl._core.registry import Registry
 from aml_ppl._data import check_count, check_finite_arguments, check_new_arguments, convert_arguments
-from aml_ppl.errors import AmlPplError, IncompatibleEngineError, InputDataError
+from aml_ppl.errors import IncompatibleEngineError, InputDataError
 from aml_ppl.inference import predictive
+from aml_ppl.inference.context import evaluation_mode, isolated_param_store, module_parameters
 from aml_ppl.inference.io import save
-from aml_ppl.inference.replay import Replayed, Structure, inspect_model, replay
+from aml_ppl.inference.replay import Replayed, Structure, inspect_model
 from aml_ppl.models.base import Model
-from aml_ppl.models.protocols import BoTorchExportable, ConditionalPredictive, PointwiseLikelihood, VariationalBound
 
 ENGINES: Registry[type["Engine"]] = Registry("engine", lambda cls: cls.name)
 register_engine = ENGINES.register  # class decorator: reachable by its ``name`` in ``fit``
@@ -77,48 +77,6 @@ def on_own_stream(method: Callable) -> Callable:
             return method(self, *args, **kwargs)
 
     return drawing
-
-
-@contextmanager
-def isolated_param_store() -> Iterator[None]:
-    r"""Run inside an empty Pyro param store, restoring the caller's afterwards."""
-    with pyro.get_param_store().scope():
-        yield
-
-
-@contextmanager
-def evaluation_mode(model: Callable) -> Iterator[None]:
-    r"""Put a model that is a torch module in ``eval()`` mode (no minibatching, as in
-    torch), restoring its mode afterwards."""
-    if not isinstance(model, torch.nn.Module):
-        yield
-        return
-    was_training = model.training
-    model.eval()
-    try:
-        yield
-    finally:
-        model.train(was_training)
-
-
-@contextmanager
-def module_parameters(model: Callable, values: dict[str, torch.Tensor]) -> Iterator[None]:
-    r"""Load learned values into a torch module's own parameters while the block runs,
-    restoring them after. A ``PyroModule`` 's ``nn.Parameter`` s are announced as
-    ``pyro.param`` sites but used as they are, so ``poutine.substitute`` does not reach them;
-    this keeps a posterior's record, not whatever the module was trained to since."""
-    own = dict(model.named_parameters()) if isinstance(model, torch.nn.Module) else {}
-    chosen = {name: value for name, value in values.items() if name in own}
-    saved = {name: own[name].detach().clone() for name in chosen}
-    with torch.no_grad():
-        for name, value in chosen.items():
-            own[name].copy_(value)
-    try:
-        yield
-    finally:
-        with torch.no_grad():
-            for name, value in saved.items():
-                own[name].copy_(value)
 
 
 class Posterior(ABC):
@@ -256,12 +214,7 @@ class Posterior(ABC):
             Site name to a ``num_samples x ...`` tensor (ArviZ's ``posterior`` group).
         """
         check_count("num_samples", num_samples)
-        if isinstance(self.model, VariationalBound):
-            raise InputDataError(
-                "this model's latent sites are T noised copies of every data point (its forward "
-                "process, fixed), not a posterior to sample; draw new data with "
-                "predict(num_samples=...) and read the bound with log_prob(x)."
-            )
+        predictive.check_sampleable(self.model)
         with torch.no_grad():
             return {name: value.detach() for name, value in self._draw(num_samples).items()}
 
@@ -281,17 +234,7 @@ class Posterior(ABC):
                 are not tensors (a batch size, say) are kept unless given again.
         """
         check_count("num_samples", num_samples)
-        if isinstance(self.model, VariationalBound):  # new data by the model's own sampler
-            if args:
-                raise InputDataError("predict on this model takes no data: new points are drawn from it.")
-            return Prediction.from_samples(self._with_learned_params(self.model.generate, num_samples, **kwargs))
-        args, kwargs = self._arguments(args, kwargs)
-        if isinstance(self.model, ConditionalPredictive):  # a mixture of Gaussians, one per draw
-            return predictive.mixture_prediction(self, num_samples, site, args, kwargs)
-        if site is not None and site in self.structure.deterministic:
-            return Prediction.from_samples(self._replay(num_samples, args, kwargs).deterministic[site])
-        site = self._observed_site(site)
-        return Prediction.from_samples(self._replay(num_samples, args, kwargs).predictive[site])
+        return predictive.predict(self, args, kwargs, num_samples, site)
 
     @on_own_stream
     def deterministic_values(self, *args: Any, num_samples: int = 1000, **kwargs: Any) -> dict[str, torch.Tensor]:
@@ -319,20 +262,7 @@ class Posterior(ABC):
             holds the per-draw terms).
         """
         check_count("num_samples", num_samples)
-        args, kwargs = self._arguments(args, kwargs)
-        if isinstance(self.model, VariationalBound):
-            return self._with_learned_params(self.model.log_prob_bound, *args, **kwargs)
-        site = self._observed_site(site)
-        if self.is_point_estimate:
-            num_samples = 1
-        if isinstance(self.model, ConditionalPredictive):
-            terms = predictive.conditional_log_likelihood(self, num_samples, site, args, kwargs)
-        else:
-            replayed = self._replay(num_samples, args, kwargs)
-            if site not in replayed.log_likelihood:
-                raise InputDataError(f"the arguments hold no observations for site {site!r}.")
-            terms = replayed.log_likelihood[site]
-        return torch.logsumexp(terms, 0) - math.log(terms.shape[0])
+        return predictive.log_predictive_density(self, args, kwargs, num_samples, site)
 
     @on_own_stream
     def to_botorch(self, num_samples: int = 64) -> Any:
@@ -345,8 +275,7 @@ class Posterior(ABC):
         Raises:
             AmlPplError: If the model offers no BoTorch form.
         """
-        if not isinstance(self.model, BoTorchExportable):
-            raise AmlPplError(f"{type(self.model).__name__} has no BoTorch form.")
+        predictive.check_botorch_form(self.model)
         return self._botorch_form(num_samples)
 
     def _botorch_form(self, num_samples: int) -> Any:
@@ -407,11 +336,7 @@ class Posterior(ABC):
     def _replay(self, num_draws: int, args: tuple, kwargs: dict, draws: dict | None = None) -> Replayed:
         r"""The replay of ``num_draws`` posterior draws (or of ``draws``, if given)."""
         draws = self.sample(num_draws) if draws is None else draws
-        if isinstance(self.model, PointwiseLikelihood):
-            return predictive.joint_replay(self, draws, num_draws, args, kwargs)
-        structure = self._inspect(args, kwargs)
-        with evaluation_mode(self.model):
-            return replay(self._evaluation_model(), draws, num_draws, args, kwargs, structure)
+        return predictive.replay_draws(self, draws, num_draws, args, kwargs)
 
     def _statistics(self) -> dict[str, torch.Tensor] | None:
         r"""Precomputed statistics of a closed-form fit (a GP's transforms), else ``None``."""

@@ -21,7 +21,7 @@ from pyro.infer.autoguide import (
 )
 
 from aml_ppl.errors import AmlPplWarning
-from aml_ppl.inference.base import isolated_param_store
+from aml_ppl.inference.context import isolated_param_store
 from aml_ppl.inference.distributed import RankFailureError, Ranks
 from aml_ppl.inference.losses import finite_or_nan
 from aml_ppl.inference.optimise import OptimisationResult, minimise_lbfgs

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, ClassVar
 
+from aml_ppl._core.checks import changed_options
 from aml_ppl.errors import InputDataError
 from aml_ppl.inference.base import register_engine
 from aml_ppl.inference.distributed import Ranks
@@ -62,6 +63,11 @@ class MAP(SVI):
     ) -> None:
         if optimizer not in ("lbfgs", "adam"):
             raise InputDataError(f"`optimizer` must be 'lbfgs' or 'adam'; got {optimizer!r}.")
+        if optimizer == "lbfgs" and changed_options(MAP.__init__, {"lr": lr}):
+            raise InputDataError(
+                f"`lr` = {lr} is Adam's learning rate, and L-BFGS (the default `optimizer`) takes its "
+                "steps by line search; drop `lr`, or pass optimizer='adam'."
+            )
         super().__init__(
             num_steps=num_steps,
             lr=lr,

@@ -18,13 +18,9 @@ from pyro.ops.integrator import potential_grad
 from aml_ppl._core.randomness import local_seed
 from aml_ppl._data import check_count, check_positive
 from aml_ppl.errors import InputDataError, JitFallbackWarning
-from aml_ppl.inference.base import (
-    Engine,
-    Posterior,
-    isolated_param_store,
-    register_engine,
-)
+from aml_ppl.inference.base import Engine, Posterior, register_engine
 from aml_ppl.inference.chains import chain_executor, run_chains
+from aml_ppl.inference.context import isolated_param_store
 from aml_ppl.inference.io import recorded, register_posterior, stored
 from aml_ppl.inference.replay import inspect_model
 

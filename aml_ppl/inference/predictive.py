@@ -1,5 +1,9 @@
-r"""What a posterior computes through a model's declared capabilities, not a Pyro replay.
+r"""The posterior's verbs, dispatched on what the model declares.
 
+:class:`~aml_ppl.inference.base.Posterior` holds the record and checks the arguments; what
+``sample``, ``predict``, ``log_prob`` and ``to_botorch`` compute depends on the model's
+capabilities (:mod:`aml_ppl.models.protocols`) and is decided here, once. A plain Pyro
+program is replayed with all draws on a leading plate (:mod:`~aml_ppl.inference.replay`).
 A model that offers :class:`~aml_ppl.models.protocols.ConditionalPredictive` (a GP's
 predictive given its hyperparameters and the data) is predicted as the mixture over draws
 of those predictives; one that offers :class:`~aml_ppl.models.protocols.PointwiseLikelihood`
@@ -9,16 +13,85 @@ of those predictives; one that offers :class:`~aml_ppl.models.protocols.Pointwis
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from aml_ppl._core.records import Prediction
-from aml_ppl.errors import InputDataError
-from aml_ppl.inference.replay import Replayed
+from aml_ppl.errors import AmlPplError, InputDataError
+from aml_ppl.inference.context import evaluation_mode
+from aml_ppl.inference.replay import Replayed, replay
+from aml_ppl.models.protocols import BoTorchExportable, ConditionalPredictive, PointwiseLikelihood, VariationalBound
 
 if TYPE_CHECKING:
     from aml_ppl.inference.base import Posterior
+
+
+def check_sampleable(model: Any) -> None:
+    r"""Refuse to sample a model whose latent sites are not a posterior (a DDPM's)."""
+    if isinstance(model, VariationalBound):
+        raise InputDataError(
+            "this model's latent sites are T noised copies of every data point (its forward "
+            "process, fixed), not a posterior to sample; draw new data with "
+            "predict(num_samples=...) and read the bound with log_prob(x)."
+        )
+
+
+def check_botorch_form(model: Any) -> None:
+    r"""Refuse ``to_botorch`` for a model that offers no BoTorch form."""
+    if not isinstance(model, BoTorchExportable):
+        raise AmlPplError(f"{type(model).__name__} has no BoTorch form.")
+
+
+def predict(posterior: "Posterior", args: tuple, kwargs: dict, num_samples: int, site: str | None) -> Prediction:
+    r"""``Posterior.predict``: new data from a bound model's own sampler; the mixture of
+    conditional predictives for a :class:`ConditionalPredictive` model; else the replay's
+    replicates of ``site`` (an observed or a ``pyro.deterministic`` site)."""
+    model = posterior.model
+    if isinstance(model, VariationalBound):  # new data by the model's own sampler
+        if args:
+            raise InputDataError("predict on this model takes no data: new points are drawn from it.")
+        return Prediction.from_samples(posterior._with_learned_params(model.generate, num_samples, **kwargs))
+    args, kwargs = posterior._arguments(args, kwargs)
+    if isinstance(model, ConditionalPredictive):  # a mixture of Gaussians, one per draw
+        return mixture_prediction(posterior, num_samples, site, args, kwargs)
+    if site is not None and site in posterior.structure.deterministic:
+        return Prediction.from_samples(posterior._replay(num_samples, args, kwargs).deterministic[site])
+    site = posterior._observed_site(site)
+    return Prediction.from_samples(posterior._replay(num_samples, args, kwargs).predictive[site])
+
+
+def log_predictive_density(
+    posterior: "Posterior", args: tuple, kwargs: dict, num_samples: int, site: str | None
+) -> torch.Tensor:
+    r"""``Posterior.log_prob``: :math:`\log \frac1S \sum_s p(y_i \mid \theta_s)` per observation
+    (one draw for a point estimate); a bound model's bound."""
+    args, kwargs = posterior._arguments(args, kwargs)
+    if isinstance(posterior.model, VariationalBound):
+        return posterior._with_learned_params(posterior.model.log_prob_bound, *args, **kwargs)
+    site = posterior._observed_site(site)
+    if posterior.is_point_estimate:
+        num_samples = 1
+    if isinstance(posterior.model, ConditionalPredictive):
+        terms = conditional_log_likelihood(posterior, num_samples, site, args, kwargs)
+    else:
+        replayed = posterior._replay(num_samples, args, kwargs)
+        if site not in replayed.log_likelihood:
+            raise InputDataError(f"the arguments hold no observations for site {site!r}.")
+        terms = replayed.log_likelihood[site]
+    return torch.logsumexp(terms, 0) - math.log(terms.shape[0])
+
+
+def replay_draws(posterior: "Posterior", draws: dict, num_draws: int, args: tuple, kwargs: dict) -> Replayed:
+    r"""Replicates, pointwise log-likelihood and deterministic sites for ``num_draws`` draws:
+    the exact leave-one-out form for a :class:`PointwiseLikelihood` model, else one replay of
+    the Pyro program with the draws on a leading plate."""
+    if isinstance(posterior.model, PointwiseLikelihood):
+        return joint_replay(posterior, draws, num_draws, args, kwargs)
+    structure = posterior._inspect(args, kwargs)
+    with evaluation_mode(posterior.model):
+        return replay(posterior._evaluation_model(), draws, num_draws, args, kwargs, structure)
 
 
 def mixture_prediction(posterior: "Posterior", num_samples: int, site: str | None, args: tuple, kwargs: dict) -> Prediction:

@@ -19,7 +19,8 @@ from tqdm.auto import tqdm
 
 from aml_ppl._data import check_count, check_positive
 from aml_ppl.errors import InputDataError, JitFallbackWarning, ModelFittingError, NonFiniteLossError
-from aml_ppl.inference.base import Engine, Posterior, isolated_param_store, register_engine
+from aml_ppl.inference.base import Engine, Posterior, register_engine
+from aml_ppl.inference.context import isolated_param_store
 from aml_ppl.inference.distributed import DataPlateScale, Ranks
 from aml_ppl.inference.guides import (
     AUTOGUIDES,

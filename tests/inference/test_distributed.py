@@ -16,7 +16,7 @@ import torch
 
 import aml_ppl as aml
 from aml_ppl.errors import InputDataError
-from aml_ppl.inference.base import isolated_param_store
+from aml_ppl.inference.context import isolated_param_store
 from aml_ppl.inference.distributed import shard
 from tests.inference import distributed_worker as worker
 
