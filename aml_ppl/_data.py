@@ -6,7 +6,6 @@ boundary works on tensors and trusts their shape.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np

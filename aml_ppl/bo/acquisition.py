@@ -11,7 +11,7 @@ posterior covariance does not depend on the observed values), so a batch spreads
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple, Sequence
+from typing import Any, Callable, ClassVar, NamedTuple, Sequence
 
 import gpytorch
 import numpy as np
@@ -25,7 +25,22 @@ from gpytorch.models import ExactGP
 from torch import Tensor
 
 from aml_ppl._core.linalg import plus_diagonal, robust_cholesky, solve_lower
+from aml_ppl._core.registry import Registry
 from aml_ppl.errors import InputDataError
+
+
+# The transductive acquisitions by name: one registry that safe BO and active learning share.
+TRANSDUCTIVE: Registry[type["_JointPosteriorAcquisition"]] = Registry("acquisition", lambda cls: cls.name)
+
+
+def transductive(name: str, models: Model | Sequence[Model], target: Tensor, **options: Any) -> AcquisitionFunction:
+    r"""The registered acquisition ``name`` (``"itl"``, ``"vtl"``, ``"us"``) on ``models``,
+    directed at ``target`` (``m x d``) where it is directed (uncertainty sampling is not);
+    ``options`` go to its constructor (ITL's ``first_pivots``)."""
+    if name not in TRANSDUCTIVE:
+        raise InputDataError(f"the acquisition must be one of {sorted(TRANSDUCTIVE)}; got {name!r}.")
+    acquisition = TRANSDUCTIVE[name]
+    return acquisition(models, target=target, **options) if acquisition.directed else acquisition(models, **options)
 
 
 class _JointPosteriorAcquisition(AcquisitionFunction):
@@ -104,6 +119,7 @@ class _JointPosteriorAcquisition(AcquisitionFunction):
         return X[:, 0, :]
 
 
+@TRANSDUCTIVE.register
 class ITL(_JointPosteriorAcquisition):
     r"""Information-based transductive learning: the information a noisy observation at
     :math:`x` carries about the latent function on the target set :math:`A`,
@@ -141,6 +157,9 @@ class ITL(_JointPosteriorAcquisition):
         >>> itl(torch.rand(4, 1, 1, dtype=torch.float64)).shape
         torch.Size([4])
     """
+
+    name: ClassVar[str] = "itl"
+    directed: ClassVar[bool] = True
 
     def __init__(
         self, models: Model | Sequence[Model], *, target: Tensor | None = None, jitter: float = 1e-9, tolerance: float = 1e-6,
@@ -404,6 +423,7 @@ def _same_covariance(model: Model, other: Model) -> bool:
     return all(a.shape == b.shape and torch.equal(a, b) for a, b in pairs)
 
 
+@TRANSDUCTIVE.register
 class VTL(_JointPosteriorAcquisition):
     r"""Variance-based transductive learning: minus the total posterior variance of the
     latent function on the target set after observing :math:`y_x`,
@@ -417,6 +437,9 @@ class VTL(_JointPosteriorAcquisition):
         models: One BoTorch model, or several sharing the target set.
         target: An ``m x d`` tensor, the target set :math:`A`.
     """
+
+    name: ClassVar[str] = "vtl"
+    directed: ClassVar[bool] = True
 
     def __init__(self, models: Model | Sequence[Model], *, target: Tensor) -> None:
         super().__init__(models, target=target)
@@ -437,6 +460,7 @@ class VTL(_JointPosteriorAcquisition):
         return -(target_covariance.diagonal().sum() - reduction)
 
 
+@TRANSDUCTIVE.register
 class UncertaintySampling(_JointPosteriorAcquisition):
     r"""Uncertainty sampling (notes IML §12.3): the summed posterior variance
     :math:`\sum_{\text{models}} \sigma_x^2` of the latent functions at :math:`x`.
@@ -444,6 +468,9 @@ class UncertaintySampling(_JointPosteriorAcquisition):
     Args:
         models: One BoTorch model, or several.
     """
+
+    name: ClassVar[str] = "us"
+    directed: ClassVar[bool] = False
 
     def __init__(self, models: Model | Sequence[Model]) -> None:
         super().__init__(models, target=None)

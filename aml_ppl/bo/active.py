@@ -15,13 +15,13 @@ from tqdm.auto import tqdm
 from aml_ppl._core.linalg import plus_diagonal
 from aml_ppl._data import check_count, check_float_tensor
 from aml_ppl.api import fit
-from aml_ppl.bo.acquisition import ITL, VTL, UncertaintySampling
+from aml_ppl.bo.acquisition import TRANSDUCTIVE, transductive
 from aml_ppl.errors import InputDataError
 from aml_ppl.inference.exact import Exact
 from aml_ppl.models.gp import GaussianProcess
 
 
-STRATEGIES = ("itl", "vtl", "us", "random")
+STRATEGIES = (*TRANSDUCTIVE, "random")
 
 
 @dataclass(frozen=True)
@@ -104,11 +104,7 @@ class TransductiveActiveLearning:
             index = torch.randint(self.sample_space.shape[0], (1,), generator=self.generator)
             return self.sample_space[index[0]]
         model = self._posterior().to_botorch()
-        acquisition = {
-            "itl": lambda: ITL(model, target=self.target),
-            "vtl": lambda: VTL(model, target=self.target),
-            "us": lambda: UncertaintySampling(model),
-        }[self.strategy]()
+        acquisition = transductive(self.strategy, model, self.target)
         return optimize_acqf_discrete(acquisition, q=1, choices=self.sample_space)[0][0]
 
     def observe(self, x: Tensor, y: float) -> ActiveLearningStep:

@@ -17,7 +17,7 @@ from torch import Tensor
 
 from aml_ppl._data import check_count
 from aml_ppl.api import fit
-from aml_ppl.bo.acquisition import ITL, VTL, UncertaintySampling, prior_pivots
+from aml_ppl.bo.acquisition import TRANSDUCTIVE, prior_pivots, transductive
 from aml_ppl.bo.journal import EvaluationRecord, Journal, domain_fingerprint, model_fingerprint
 from aml_ppl.bo.pathwise import thompson_maximisers
 from aml_ppl.bo.problems import SafeProblem
@@ -35,7 +35,7 @@ from aml_ppl.errors import InputDataError
 from aml_ppl.inference.exact import Exact
 from aml_ppl.models.gp import GaussianProcess
 
-ACQUISITIONS = ("itl", "vtl", "us", "safeopt", "unsafe_ei")
+ACQUISITIONS = (*TRANSDUCTIVE, "safeopt", "unsafe_ei")
 
 
 class SafeBayesianOptimization:
@@ -363,12 +363,11 @@ class SafeBayesianOptimization:
             target_mask = thompson_maximisers(models[0], self.domain, allowed_targets, self.thompson_samples, len(self.records))
         target = self.domain[target_mask]
         objective_only = models[:1] if self.problem.objective_is_constraint else models
-        acquisition = {
-            "itl": lambda: ITL(objective_only, target=target, first_pivots=self._first_pivots(models[0], target_mask)),
-            "vtl": lambda: VTL(objective_only, target=target),
-            "us": lambda: UncertaintySampling(objective_only),
-            "unsafe_ei": lambda: LogExpectedImprovement(models[0], best_f=self.observations[1][:, 0].max()),
-        }[self.acquisition]()
+        if self.acquisition == "unsafe_ei":
+            acquisition = LogExpectedImprovement(models[0], best_f=self.observations[1][:, 0].max())
+        else:
+            warm_start = {"first_pivots": self._first_pivots(models[0], target_mask)} if self.acquisition == "itl" else {}
+            acquisition = transductive(self.acquisition, objective_only, target, **warm_start)
         if pending is not None and pending.numel() and self.acquisition != "unsafe_ei":
             acquisition.set_X_pending(pending)
         choice, _ = optimize_acqf_discrete(acquisition, q=1, choices=self.domain[sample_space])

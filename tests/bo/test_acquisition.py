@@ -218,3 +218,20 @@ def test_itl_from_the_prior_pivots_matches_a_cold_start():
         warm = ITL(model, target=target, first_pivots=first)(candidates)
     torch.testing.assert_close(warm, cold, rtol=0, atol=1e-3)
     assert cold[warm.argmax()] >= cold.max() - 1e-3
+
+
+def test_one_registry_builds_each_acquisition_by_name_for_safe_bo_and_active_learning(gp):
+    from aml_ppl.bo.acquisition import TRANSDUCTIVE, transductive
+    from aml_ppl.bo.active import STRATEGIES
+    from aml_ppl.bo.safe import ACQUISITIONS
+
+    model, _ = gp
+    target = torch.linspace(0, 1, 5, dtype=torch.float64)[:, None]
+    candidates = torch.rand(4, 1, 1, dtype=torch.float64)
+    assert set(TRANSDUCTIVE) == {"itl", "vtl", "us"} <= set(ACQUISITIONS) & set(STRATEGIES)
+    for name, expected in (("itl", ITL(model, target=target)), ("vtl", VTL(model, target=target)), ("us", UncertaintySampling(model))):
+        built = transductive(name, model, target)
+        assert type(built) is type(expected)
+        torch.testing.assert_close(built(candidates), expected(candidates))
+    with pytest.raises(ValueError, match="must be one of"):
+        transductive("ei", model, target)
