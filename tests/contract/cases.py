@@ -16,7 +16,7 @@ import torch
 from pyro.distributions import constraints
 from pyro.ops.indexing import Vindex
 
-from aml_ppl.models import BayesianLinearRegression
+from aml_ppl.models import BayesianLinearRegression, GaussianMixture
 
 
 @dataclass
@@ -138,6 +138,24 @@ def mixture_oracle(draws, args):
     return {"log_likelihood": log_likelihood, "mean": (responsibilities * draws["locs"][:, None, :]).sum(-1)}
 
 
+# -- the built-in Gaussian mixture (diagonal covariances, enumerated assignments) ------------------
+
+GMM_X = torch.cat([
+    torch.randn(18, 2, generator=_generator(10)) * 0.6 + torch.tensor([-2.0, 0.0]),
+    torch.randn(12, 2, generator=_generator(11)) * 0.6 + torch.tensor([2.0, 1.0]),
+]).double()
+
+
+def gmm_oracle(draws, args):
+    """log p(x_i) = log sum_j w_j prod_d N(x_id; mu_jd, s_jd); E[x_rep,i] = sum_j r_ij mu_j."""
+    (X,) = args
+    locs, scales = draws["locs"][:, None], draws["scales"][:, None]  # S x 1 x k x d
+    joint = torch.log(draws["weights"])[:, None, :] + dist.Normal(locs, scales).log_prob(X[None, :, None, :]).sum(-1)
+    log_likelihood = torch.logsumexp(joint, -1)  # the assignment summed out
+    responsibilities = (joint - log_likelihood[..., None]).exp()
+    return {"log_likelihood": log_likelihood, "mean": (responsibilities[..., None] * locs).sum(-2)}
+
+
 # -- a change point: a global enumerated site ----------------------------------------------------
 
 COUNTS = torch.cat([torch.poisson(torch.full((12,), 6.0), _generator(6)), torch.poisson(torch.full((18,), 1.5), _generator(7))])
@@ -222,6 +240,7 @@ CASES: list[Case] = [
     ),
     Case("mixture", enumerated_mixture, (MIX_Y,), oracle=mixture_oracle, discrete=("z",)),
     Case("change_point", change_point, (COUNTS,), oracle=change_point_oracle, discrete=("switch",)),
+    Case("gmm", GaussianMixture(2, covariance_type="diag"), (GMM_X,), oracle=gmm_oracle, discrete=("assignment",)),
     Case("param_and_sample", param_and_sample, (PARAM_Y,), oracle=param_oracle, params=("scale",)),
     Case("param_mixture", param_mixture, (MIX_Y,), oracle=param_mixture_oracle, params=("weights", "locs"), discrete=("z",)),
 ]
@@ -232,7 +251,7 @@ CAPABLE: dict[str, set[str]] = {
     "svi": {case.name for case in CASES},
     "map": {case.name for case in CASES} - {"subsampled"},
     "nuts": {case.name for case in CASES} - {"param_and_sample", "param_mixture", "subsampled"},
-    "em": {"param_mixture"},
+    "em": {"param_mixture", "gmm"},
 }
 
 

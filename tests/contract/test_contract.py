@@ -140,7 +140,7 @@ def test_predict_and_log_prob_against_the_oracle(pair):
     # times the sd of the difference fails with probability < 1e-5 per point. A point
     # estimate's one draw leaves no Monte Carlo error: the two agree to rounding.
     log_prob = post.log_prob(num_samples=NUM_SAMPLES)
-    assert log_prob.shape == observations.shape and torch.isfinite(log_prob).all()
+    assert log_prob.shape == observations.shape[:1] and torch.isfinite(log_prob).all()  # one term per observation
     if case.new_args is not None:
         new = post.predict(*case.new_args, num_samples=50)
         assert new.mean.shape == case.new_args[0].shape[:1]
