@@ -11,6 +11,7 @@ import pyro.distributions as dist
 import torch
 from pyro import poutine
 from pyro.infer import Trace_ELBO
+from pyro.poutine.util import site_is_subsample
 from pyro.infer.autoguide import (
     AutoDelta,
     AutoLaplaceApproximation,
@@ -144,7 +145,10 @@ def is_delta_guide(guide: Callable, args: tuple, kwargs: dict) -> bool:
     r"""Whether every latent site of ``guide`` is a point mass (a MAP or delta guide)."""
     with isolated_param_store(), torch.no_grad():
         trace = poutine.trace(guide).get_trace(*args, **kwargs)
-    sites = [site for site in trace.nodes.values() if site["type"] == "sample" and not site["is_observed"]]
+    sites = [
+        site for site in trace.nodes.values()
+        if site["type"] == "sample" and not site["is_observed"] and not site_is_subsample(site)  # a plate is no latent
+    ]
     return all(isinstance(_base(site["fn"]), dist.Delta) for site in sites)  # none: all params
 
 
