@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from aml_ppl import __version__
+from aml_ppl._core.files import atomic_path
 from aml_ppl.api import fit
 from aml_ppl.errors import AmlPplError, InputDataError
 from aml_ppl.inference import EM, MAP, NUTS, SVI, Exact
@@ -221,8 +222,10 @@ def fit_command(options: argparse.Namespace) -> None:
     print(summary(posterior).to_string())
     options.out.mkdir(parents=True, exist_ok=True)
     posterior.save(options.out / "posterior.pt")
-    idata.to_netcdf(str(options.out / "inference_data.nc"))
-    figure.savefig(options.out / "predictive.png", dpi=100)
+    with atomic_path(options.out / "inference_data.nc") as temporary:
+        idata.to_netcdf(str(temporary))
+    with atomic_path(options.out / "predictive.png") as temporary:
+        figure.savefig(temporary, dpi=100)
     print(f"wrote {options.out / 'inference_data.nc'}, {options.out / 'posterior.pt'} and {options.out / 'predictive.png'}")
 
 

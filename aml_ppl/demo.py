@@ -26,6 +26,7 @@ from typing import Any, Callable
 import torch
 
 import aml_ppl as aml
+from aml_ppl._core.files import atomic_write
 from aml_ppl.errors import InputDataError
 from aml_ppl.inference import EM, MAP, NUTS, SVI, Exact
 
@@ -109,7 +110,7 @@ networks (BNN, DDPM) on {self.device_name()}, the rest on the CPU; {datetime.now
 }});</script>
 </body></html>"""
         path = self.folder / "report.html"
-        path.write_text(page, encoding="utf-8")
+        atomic_write(path, lambda file: file.write(page.encode("utf-8")))
         return path
 
 

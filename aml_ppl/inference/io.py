@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
+from aml_ppl._core.files import atomic_write
 from aml_ppl._core.randomness import RandomStream
 from aml_ppl._core.registry import Registry
 from aml_ppl.errors import AmlPplError, InputDataError
@@ -26,7 +27,8 @@ register_posterior = POSTERIORS.register  # class decorator: ``load`` rebuilds t
 
 
 def save(posterior: "Posterior", path: str | Path) -> None:
-    r"""Write ``posterior`` to ``path`` (read back by :func:`load`)."""
+    r"""Write ``posterior`` to ``path`` (read back by :func:`load`), whole or not at all: a
+    save killed midway leaves the file that was there."""
     tensors, meta = posterior._state()
     model = posterior.model
     model_spec = None
@@ -42,7 +44,7 @@ def save(posterior: "Posterior", path: str | Path) -> None:
         "args": [_storable(f"argument {i}", arg) for i, arg in enumerate(posterior.data_args)],
         "kwargs": {k: _storable(f"argument {k!r}", v) for k, v in posterior.data_kwargs.items()},
     }
-    torch.save(payload, Path(path))
+    atomic_write(path, lambda file: torch.save(payload, file))
 
 
 def load(path: str | Path, model: Callable | None = None, guide: Callable | None = None) -> "Posterior":
@@ -56,11 +58,18 @@ def load(path: str | Path, model: Callable | None = None, guide: Callable | None
         guide: Needed when the fit used a guide of the user's own.
 
     Raises:
-        InputDataError: If the file is not a saved posterior, or the model is needed.
+        InputDataError: If there is no such file, the file is not a saved posterior (truncated,
+            empty, another format), or the model is needed.
     """
-    payload = torch.load(Path(path), weights_only=True)
+    path = Path(path)
+    if not path.is_file():
+        raise InputDataError(f"no posterior file at `{path}`.")
+    try:
+        payload = torch.load(path, weights_only=True)
+    except Exception as error:  # torch's readers fail in many ways on a broken file; the cause is kept
+        raise InputDataError(f"`{path}` is not an aml_ppl posterior (truncated, empty or another format).") from error
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
-        raise InputDataError(f"{path} is not a posterior saved by aml_ppl.")
+        raise InputDataError(f"`{path}` is not an aml_ppl posterior (a torch file of another kind).")
     if model is None:
         spec = payload["model"]
         if spec is None:
