@@ -23,6 +23,12 @@ def to_tensor(value: Any) -> Any:
     if hasattr(value, "to_numpy") and not isinstance(value, torch.Tensor):
         value = value.to_numpy()
     if isinstance(value, np.ndarray):
+        if value.dtype.kind in "USO" and any(isinstance(item, (str, bytes)) for item in value.flat):
+            found = ", ".join(repr(str(item)) for item in sorted({str(item) for item in value.flat})[:5])
+            raise InputDataError(
+                f"got an array of strings ({found}{', ...' if len(set(value.flat)) > 5 else ''}); encode them as "
+                "numbers first: class labels as integers 0 … K-1 (`codes, classes = pandas.factorize(y)`)."
+            )
         if value.dtype == object:
             raise InputDataError(
                 "got a numpy array of dtype object; convert it to a numeric dtype first."

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import arviz as az
+import numpy as np
+import pandas as pd
 import pyro
 import pyro.distributions as dist
 import pytest
@@ -161,3 +163,26 @@ def test_predict_on_new_inputs_sizes_plates_from_them_and_keeps_the_fits_options
     x_new = torch.linspace(-1, 1, 30)
     assert post.predict(x_new, num_samples=20).mean.shape == (30,)
     assert post.to_arviz(num_samples=10).log_likelihood["obs"].shape == (1, 10, 50)
+
+
+@pytest.mark.parametrize(
+    "make, match",
+    [
+        (lambda: aml.models.DDPM((1, 7, 7), network="unet"), r"`data_shape` \(1, 7, 7\).*divisible by 4.*\(8, 8\)"),
+        (lambda: aml.models.SparseGaussianProcess(subsample_size=0), "`subsample_size` must be an integer >= 1"),
+        (lambda: aml.models.SparseGaussianProcess(subsample_size=-5), "`subsample_size` must be an integer >= 1"),
+    ],
+)
+def test_the_newer_families_name_the_argument_at_construction(make, match):
+    r"""Issue 32, item 6: a U-net's image sides and a sparse GP's minibatch, named where given."""
+    with pytest.raises(aml.InputDataError, match=match):
+        make()
+
+
+@pytest.mark.parametrize("as_given", [lambda y: y, lambda y: y.astype(object), pd.Series], ids=["str", "object", "Series"])
+def test_string_class_labels_are_named_with_the_classes_found(as_given):
+    X = np.random.default_rng(0).normal(size=(6, 2))
+    labels = as_given(np.array(["benign", "malignant"] * 3))
+    for model in (aml.models.BayesianLogisticRegression(), aml.models.BayesianNeuralNetwork(2, hidden=[4], out_features=2, likelihood="categorical")):
+        with pytest.raises(aml.InputDataError, match=r"strings \('benign', 'malignant'\).*pandas.factorize"):
+            aml.fit(model, X, labels, engine="map")

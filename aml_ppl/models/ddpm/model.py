@@ -199,7 +199,15 @@ class DDPM(DiffusionBound, Model):
         options = dict(self.network_options)
         if self.reverse_variance == "interpolated":  # the noise and v: twice the channels
             options["out_channels"] = 2 * self.data_shape[0]
-        return NETWORKS[network](self.data_shape[0], **options)
+        built = NETWORKS[network](self.data_shape[0], **options)
+        halvings = 2 ** (getattr(built, "levels", 1) - 1)  # a U-net halves each side per level
+        if network == "unet" and any(side % halvings for side in self.data_shape[1:]):
+            raise InputDataError(
+                f"`data_shape` {self.data_shape}: the U-net's {built.levels} levels need image sides divisible "
+                f"by {halvings}; pad the images (to {tuple(-(-side // halvings) * halvings for side in self.data_shape[1:])}), "
+                "or give fewer levels with network_options={'multipliers': (1, 2)}."
+            )
+        return built
 
     def get_config(self) -> dict[str, Any] | None:
         if self.network_name is None:

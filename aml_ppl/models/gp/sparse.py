@@ -70,7 +70,7 @@ class SparseGaussianProcess(_GaussianProcessBase):
         super().__init__()
         self._setup(kernel, mean, noise, noise_floor, priors)
         self.num_inducing = check_count("num_inducing", num_inducing)
-        self.subsample_size = subsample_size
+        self.subsample_size = None if subsample_size is None else check_count("subsample_size", subsample_size)
 
     def _inducing_inputs(self, X: torch.Tensor) -> torch.Tensor:
         def start() -> torch.Tensor:
