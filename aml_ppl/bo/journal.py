@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import sqlite3
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
@@ -13,6 +14,11 @@ from typing import Any, Iterator
 import torch
 
 from aml_ppl.errors import InputDataError
+
+try:  # POSIX advisory locks, released by the kernel when the holder dies (SIGKILL included)
+    import fcntl
+except ImportError:  # Windows: no writer lock
+    fcntl = None
 
 
 @dataclass(frozen=True)
@@ -54,6 +60,11 @@ class Journal:
     reopening turns any left over into ``"interrupted"`` records (:meth:`interrupt_pending`).
     The loop's configuration is stored once and checked when the journal is reopened.
 
+    One writer at a time: the journal holds an exclusive lock on ``<path>.lock`` (with the
+    holder's process id) until :meth:`close`; a second loop on the same file is refused with
+    an error naming that process. The kernel drops the lock when its holder dies, so a
+    killed loop's journal resumes at once.
+
     Args:
         path: The database file (created if absent).
         config: JSON-compatible settings of the loop that wrote it.
@@ -65,15 +76,25 @@ class Journal:
         self.path = Path(path)
         if self.path.is_dir():
             raise InputDataError(f"`journal` {self.path} is a directory; give a file path.")
-        self._connection = sqlite3.connect(self.path, isolation_level=None)
-        self._connection.execute("PRAGMA journal_mode=WAL")
-        self._connection.execute("CREATE TABLE IF NOT EXISTS config (body TEXT NOT NULL)")
-        self._connection.execute(
-            "CREATE TABLE IF NOT EXISTS evaluations (step INTEGER PRIMARY KEY, body TEXT NOT NULL)"
-        )
-        self._connection.execute("CREATE TABLE IF NOT EXISTS pending (id INTEGER PRIMARY KEY, x TEXT NOT NULL)")
-        stored = self._connection.execute("SELECT body FROM config").fetchone()
-        count = self._connection.execute("SELECT COUNT(*) FROM evaluations").fetchone()[0]
+        if not self.path.parent.is_dir():
+            raise InputDataError(f"`journal`: folder `{self.path.parent}/` does not exist; create it first.")
+        self._lock = self._take_lock()
+        try:
+            self._connection = sqlite3.connect(self.path, isolation_level=None)
+            self._connection.execute("PRAGMA journal_mode=WAL")
+            self._connection.execute("CREATE TABLE IF NOT EXISTS config (body TEXT NOT NULL)")
+            self._connection.execute(
+                "CREATE TABLE IF NOT EXISTS evaluations (step INTEGER PRIMARY KEY, body TEXT NOT NULL)"
+            )
+            self._connection.execute("CREATE TABLE IF NOT EXISTS pending (id INTEGER PRIMARY KEY, x TEXT NOT NULL)")
+            stored = self._connection.execute("SELECT body FROM config").fetchone()
+            count = self._connection.execute("SELECT COUNT(*) FROM evaluations").fetchone()[0]
+        except sqlite3.DatabaseError as error:  # not a database, malformed, truncated
+            self._release_lock()
+            raise InputDataError(
+                f"`{self.path}` is not a safe-BO journal (not an SQLite database, or a damaged one: "
+                f"{error}); give another file."
+            ) from error
         if count and not resume:
             self.close()
             raise InputDataError(
@@ -134,12 +155,39 @@ class Journal:
             raise
         self._connection.execute("COMMIT")
 
+    def _take_lock(self) -> int | None:
+        r"""The open lock file, locked exclusively with this process's id in it; or raise
+        naming the process that holds it."""
+        if fcntl is None:
+            return None
+        lock_path = self.path.with_name(self.path.name + ".lock")
+        descriptor = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(descriptor, 32, 0).decode(errors="replace").strip() or "unknown"
+            os.close(descriptor)
+            raise InputDataError(
+                f"the journal {self.path} is in use by another loop (process {holder}); one loop writes a "
+                "journal at a time: wait for it to finish, or give this loop another file."
+            ) from None
+        os.ftruncate(descriptor, 0)
+        os.pwrite(descriptor, str(os.getpid()).encode(), 0)
+        return descriptor
+
+    def _release_lock(self) -> None:
+        if self._lock is not None:
+            os.close(self._lock)  # closing the descriptor drops the lock
+            self._lock = None
+
     def records(self) -> list[EvaluationRecord]:
         rows = self._connection.execute("SELECT body FROM evaluations ORDER BY step").fetchall()
         return [EvaluationRecord(**json.loads(body)) for (body,) in rows]
 
     def close(self) -> None:
+        r"""Close the database and release the writer lock."""
         self._connection.close()
+        self._release_lock()
 
 
 def domain_fingerprint(domain: torch.Tensor) -> str:

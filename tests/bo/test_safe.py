@@ -141,6 +141,7 @@ def test_intersected_bounds_are_rebuilt_exactly_on_resume(tmp_path):
     problem = one_d_hard()
     running, objective = seeded_loop(problem, seed=3, intersect_bounds=True, journal=tmp_path / "j.sqlite")
     running.run(objective, budget=12, progress_bar=False)
+    running.journal.close()  # one writer at a time
     resumed = SafeBayesianOptimization.resume(tmp_path / "j.sqlite", problem, intersect_bounds=True)
     running_sets, resumed_sets = (loop.current_sets() for loop in (running, resumed))
     for key in ("lower", "upper"):
@@ -299,3 +300,43 @@ def test_the_loop_is_a_context_manager_and_hands_its_fits_to_botorch(tmp_path):
             sets.lower = sets.upper
     with pytest.raises(sqlite3.ProgrammingError):
         loop.journal.records()
+
+
+def test_a_second_loop_on_a_journal_in_use_is_refused_naming_the_holder(tmp_path):
+    r"""One writer per journal (issue 32, item 3): a second loop, in this process or another,
+    is refused with the holder's process id; once the first closes, or its process dies,
+    the journal resumes."""
+    problem = one_d_hard()
+    path = tmp_path / "j.sqlite"
+    loop, objective = seeded_loop(problem, 0, journal=path)
+    loop.run(objective, budget=2, progress_bar=False)
+    with pytest.raises(ValueError, match=rf"in use by another loop \(process {os.getpid()}\)"):
+        SafeBayesianOptimization.resume(path, problem)
+    other = subprocess.run(
+        [sys.executable, "-c", "import sys; from aml_ppl.bo import SafeBayesianOptimization; "
+         "from aml_ppl.bo.problems import one_d_hard; SafeBayesianOptimization.resume(sys.argv[1], one_d_hard())", str(path)],
+        capture_output=True, text=True,
+    )
+    assert other.returncode != 0 and f"in use by another loop (process {os.getpid()})" in other.stderr
+    assert len(loop.journal.records()) == 10  # the refused loops wrote nothing
+    loop.journal.close()
+    with SafeBayesianOptimization.resume(path, problem) as resumed:
+        assert len(resumed.records) == 10
+
+
+@pytest.mark.parametrize("damage", ["text", "truncated", "half overwritten"])
+def test_a_damaged_journal_gets_the_projects_error(tmp_path, damage):
+    problem = one_d_hard()
+    path = tmp_path / "j.sqlite"
+    if damage == "text":
+        path.write_text("step,x\n0,0.5\n")
+    else:
+        with seeded_loop(problem, 0, journal=path)[0]:
+            pass
+        content = path.read_bytes()
+        path.write_bytes(content[: len(content) // 3] if damage == "truncated" else content[:100] + bytes(4000))
+    with pytest.raises(ValueError, match=r"is not a safe-BO journal") as error:
+        SafeBayesianOptimization.resume(path, problem)
+    assert error.value.__cause__ is not None
+    with pytest.raises(ValueError, match=r"folder `.*absent/` does not exist"):
+        SafeBayesianOptimization(problem, journal=tmp_path / "absent" / "j.sqlite")
