@@ -7,6 +7,8 @@ this module owns the scheduling: the pending points, the futures, the progress b
 
 from __future__ import annotations
 
+import math
+import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, Executor, Future, wait
 from typing import TYPE_CHECKING, Callable
@@ -14,6 +16,9 @@ from typing import TYPE_CHECKING, Callable
 import torch
 from torch import Tensor
 from tqdm.auto import tqdm
+
+from aml_ppl._data import check_count, check_positive
+from aml_ppl.errors import InputDataError
 
 if TYPE_CHECKING:
     from aml_ppl.bo.safe import SafeBayesianOptimization
@@ -29,20 +34,31 @@ def evaluate_in_turn_or_in_flight(
     progress_bar: bool,
     executor: Executor | None,
     max_pending: int,
+    timeout: float | None = None,
 ) -> None:
     r"""Evaluate ``count`` suggestions of ``loop`` with ``objective``, recording each result
     (or failure) through ``loop.observe`` as it arrives.
 
     Each new point is chosen given the points in flight (``loop.suggest(pending)``); on an
     ``executor`` each is journalled as pending when dispatched and replaced by its result
-    when it returns. See :meth:`SafeBayesianOptimization.run` for the arguments.
+    when it returns. An evaluation without a result ``timeout`` seconds after dispatch is
+    recorded as failed and abandoned (without an executor it runs on a daemon thread, so a
+    hanging objective blocks neither the loop nor the interpreter's exit). See
+    :meth:`SafeBayesianOptimization.run` for the arguments.
 
     Raises:
+        InputDataError: On ``max_pending`` above 1 without an ``executor``, or a bad count.
         RuntimeError: On a failed evaluation with ``stop_on_failure`` (after recording it).
     """
+    if executor is None and max_pending != 1:
+        raise InputDataError("`max_pending` > 1 needs an `executor` to evaluate on.")
+    check_count("max_pending", max_pending)
+    if timeout is not None:
+        check_positive("timeout", timeout)
     remaining = count
     bar = tqdm(total=remaining, desc=f"safe BO ({loop.acquisition})", disable=not progress_bar)
     in_flight: dict[Future, tuple[Tensor, "SafeSets", float, int | None]] = {}
+    deadlines: dict[Future, float] = {}
     try:
         while remaining > 0:
             while len(in_flight) < max_pending and len(in_flight) < remaining:
@@ -51,15 +67,27 @@ def evaluate_in_turn_or_in_flight(
                 x, sets = loop.suggest(pending)
                 seconds = time.perf_counter() - start
                 pending_id = loop.journal.add_pending(x.tolist()) if loop.journal and executor else None
-                future = executor.submit(objective, x) if executor else _evaluated_here(objective, x)
+                if executor is not None:
+                    future = executor.submit(objective, x)
+                else:
+                    future = _evaluated_here(objective, x) if timeout is None else _evaluated_on_daemon(objective, x)
                 in_flight[future] = (x, sets, seconds, pending_id)
-            finished, _ = wait(in_flight, return_when=FIRST_COMPLETED)
-            for future in finished:
+                deadlines[future] = math.inf if timeout is None else time.monotonic() + timeout
+            nearest = min(deadlines[future] for future in in_flight)
+            waited = None if nearest == math.inf else max(nearest - time.monotonic(), 0.0)
+            finished, _ = wait(in_flight, timeout=waited, return_when=FIRST_COMPLETED)
+            late = [future for future in in_flight if future not in finished and time.monotonic() >= deadlines[future]]
+            for future in [*finished, *late]:
                 x, sets, seconds, pending_id = in_flight.pop(future)
-                try:
-                    values, message = future.result(), ""
-                except Exception as error:  # any failure of the user's objective is recorded
-                    values, message = None, f"{type(error).__name__}: {error}"
+                del deadlines[future]
+                if future in late:  # abandoned: a thread or worker still running it is left behind
+                    future.cancel()
+                    values, message = None, f"TimeoutError: no result within timeout = {timeout} s"
+                else:
+                    try:
+                        values, message = future.result(), ""
+                    except Exception as error:  # any failure of the user's objective is recorded
+                        values, message = None, f"{type(error).__name__}: {error}"
                 record = loop.observe(x, values, sets, seconds, message, pending_id)
                 remaining -= 1
                 bar.update()
@@ -96,3 +124,20 @@ def checked_values(values: object, num_outputs: int | None) -> tuple[list[float]
     if not torch.isfinite(flat).all():
         return None, "the objective returned NaN or infinite values"
     return flat.tolist(), None
+
+
+def _evaluated_on_daemon(objective: Callable[[Tensor], Tensor], x: Tensor) -> Future:
+    r"""A future that a daemon thread completes with ``objective(x)`` or its error."""
+    future: Future = Future()
+    future.set_running_or_notify_cancel()
+
+    def evaluate() -> None:
+        try:
+            result = objective(x)
+        except Exception as error:  # handed to the loop, which records it
+            future.set_exception(error)
+        else:
+            future.set_result(result)
+
+    threading.Thread(target=evaluate, daemon=True, name="aml_ppl-evaluation").start()
+    return future

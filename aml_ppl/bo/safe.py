@@ -29,6 +29,7 @@ from aml_ppl.bo.sets import (
     constraint_rows,
     expanders,
     safe_sets,
+    set_aside,
     with_safeopt_sets,
 )
 from aml_ppl.errors import InputDataError
@@ -69,8 +70,9 @@ class SafeBayesianOptimization:
 
     Every evaluation (seed points included) is committed to the journal before the
     next suggestion; :meth:`resume` rebuilds a loop from its journal. An objective
-    that raises or returns NaN is recorded as failed, its point is not proposed
-    again, and the loop goes on (or stops, with ``stop_on_failure``).
+    that raises or returns NaN is recorded as failed; its point may be proposed again until
+    it has failed ``1 + retries`` times in a row, and the loop goes on (or stops, with
+    ``stop_on_failure``).
 
     Args:
         problem: The domain and, for bookkeeping, its name and noise.
@@ -109,6 +111,8 @@ class SafeBayesianOptimization:
             holds evaluations is refused unless ``resume`` (see :meth:`resume`).
         device: Where tensors live (``"cuda"`` when there is one).
         resume: Continue the evaluations in ``journal`` (the settings must match).
+        retries: How many times in a row a point whose evaluation failed may be proposed
+            again before it is set aside (0: never; a success there clears its failures).
     """
 
     def __init__(
@@ -129,12 +133,14 @@ class SafeBayesianOptimization:
         models: Sequence[GaussianProcess] | None = None,
         target: str = "area_of_interest",
         thompson_samples: int = 32,
+        retries: int = 2,
     ) -> None:
         if acquisition not in ACQUISITIONS:
             raise InputDataError(f"`acquisition` must be one of {ACQUISITIONS}; got {acquisition!r}.")
         if target not in ("area_of_interest", "thompson"):
             raise InputDataError(f"`target` must be 'area_of_interest' or 'thompson'; got {target!r}.")
         check_count("thompson_samples", thompson_samples)
+        self.retries = check_count("retries", retries, minimum=0)
         self.target = target
         self.thompson_samples = thompson_samples
         if lipschitz is not None:
@@ -150,7 +156,7 @@ class SafeBayesianOptimization:
         if not callable(self.beta):
             checked_beta(self.beta)
         self.acquisition = acquisition
-        self.models = _checked_models(models)
+        self.models = None if models is None else _checked_models(models)
         self.lengthscale = lengthscale if lengthscale is not None else problem.lengthscale
         output_scale = output_scale if output_scale is not None else problem.output_scale
         self.output_scale = None if output_scale is None else torch.as_tensor(output_scale, dtype=torch.float64).reshape(-1).tolist()
@@ -342,9 +348,9 @@ class SafeBayesianOptimization:
         """
         posteriors = self._posteriors()
         sets = self._sets(posteriors)
-        failed = torch.tensor(
-            [record.x for record in self.records if record.status == "failed"], dtype=torch.float64
-        ).reshape(-1, self.domain.shape[1]).to(self.device)
+        evaluated = [(record.x, record.status == "failed") for record in self.records if record.status in ("ok", "failed")]
+        failed = set_aside(evaluated, self.retries)
+        failed = failed.reshape(-1, self.domain.shape[1]).to(self.device)
         if pending is not None:
             pending = torch.as_tensor(pending, dtype=torch.float64, device=self.device).reshape(-1, self.domain.shape[1])
             failed = torch.cat([failed, pending])
@@ -432,10 +438,12 @@ class SafeBayesianOptimization:
         self,
         objective: Callable[[Tensor], Tensor],
         budget: int,
+        *,
         stop_on_failure: bool = False,
         progress_bar: bool = True,
         executor: Executor | None = None,
         max_pending: int = 1,
+        timeout: float | None = None,
     ) -> list[EvaluationRecord]:
         r"""Evaluate ``objective`` (``d`` -> ``1 + c`` values) until ``budget`` evaluations
         beyond the seeds are in the journal; returns every record.
@@ -455,14 +463,15 @@ class SafeBayesianOptimization:
                 when dispatched and replaced by its result, atomically, when it returns, so a
                 loop killed with points in flight resumes with exactly the finished
                 evaluations (the others become ``"interrupted"`` records).
+            timeout: Seconds an evaluation may take; one without a result by then is
+                recorded as failed and abandoned (its thread or worker is left to finish or
+                hang on its own), so a hanging objective never blocks the loop. Without an
+                executor the objective then runs on a daemon thread.
         """
-        if executor is None and max_pending != 1:
-            raise InputDataError("`max_pending` > 1 needs an `executor` to evaluate on.")
-        check_count("max_pending", max_pending)
         remaining = max(budget - self._finished(), 0)
         evaluate_in_turn_or_in_flight(
             self, objective, remaining, stop_on_failure=stop_on_failure, progress_bar=progress_bar,
-            executor=executor, max_pending=max_pending,
+            executor=executor, max_pending=max_pending, timeout=timeout,
         )
         return self.records
 
@@ -482,9 +491,7 @@ class SafeBayesianOptimization:
         return self.domain[lower.argmax()]
 
 
-def _checked_models(models: Sequence[GaussianProcess] | None) -> list[GaussianProcess] | None:
-    if models is None:
-        return None
+def _checked_models(models: Sequence[GaussianProcess] | GaussianProcess) -> list[GaussianProcess]:
     models = list(models) if isinstance(models, (list, tuple)) else [models]
     wrong = [type(model).__name__ for model in models if not isinstance(model, GaussianProcess)]
     if not models or wrong:

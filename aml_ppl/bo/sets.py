@@ -83,6 +83,22 @@ def confidence_bounds(posteriors: list, domain: Tensor, beta: float, shared_prio
     return mean - beta * variance.sqrt(), mean + beta * variance.sqrt()
 
 
+def set_aside(evaluations: list[tuple[list[float], bool]], retries: int) -> Tensor:
+    r"""The points whose last ``retries + 1`` evaluations all failed, ``k x d``: the loop
+    proposes them no more. ``evaluations`` are ``(x, failed)`` in the order they were made; a
+    success at a point clears its failures, so a flaky objective's point, or a loop's only
+    safe point that failed once, is evaluated again rather than lost.
+
+    Example:
+        >>> set_aside([([0.5], True), ([0.2], True), ([0.5], True), ([0.2], False)], retries=1).tolist()
+        [[0.5]]
+    """
+    failures: dict[tuple[float, ...], int] = {}
+    for x, failed in evaluations:
+        failures[tuple(x)] = failures.get(tuple(x), 0) + 1 if failed else 0
+    return torch.tensor([list(x) for x, count in failures.items() if count > retries], dtype=torch.float64)
+
+
 def constraint_rows(num_outputs: int, objective_is_constraint: bool) -> list[int]:
     r"""The rows of the bounds that are constraints: the objective's alone when it is its own
     constraint (:math:`f \ge 0`), else every row after it."""

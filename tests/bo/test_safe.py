@@ -1,11 +1,13 @@
 """Safe BO on the paper's 1d_hard task, crash safety, failures, bad input (notes AML §7.5)."""
 
 import dataclasses
+import itertools
 import os
 import signal
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -13,7 +15,7 @@ import torch
 
 from aml_ppl.bo import SafeBayesianOptimization
 from aml_ppl.bo.pathwise import thompson_maximisers
-from aml_ppl.bo.problems import candidate_domain, one_d_hard, two_d_island
+from aml_ppl.bo.problems import SafeProblem, candidate_domain, one_d_hard, two_d_island
 
 
 def seeded_loop(problem, seed, **settings):
@@ -152,7 +154,7 @@ def test_intersected_bounds_are_rebuilt_exactly_on_resume(tmp_path):
 
 def test_a_failing_objective_is_recorded_and_the_loop_goes_on():
     problem = one_d_hard()
-    loop, objective = seeded_loop(problem, seed=0)
+    loop, objective = seeded_loop(problem, seed=0, retries=0)  # a failed point is set aside at once
     calls = []
 
     def flaky(x):
@@ -340,3 +342,60 @@ def test_a_damaged_journal_gets_the_projects_error(tmp_path, damage):
     assert error.value.__cause__ is not None
     with pytest.raises(ValueError, match=r"folder `.*absent/` does not exist"):
         SafeBayesianOptimization(problem, journal=tmp_path / "absent" / "j.sqlite")
+
+
+def only_seed_safe_loop(**settings):
+    r"""A 1-d problem whose only certified-safe point is the seed (f(0.5) = 0.35, its grid
+    neighbours 0.31, noise sd 0.1, β = 3, lengthscale 0.1) until measurements shrink the bounds."""
+    domain = torch.linspace(0, 1, 51, dtype=torch.float64)[:, None]
+    problem = SafeProblem(
+        "only_seed_safe", domain, lambda X: 0.35 - 2 * (X[:, :1] - 0.5).abs(), noise_std=0.1, beta=3.0,
+        seed_region=(domain[:, 0] - 0.5).abs() < 1e-9, objective_is_constraint=True, lengthscale=0.1, output_scale=1.0,
+    )
+    generator = torch.Generator().manual_seed(0)
+    loop = SafeBayesianOptimization(problem, acquisition="us", **settings)
+    loop.add_seed(domain[25:26], problem.observe(domain[25:26], generator))
+    calls = itertools.count(1)
+
+    def flaky(x):
+        if next(calls) % 4 == 0:
+            raise RuntimeError("the instrument dropped out")
+        return problem.observe(x[None], generator)[0]
+
+    return loop, flaky
+
+
+def test_a_failure_at_the_only_safe_point_is_retried_and_the_run_reaches_its_budget():
+    r"""Issue 32, item 4: an objective failing on every 4th call fails at the only safe point;
+    the point is evaluated again (a success clears its failures) and the loop spends its
+    budget. Set aside after its first failure (``retries=0``, the old rule), the run stops."""
+    loop, flaky = only_seed_safe_loop()
+    assert int(loop.current_sets().safe_set_pessimistic.sum()) == 1
+    loop.run(flaky, budget=20, progress_bar=False)
+    statuses = [record.status for record in loop.records[1:]]
+    assert len(statuses) == 20 and statuses.count("failed") == 5  # every 4th call failed; the budget counts it
+    strict, flaky = only_seed_safe_loop(retries=0)
+    with pytest.raises(ValueError, match="pessimistic safe set is empty"):
+        strict.run(flaky, budget=20, progress_bar=False)
+
+
+def test_a_hanging_objective_is_recorded_as_failed_after_the_timeout():
+    r"""Issue 32, item 5: an evaluation that never returns is recorded as failed once
+    ``timeout`` has passed (its daemon thread abandoned) and the loop goes on."""
+    problem = one_d_hard()
+    loop, objective = seeded_loop(problem, 0)
+    released = threading.Event()
+    calls = itertools.count()
+
+    def hangs_once(x):
+        if next(calls) == 1:
+            released.wait()  # never set while the loop runs
+        return objective(x)
+
+    loop.run(hangs_once, budget=4, timeout=0.5, progress_bar=False)
+    released.set()
+    statuses = [record.status for record in loop.records[8:]]
+    assert statuses == ["ok", "failed", "ok", "ok"]
+    assert "no result within timeout = 0.5 s" in loop.records[9].message
+    with pytest.raises(ValueError, match="`timeout` must be a finite number > 0"):
+        loop.run(objective, budget=5, timeout=0.0, progress_bar=False)
