@@ -17,6 +17,7 @@ written; ``--debug`` shows the traceback instead.
 from __future__ import annotations
 
 import argparse
+import csv
 import os
 import re
 import sys
@@ -44,7 +45,8 @@ DEFAULT_MIXTURE_STARTS = 5
 
 
 def read_table(path: Path) -> Any:
-    r"""A pandas ``DataFrame`` from a CSV or Parquet (``.parquet``, ``.pq``) file."""
+    r"""A pandas ``DataFrame`` from a CSV or Parquet (``.parquet``, ``.pq``) file with unique
+    column names and at least two data rows, or an error naming the file and the problem."""
     import pandas as pd
 
     if not path.exists():
@@ -55,9 +57,24 @@ def read_table(path: Path) -> Any:
         raise InputDataError(f"{path} is not readable (permissions).")
     if path.suffix.lower() in (".parquet", ".pq"):
         try:
-            return pd.read_parquet(path)
+            frame = pd.read_parquet(path)
         except ImportError as error:
             raise InputDataError(f"reading Parquet needs pyarrow: pip install pyarrow ({error}).") from error
+    else:
+        frame = _read_csv(path)
+    if len(frame) < 2:
+        raise InputDataError(f"{path} has {len(frame)} data row(s) under its header; fitting needs at least 2.")
+    return frame
+
+
+def _read_csv(path: Path) -> Any:
+    import pandas as pd
+
+    with open(path, newline="", encoding="utf-8", errors="replace") as file:
+        header = [name.strip() for name in next(csv.reader(file), [])]
+    repeated = sorted({name for name in header if header.count(name) > 1})
+    if repeated:
+        raise InputDataError(f"{path}: column name(s) {repeated} appear more than once in the header; name each column once.")
     try:
         return pd.read_csv(path, skipinitialspace=True)
     except pd.errors.EmptyDataError as error:

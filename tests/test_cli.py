@@ -74,6 +74,9 @@ def test_python_dash_m_runs_the_command(tmp_path):
         ("no target", "blr needs --target"),
         ("unwritable out", "is a file; give a folder"),
         ("incompatible engine", "engine 'em' cannot run model BayesianLinearRegression"),
+        ("header only", "bad.csv has 0 data row(s) under its header; fitting needs at least 2"),
+        ("one row", "bad.csv has 1 data row(s) under its header; fitting needs at least 2"),
+        ("duplicate columns", "bad.csv: column name(s) ['a'] appear more than once in the header"),
     ],
 )
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys, case, expected):
@@ -83,6 +86,9 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys, case,
         "non-numeric": "a,b,y\n1,2,3\nabc,1,4\n3,3,5\n",
         "missing value": "a,b,y\n1,2,3\n2,1,4\n3,,5\n",
         "ragged": "a,b,y\n1,2,3\n2,1,4\n3,3,5,9\n",
+        "header only": "a,b,y\n",
+        "one row": "a,b,y\n1,2,3\n",
+        "duplicate columns": "a, a,y\n1,2,3\n2,1,4\n3,3,5\n",
     }
     data = good
     if case in files:
