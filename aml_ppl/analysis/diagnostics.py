@@ -91,11 +91,12 @@ def plot_ppc(posterior: Posterior, *args: Any, num_samples: int = 200, ax: Any =
         return az.plot_ppc(idata, num_pp_samples=num_samples, ax=ax)
 
 
-def compare(posteriors: dict[str, Posterior], num_samples: int = 1000, **options: Any) -> Any:
+def compare(posteriors: dict[str, Any], num_samples: int = 1000, **options: Any) -> Any:
     r"""``arviz.compare`` of several fitted posteriors by PSIS-LOO, best first.
 
     Args:
-        posteriors: Name to fitted posterior (each on the same observations).
+        posteriors: Name to a fitted posterior or to its ``InferenceData`` (as
+            ``az.compare`` takes them), each on the same observations.
         num_samples: Draws for non-MCMC engines.
         **options: Passed to ``arviz.compare`` (``ic``, ``method``, ``scale``).
 
@@ -105,9 +106,18 @@ def compare(posteriors: dict[str, Posterior], num_samples: int = 1000, **options
     """
     import arviz as az
 
+    idata = {}
     for name, posterior in posteriors.items():
+        if isinstance(posterior, az.InferenceData):
+            if posterior.attrs.get("point_estimate") == 1:
+                raise PointEstimateError(
+                    f"the InferenceData {name!r} holds a point estimate ({posterior.attrs.get('engine')}); its "
+                    "leave-one-out density would be optimistic and rank it above every full posterior."
+                )
+            idata[name] = posterior
+            continue
         _refuse_point_estimate(posterior, name)
-    idata = {name: post.to_arviz(num_samples=num_samples) for name, post in posteriors.items()}
+        idata[name] = posterior.to_arviz(num_samples=num_samples)
     with warnings.catch_warnings():  # arviz 0.23 sorts in place, which pandas 3 deprecates
         warnings.filterwarnings("ignore", message="The inplace keyword", category=DeprecationWarning)
         return az.compare(idata, **options)

@@ -41,3 +41,25 @@ def test_the_laplace_approximation_of_the_same_model_is_a_posterior():
     post = aml.fit(partially_pooled, AT_BATS, HITS, engine=aml.inference.MAP(laplace=True), seed=0)
     assert not post.is_point_estimate
     assert post.sample(20)["alpha"].std(0).min() > 0
+
+
+def test_compare_takes_inference_data_as_az_compare_does_and_refuses_a_point_estimate(regression_data):
+    r"""Issue 28, item 4: ``aml.analysis.compare`` on a dict of InferenceData (the ``az.compare``
+    idiom) gives ``az.compare``'s table; an exported point estimate is refused."""
+    import warnings
+
+    import arviz as az
+    import numpy as np
+
+    model = aml.models.BayesianLinearRegression(noise_scale=None)
+    engines = {"exact": "exact", "svi": aml.inference.SVI(num_steps=300, progress_bar=False)}
+    idata = {name: aml.fit(model, *regression_data, engine=engine, seed=0).to_arviz(num_samples=200) for name, engine in engines.items()}
+    ours = aml.analysis.compare(idata)
+    with warnings.catch_warnings():  # arviz 0.23 sorts in place, which pandas 3 deprecates
+        warnings.filterwarnings("ignore", message="The inplace keyword", category=DeprecationWarning)
+        theirs = az.compare(idata)
+    assert list(ours.index) == list(theirs.index)
+    np.testing.assert_allclose(ours["elpd_loo"].to_numpy(), theirs["elpd_loo"].to_numpy())
+    point = aml.fit(model, *regression_data, engine="map", seed=0).to_arviz(num_samples=50)
+    with pytest.raises(aml.analysis.PointEstimateError, match="'map' holds a point estimate"):
+        aml.analysis.compare({"map": point, **idata})
