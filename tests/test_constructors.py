@@ -80,3 +80,14 @@ def test_a_registry_refuses_a_taken_name():
     with pytest.raises(aml.AmlPplError, match="engine name 'svi' is taken by SVI"):
         inference.register_engine(Impostor)
     assert inference.ENGINES["svi"] is inference.SVI
+
+
+@pytest.mark.parametrize("engine", [inference.SVI, inference.MAP])
+def test_the_non_finite_loss_advice_names_options_the_engine_takes(engine):
+    r"""Issue 28, item 4: MAP's advice named SVI's `optim=`, which MAP refuses."""
+    import re
+
+    parameters = set(inspect.signature(engine.__init__).parameters)
+    named = set(re.findall(r"`(\w+)", engine.non_finite_advice)) | set(re.findall(r"(\w+)=", engine.non_finite_advice))
+    named -= {engine.__name__}
+    assert named and named <= parameters, named - parameters

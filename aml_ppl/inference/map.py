@@ -48,6 +48,11 @@ class MAP(SVI):
 
     name: ClassVar[str] = "map"
     objective: ClassVar[str] = "negative_log_joint"
+    non_finite_advice: ClassVar[str] = (
+        "Check that the model has a posterior mode: a hierarchical scale's joint mode lies at 0, "
+        "where none is finite (fit such a model by SVI or NUTS); else try standardised data, or "
+        "MAP(optimizer='adam') with a small `lr`."
+    )
 
     def __init__(
         self,

@@ -228,6 +228,10 @@ class SVI(Engine):
     """
 
     name: ClassVar[str] = "svi"
+    # What a NonFiniteLossError advises, in options this engine takes.
+    non_finite_advice: ClassVar[str] = (
+        "Try a smaller `lr`, `optim='clipped_adam'`, standardised data, or check the model's support."
+    )
     objective: ClassVar[str] = "elbo_loss"
 
     def __init__(
@@ -316,8 +320,7 @@ class SVI(Engine):
             raise NonFiniteLossError(
                 f"the {self.name} loss was not finite at step {failed_step + 1}; the "
                 f"parameters of step {failed_step}, the last finite one, are kept in "
-                "`error.posterior`. Try a smaller `lr`, `optim='clipped_adam'`, "
-                "standardised data, or check the model's support.",
+                f"`error.posterior`. {self.non_finite_advice}",
                 step=failed_step + 1,
                 posterior=posterior,
             )
