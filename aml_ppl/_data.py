@@ -115,18 +115,39 @@ def check_regression_data(
 
 
 def check_finite_arguments(args: tuple, kwargs: dict) -> None:
-    r"""Raise, naming the argument (by position or keyword), where a floating tensor among
-    a model's arguments holds NaN or inf: before inference starts, not deep inside it."""
+    r"""Raise, naming the argument and the path inside it (``keyword argument 'data'["C"][7]``),
+    where a floating tensor among a model's arguments, or inside a dict, list, tuple or
+    namespace among them, holds NaN or inf: before inference starts, not deep inside it."""
     named = [(f"positional argument {index}", value) for index, value in enumerate(args)]
     named += [(f"keyword argument {key!r}", value) for key, value in kwargs.items()]
     for name, value in named:
-        if isinstance(value, torch.Tensor) and value.is_floating_point() and not torch.isfinite(value.sum()):
-            bad = int((~torch.isfinite(value)).sum())
-            if bad:
-                raise InputDataError(
-                    f"the model's {name} has {bad} NaN or infinite value(s) (shape "
-                    f"{tuple(value.shape)}); remove or impute them before fitting."
-                )
+        for path, tensor in _tensors_within(value, name):
+            if tensor.is_floating_point() and not torch.isfinite(tensor.sum()):
+                bad = int((~torch.isfinite(tensor)).sum())
+                if bad:
+                    first = "".join(f"[{index}]" for index in (~torch.isfinite(tensor)).nonzero()[0].tolist())
+                    raise InputDataError(
+                        f"the model's {path} has {bad} NaN or infinite value(s), the first at {path}{first} "
+                        f"(shape {tuple(tensor.shape)}); remove or impute them before fitting."
+                    )
+
+
+def _tensors_within(value: Any, path: str, depth: int = 0) -> list[tuple[str, torch.Tensor]]:
+    r"""The tensors in ``value`` with their paths, through dicts, lists, tuples and
+    namespaces (four levels down at most)."""
+    if isinstance(value, torch.Tensor):
+        return [(path, value)]
+    if depth == 4:
+        return []
+    if isinstance(value, dict):
+        items = [(f"{path}[{key!r}]", item) for key, item in value.items()]
+    elif isinstance(value, (list, tuple)):
+        items = [(f"{path}[{index}]", item) for index, item in enumerate(value)]
+    elif hasattr(value, "__dict__") and type(value).__module__ == "types":  # a SimpleNamespace
+        items = [(f"{path}.{key}", item) for key, item in vars(value).items()]
+    else:
+        return []
+    return [found for item_path, item in items for found in _tensors_within(item, item_path, depth + 1)]
 
 
 def check_new_arguments(args: tuple, kwargs: dict, fitted_args: tuple, fitted_kwargs: dict) -> None:

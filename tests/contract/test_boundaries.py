@@ -39,6 +39,26 @@ def test_nan_in_a_plain_models_data_names_the_argument_before_inference(engine):
         aml.fit(conjugate_normal, y=torch.tensor([float("inf")]), engine=engine)
 
 
+def test_nan_inside_a_dict_list_or_namespace_argument_is_named_by_its_path():
+    r"""Issue 28, item 4: NaN in nested arguments surfaced as a NonFiniteLossError with
+    learning-rate advice; it is named before inference, with the path to the first value."""
+    import types
+
+    def regression(data):
+        mu = pyro.sample("mu", dist.Normal(0.0, 1.0))
+        with pyro.plate("n", data["C"].shape[0]):
+            pyro.sample("obs", dist.Normal(mu, 1.0), obs=data["C"])
+
+    values = torch.randn(10)
+    values[7] = float("nan")
+    with pytest.raises(aml.InputDataError, match=r"positional argument 0\['C'\] has 1 NaN.*first at positional argument 0\['C'\]\[7\]"):
+        aml.fit(regression, {"C": values}, engine=FAST_SVI)
+    with pytest.raises(aml.InputDataError, match=r"keyword argument 'data'\['C'\]\[1\]"):
+        aml.fit(regression, data={"C": [torch.zeros(2), torch.tensor([0.0, float("inf")])]}, engine=FAST_SVI)
+    with pytest.raises(aml.InputDataError, match=r"positional argument 0\.C has 1 NaN"):
+        aml.fit(regression, types.SimpleNamespace(C=values), engine=FAST_SVI)
+
+
 def test_new_inputs_with_other_columns_are_refused():
     X = torch.randn(20, 3, dtype=torch.float64)
     y = X.sum(-1)
