@@ -35,6 +35,11 @@ class IncompatibleEngineError(AmlPplError, ValueError):
         self.capable_engines = capable
 
 
+class ContractError(AmlPplError, AssertionError):
+    r"""A model's capability method does not do what its protocol promises
+    (:mod:`aml_ppl.testing`)."""
+
+
 class ModelFittingError(AmlPplError, RuntimeError):
     r"""Inference failed numerically (non-finite loss, non-PSD matrix, ...)."""
 

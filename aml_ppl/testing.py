@@ -28,14 +28,10 @@ from typing import Any, Callable
 import pyro
 import torch
 
-from aml_ppl.errors import AmlPplError
+from aml_ppl.errors import ContractError
 from aml_ppl.models.protocols import ClosedFormEM, ExactGaussian, GaussianLatents
 
 __all__ = ["ContractError", "check_closed_form_em", "check_exact_gaussian"]
-
-
-class ContractError(AmlPplError, AssertionError):
-    r"""A model's capability method does not do what its protocol promises."""
 
 
 def log_joint(model: Callable, values: dict[str, torch.Tensor], *args: Any, **kwargs: Any) -> torch.Tensor:
