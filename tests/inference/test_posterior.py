@@ -1,5 +1,7 @@
 """The Posterior surface: ArviZ export, save/load, predictions, for every engine."""
 
+import math
+
 import pytest
 import torch
 
@@ -100,3 +102,25 @@ def test_prediction_interval():
     torch.testing.assert_close(upper, torch.full((2,), 1.959964), atol=1e-5, rtol=0)
     with pytest.raises(ValueError, match="level"):
         prediction.interval(1.5)
+
+
+def test_log_prob_replays_the_draws_in_chunks_and_gets_the_same_answer(regression_data, monkeypatch):
+    r"""Issue 32, item 8 (log_prob): the draws are replayed a chunk at a time (memory flat in the
+    number of draws); on the same draws the chunked log mean likelihood equals one replay of all."""
+    from aml_ppl.inference import predictive
+
+    X, y = regression_data
+    post = aml.fit(BayesianLinearRegression(noise_scale=None), X, y, engine="exact", seed=0)
+    draws = post.sample(100)
+    whole = predictive.log_mean_likelihood(post, draws, "obs", (X, y), {})
+    monkeypatch.setattr(predictive, "REPLAY_ELEMENTS", 7 * X.shape[0])  # 7 draws a chunk
+    replays = []
+    replay = post._replay
+    monkeypatch.setattr(post, "_replay", lambda count, *a, **k: replays.append(count) or replay(count, *a, **k))
+    chunked = predictive.log_mean_likelihood(post, draws, "obs", (X, y), {})
+    assert replays == [1] + [7] * 14 + [1]
+    torch.testing.assert_close(chunked, whole, rtol=0, atol=1e-10)
+    # by hand: y_i ~ N(x_i beta_s, 1 / noise_precision_s), averaged over the draws in log space
+    locs, scales = draws["beta"] @ X.T, draws["noise_precision"].rsqrt()[:, None]
+    terms = torch.distributions.Normal(locs, scales).log_prob(y)
+    torch.testing.assert_close(whole, torch.logsumexp(terms, 0) - math.log(100))
