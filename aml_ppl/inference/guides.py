@@ -83,11 +83,15 @@ def map_start(
 ) -> dict[str, torch.Tensor] | None:
     r"""The MAP estimate of every latent site after at most ``max_iter`` L-BFGS iterations
     (an ``AutoDelta`` on ``Trace_ELBO``, in a private parameter store, losses and gradients
-    averaged over ``ranks``); ``None`` for a model with subsampled plates or enumerated
-    sites (no deterministic joint to climb) or when the run fails or ends at a non-finite
-    point."""
+    averaged over ``ranks``); ``None`` (the prior-median start) for a model with subsampled
+    plates or enumerated sites (no deterministic joint to climb), for a model with latent
+    sites local to a data plate (a plate that holds observations: a hierarchical model's
+    per-group effects, whose joint mode sits where the group scale collapses to 0, a
+    centre no posterior has), or when the run fails or ends at a non-finite point."""
     structure = inspect_model(model, args, kwargs)
-    if structure.subsampled or structure.enumerated:
+    data_plates = {plate for name in structure.observed for plate, _ in structure.sites[name].plates}
+    local = [name for name in structure.latent if any(plate in data_plates for plate, _ in structure.sites[name].plates)]
+    if structure.subsampled or structure.enumerated or local:
         return None
     with isolated_param_store():
         guide, elbo = AutoDelta(model), Trace_ELBO()
