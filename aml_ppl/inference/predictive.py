@@ -21,7 +21,7 @@ import torch
 from aml_ppl._core.records import Prediction
 from aml_ppl.errors import AmlPplError, InputDataError
 from aml_ppl.inference.context import evaluation_mode
-from aml_ppl.inference.replay import Replayed, replay
+from aml_ppl.inference.replay import Replayed, Structure, replay
 from aml_ppl.models.protocols import BoTorchExportable, ConditionalPredictive, PointwiseLikelihood, VariationalBound
 
 if TYPE_CHECKING:
@@ -115,8 +115,29 @@ def replay_draws(posterior: "Posterior", draws: dict, num_draws: int, args: tupl
     if isinstance(posterior.model, PointwiseLikelihood):
         return joint_replay(posterior, draws, num_draws, args, kwargs)
     structure = posterior._inspect(args, kwargs)
+    check_same_latents(posterior.structure, structure)
     with evaluation_mode(posterior.model):
         return replay(posterior._evaluation_model(), draws, num_draws, args, kwargs, structure)
+
+
+def check_same_latents(fitted: Structure, new: Structure) -> None:
+    r"""Refuse new arguments under which a latent site has another shape than in the fit: a
+    site sized by a plate over groups (Pyro's baseball players) has a posterior for the
+    fitted members only, and new data with another number of members has none to draw."""
+    changed = {
+        name: (tuple(fitted.latent_shapes[name]), tuple(shape))
+        for name, shape in new.latent_shapes.items()
+        if name in fitted.latent_shapes and fitted.latent_shapes[name] != shape
+    }
+    if changed:
+        plates = sorted({plate for name in changed for plate, _ in new.sites[name].plates})
+        details = "; ".join(f"{name}: fitted {old}, here {now}" for name, (old, now) in changed.items())
+        raise InputDataError(
+            f"the posterior has latent sites sized by the plate(s) {plates} for the fitted members only "
+            f"({details}); predict or score the fitted members (the same arguments, or observations "
+            "changed alone), or give the new members a posterior by fitting a model that draws them "
+            "from the population (the hyperprior)."
+        )
 
 
 def mixture_prediction(posterior: "Posterior", num_samples: int, site: str | None, args: tuple, kwargs: dict) -> Prediction:

@@ -62,3 +62,17 @@ def test_default_svi_on_the_baseball_model_matches_plain_pyro_and_does_not_colla
         engine=aml.inference.NUTS(num_samples=1000, warmup_steps=500, executor=None, progress_bar=False),
     ).sample(1000)
     assert (draws["alpha"].mean(0) - reference["alpha"].mean(0)).abs().max() < 0.2
+
+
+def test_new_members_of_a_group_plate_are_refused_naming_the_sites_and_the_plate():
+    r"""Issue 28, item 4: predicting or cross-validating a model whose latents are sized by a
+    plate over groups, on another number of members, raised torch's size mismatch after a
+    trace dump; it names the sites and the plate. The fitted members predict as before."""
+    engine = aml.inference.SVI(num_steps=50, progress_bar=False)
+    post = aml.fit(partially_pooled_with_logit, AT_BATS, HITS, engine=engine, seed=0)
+    assert post.predict(AT_BATS, num_samples=10).mean.shape == (18,)
+    message = r"plate\(s\) \['num_players'\] for the fitted members only \(alpha: fitted \(18,\), here \(5,\)\)"
+    with pytest.raises(aml.InputDataError, match=message):
+        post.predict(AT_BATS[:5], None, num_samples=10)
+    with pytest.raises(aml.InputDataError, match=r"alpha: fitted \(12,\), here \(6,\)"):
+        aml.analysis.cross_validate(partially_pooled_with_logit, AT_BATS, HITS, engine=engine, folds=3)
