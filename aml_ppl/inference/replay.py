@@ -453,3 +453,16 @@ def _scatter(
     for value, indices in zip(values, chunks):
         whole.index_copy_(axis, indices[plate_name].to(value.device), value)
     return whole
+
+
+def undeclared_batch_sites(structure: Structure) -> list[str]:
+    r"""The sample sites with a batch dimension of size above 1 that no plate declares (a
+    model written for NUTS, as Pyro's eight-schools MCMC example is, with ``obs`` of shape
+    ``n`` outside a plate): Pyro's ELBOs refuse them with "invalid log_prob shape"."""
+    undeclared = []
+    for name, site in structure.sites.items():
+        declared = {dim for _, dim in site.plates}
+        length = len(site.batch_shape)
+        if any(size != 1 and index - length not in declared for index, size in enumerate(site.batch_shape)):
+            undeclared.append(name)
+    return undeclared

@@ -34,8 +34,8 @@ from aml_ppl.inference.guides import (
 )
 from aml_ppl.inference.io import recorded, register_posterior, stored
 from aml_ppl.inference.losses import JIT_LOSSES, CompiledModelLoss, finite_or_nan
-from aml_ppl.inference.replay import inspect_model
-from aml_ppl.models.base import ModelLoss
+from aml_ppl.inference.replay import inspect_model, undeclared_batch_sites
+from aml_ppl.models.base import Model, ModelLoss
 from aml_ppl.models.protocols import DataScaledLoss, HasGuide, InitialValues, PreferredLoss, VariationalBound
 
 
@@ -294,6 +294,18 @@ class SVI(Engine):
                 "Pyro's Laplace approximation does not sum out enumerated sites; use it "
                 "without laplace=True, or EM with bootstrap"
             )
+        if not isinstance(model, Model):  # the built-ins declare their plates
+            state = pyro.util.get_rng_state()  # the check's prior draws leave the fit's stream alone
+            try:
+                undeclared = undeclared_batch_sites(inspect_model(model, args, kwargs))
+            finally:
+                pyro.util.set_rng_state(state)
+            if undeclared:
+                return (
+                    f"the ELBO needs every batch dimension of a site in a pyro.plate, and {undeclared} "
+                    "have batch dimensions no plate declares; wrap them in `with pyro.plate(...)`, or "
+                    "make the dimensions part of one event with `.to_event()`"
+                )
         return None
 
     def fit(self, model: Callable, *args: Any, **kwargs: Any) -> GuidePosterior:

@@ -206,3 +206,23 @@ def test_string_class_labels_are_named_with_the_classes_found(as_given):
     for model in (aml.models.BayesianLogisticRegression(), aml.models.BayesianNeuralNetwork(2, hidden=[4], out_features=2, likelihood="categorical")):
         with pytest.raises(aml.InputDataError, match=r"strings \('benign', 'malignant'\).*pandas.factorize"):
             aml.fit(model, X, labels, engine="map")
+
+
+SCHOOLS_Y = torch.tensor([28.0, 8.0, -3.0, 7.0, -1.0, 1.0, 18.0, 12.0])
+SCHOOLS_SIGMA = torch.tensor([15.0, 10.0, 16.0, 11.0, 9.0, 11.0, 10.0, 18.0])
+
+
+def eight_schools_without_a_plate(y, sigma):
+    r"""Pyro's ``examples/eight_schools/mcmc.py`` model as it is written: no plate."""
+    eta = pyro.sample("eta", dist.Normal(torch.zeros(8), torch.ones(8)))
+    mu = pyro.sample("mu", dist.Normal(0.0, 5.0))
+    tau = pyro.sample("tau", dist.HalfCauchy(5.0))
+    pyro.sample("obs", dist.Normal(mu + tau * eta, sigma), obs=y)
+
+
+def test_svi_refuses_a_plate_less_model_naming_the_sites_and_the_engine_that_can():
+    r"""Issue 28, item 4: SVI raised Pyro's raw "invalid log_prob shape"; it names the sites
+    whose batch dimensions no plate declares, and NUTS, which runs the model as it is."""
+    with pytest.raises(aml.IncompatibleEngineError, match=r"\['eta', 'obs'\] have batch dimensions no plate declares.*'nuts'") as error:
+        aml.fit(eight_schools_without_a_plate, SCHOOLS_Y, SCHOOLS_SIGMA, engine=FAST_SVI)
+    assert "svi" not in error.value.capable_engines and "nuts" in error.value.capable_engines
