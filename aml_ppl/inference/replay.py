@@ -19,6 +19,7 @@ model that does not broadcast over that plate. Every kind of site is handled:
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
@@ -29,7 +30,7 @@ from pyro.infer import infer_discrete
 from pyro.poutine.messenger import Messenger
 from pyro.poutine.util import site_is_subsample
 
-from aml_ppl.errors import AmlPplError
+from aml_ppl.errors import AmlPplError, InputDataError
 
 DRAWS_PLATE = "_aml_draws"
 # The groups of a replay that hold one value per draw, and whether their values carry the
@@ -118,7 +119,17 @@ def structure_trace(model: Callable, args: tuple, kwargs: dict) -> Any:
 
 def inspect_model(model: Callable, args: tuple, kwargs: dict) -> Structure:
     r"""The :class:`Structure` of ``model`` called with ``args`` and ``kwargs``."""
-    trace = structure_trace(model, args, kwargs)
+    try:
+        trace = structure_trace(model, args, kwargs)
+    except ValueError as error:  # Pyro's plate cannot subsample more members than it has
+        if "subsample_size does not match len(subsample)" not in str(error):
+            raise
+        wanted, have = re.search(r"(\d+) vs (\d+)", str(error)).groups()
+        raise InputDataError(
+            f"a plate of the model subsamples {wanted} members and these arguments give it {have}; "
+            f"Pyro's plate cannot subsample more members than it has: pass at least {wanted} at once, "
+            f"or write the plate with subsample_size=min({wanted}, n)."
+        ) from error
     sites: dict[str, SiteShape] = {}
     kinds: dict[str, list[str]] = {
         key: [] for key in ("observed", "latent", "enumerated", "local", "deterministic", "factors")

@@ -208,10 +208,6 @@ def test_string_class_labels_are_named_with_the_classes_found(as_given):
             aml.fit(model, X, labels, engine="map")
 
 
-SCHOOLS_Y = torch.tensor([28.0, 8.0, -3.0, 7.0, -1.0, 1.0, 18.0, 12.0])
-SCHOOLS_SIGMA = torch.tensor([15.0, 10.0, 16.0, 11.0, 9.0, 11.0, 10.0, 18.0])
-
-
 def eight_schools_without_a_plate(y, sigma):
     r"""Pyro's ``examples/eight_schools/mcmc.py`` model as it is written: no plate."""
     eta = pyro.sample("eta", dist.Normal(torch.zeros(8), torch.ones(8)))
@@ -226,3 +222,13 @@ def test_svi_refuses_a_plate_less_model_naming_the_sites_and_the_engine_that_can
     with pytest.raises(aml.IncompatibleEngineError, match=r"\['eta', 'obs'\] have batch dimensions no plate declares.*'nuts'") as error:
         aml.fit(eight_schools_without_a_plate, SCHOOLS_Y, SCHOOLS_SIGMA, engine=FAST_SVI)
     assert "svi" not in error.value.capable_engines and "nuts" in error.value.capable_engines
+
+
+def test_predict_on_fewer_members_than_a_plates_subsample_size_is_named():
+    r"""Issue 28, item 4: predict(x_new) with 20 new points on a plate with subsample_size=32
+    raised Pyro's "subsample_size does not match len(subsample), 32 vs 20"."""
+    post = aml.fit(subsampled_regression, SUB_X, SUB_Y, engine=FAST_SVI, seed=0)
+    size = 16  # subsampled_regression's batch_size
+    assert post.predict(SUB_X[: size + 3], num_samples=10).mean.shape == (size + 3,)
+    with pytest.raises(aml.InputDataError, match=rf"subsamples {size} members and these arguments give it 5;.*min\({size}, n\)"):
+        post.predict(SUB_X[:5], num_samples=10)
