@@ -38,11 +38,14 @@ class Prediction:
         if self.gaussian or self.samples is None:
             z = torch.distributions.Normal(0.0, 1.0).icdf(torch.tensor(1 - tail)).item()
             return self.mean - z * self.stddev, self.mean + z * self.stddev
-        quantiles = self.samples.new_tensor([tail, 1 - tail])
+        quantiles = self.mean.new_tensor([tail, 1 - tail])  # floating also for integer draws
         lower, upper = torch.quantile(self.samples.to(quantiles), quantiles, dim=0)
         return lower, upper
 
     @classmethod
     def from_samples(cls, samples: torch.Tensor) -> "Prediction":
-        r"""Moments and intervals of ``num_samples x ...`` draws."""
-        return cls(mean=samples.mean(0), variance=samples.var(0, correction=0), samples=samples)
+        r"""Moments and intervals of ``num_samples x ...`` draws. Integer draws (counts, class
+        labels, Bernoulli outcomes) keep their dtype in ``samples``; their moments are
+        floating (a Bernoulli's mean is its probability of 1)."""
+        values = samples if samples.is_floating_point() else samples.to(torch.get_default_dtype())
+        return cls(mean=values.mean(0), variance=values.var(0, correction=0), samples=samples)

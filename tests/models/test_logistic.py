@@ -93,3 +93,18 @@ def test_bad_input():
     post = aml.fit(BayesianLogisticRegression(), X, y)
     with pytest.raises(aml.InputDataError, match="n x 3"):
         post.predict(X[:, :2])
+
+
+def test_predict_on_integer_observations_gives_floating_moments_and_keeps_the_draws():
+    r"""Issue 28, item 4: predict on a classifier raised torch's "mean(): could not infer output
+    dtype ... Long"; the draws stay labels, the mean is each label's average (for 0/1 labels,
+    the probability of 1), the interval is of labels."""
+    X = torch.randn(40, 3, generator=torch.Generator().manual_seed(0))
+    y = (X[:, 0] > 0).long()
+    bnn = aml.models.BayesianNeuralNetwork(3, hidden=[8], out_features=2, likelihood="categorical")
+    post = aml.fit(bnn, X, y, engine=SVI(num_steps=50, progress_bar=False), seed=0)
+    prediction = post.predict(X[:4], num_samples=200)
+    assert prediction.samples.dtype == torch.int64 and set(prediction.samples.unique().tolist()) <= {0, 1}
+    torch.testing.assert_close(prediction.mean, prediction.samples.double().mean(0).to(prediction.mean))
+    lower, upper = prediction.interval(0.9)
+    assert ((lower >= 0) & (upper <= 1)).all()
