@@ -94,7 +94,6 @@ Constraint = Integer | Real | OneOf | Boolean | Optional
 
 POSITIVE = Real(0.0, math.inf, "neither")
 NON_NEGATIVE = Real(0.0, math.inf, "left")
-PROBABILITY = Real(0.0, 1.0, "neither")
 
 
 def check_arguments(owner: str, constraints: Mapping[str, Constraint], values: Mapping[str, Any]) -> None:
