@@ -54,6 +54,7 @@ def fit(
     args, kwargs = convert_arguments(args, kwargs)
     if isinstance(model, Model):  # its own checks name the argument (`X`, `y`)
         args, kwargs = model.validate(*args, **kwargs)
+        model.check_fitting_data(*args, **kwargs)
     check_finite_arguments(args, kwargs)
     if seed is not None:
         check_count("seed", seed, minimum=0)

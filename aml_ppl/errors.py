@@ -70,6 +70,11 @@ class ConvergenceWarning(AmlPplWarning):
     r"""An optimiser stopped on its iteration cap, not on a tolerance."""
 
 
+class FittingDataWarning(AmlPplWarning):
+    r"""The fitting data admit a fit that is probably not the one meant (labels of one
+    class only; more inducing points asked for than there are points)."""
+
+
 def _describe(model: object) -> str:
     name = getattr(model, "__qualname__", None) or type(model).__name__
     return f"model {name}"

@@ -14,6 +14,7 @@ of those predictives; one that offers :class:`~aml_ppl.models.protocols.Pointwis
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -79,45 +80,71 @@ def log_predictive_density(
     return log_mean_likelihood(posterior, posterior.sample(num_samples), site, args, kwargs)
 
 
-# Draws x observations replayed at once by log_mean_likelihood: about 32 MB per float64 tensor
-# the replay holds (it holds a few: the log-likelihood, the replicates, the locations).
+# Draws x observations replayed at once: about 32 MB per float64 tensor the replay holds (it
+# holds a few: the log-likelihood, the replicates, the locations, a network's activations).
 REPLAY_ELEMENTS = 2**22
 
 
 def log_mean_likelihood(
     posterior: "Posterior", draws: dict[str, torch.Tensor], site: str, args: tuple, kwargs: dict
 ) -> torch.Tensor:
-    r""":math:`\log \frac1S \sum_s p(y_i \mid \theta_s)` for the ``S`` ``draws``, replayed a chunk
-    of draws at a time so that no tensor of the replay holds more than about
-    :data:`REPLAY_ELEMENTS` draw-observation pairs (the chunks' terms combine by ``logaddexp``;
-    the first draw's replay sizes the chunks). Memory stays flat in ``S``: 1 000 draws of a
-    model with 10⁵ observations replay 41 draws at a time."""
+    r""":math:`\log \frac1S \sum_s p(y_i \mid \theta_s)` for the ``S`` ``draws``, their chunks'
+    terms combined by ``logaddexp`` as they are replayed: memory stays flat in ``S``."""
     count = next(iter(draws.values())).shape[0] if draws else 1
-    total, start, chunk = None, 0, 1
-    while start < count:
-        part = {name: value[start : start + chunk] for name, value in draws.items()}
-        size = next(iter(part.values())).shape[0] if part else 1
-        replayed = posterior._replay(size, args, kwargs, draws=part)
+    total = None
+    for _, replayed in replayed_chunks(posterior, draws, count, args, kwargs):
         if site not in replayed.log_likelihood:
             raise InputDataError(f"the arguments hold no observations for site {site!r}.")
-        terms = replayed.log_likelihood[site]
-        partial = torch.logsumexp(terms, 0)
+        partial = torch.logsumexp(replayed.log_likelihood[site], 0)
         total = partial if total is None else torch.logaddexp(total, partial)
-        start += size
-        chunk = max(1, REPLAY_ELEMENTS // max(terms[0].numel(), 1))
     return total - math.log(count)
 
 
 def replay_draws(posterior: "Posterior", draws: dict, num_draws: int, args: tuple, kwargs: dict) -> Replayed:
     r"""Replicates, pointwise log-likelihood and deterministic sites for ``num_draws`` draws:
-    the exact leave-one-out form for a :class:`PointwiseLikelihood` model, else one replay of
-    the Pyro program with the draws on a leading plate."""
+    the exact leave-one-out form for a :class:`PointwiseLikelihood` model, else the Pyro
+    program replayed a chunk of draws at a time, each chunk written into the result."""
     if isinstance(posterior.model, PointwiseLikelihood):
         return joint_replay(posterior, draws, num_draws, args, kwargs)
+    result = None
+    for rows, replayed in replayed_chunks(posterior, draws, num_draws, args, kwargs):
+        if result is None:
+            groups = {group: allocated(getattr(replayed, group), num_draws) for group in DRAWN_GROUPS}
+            result = Replayed(observed=replayed.observed, **groups)
+        for group in DRAWN_GROUPS:
+            for name, value in getattr(replayed, group).items():
+                getattr(result, group)[name][rows] = value
+    return result
+
+
+# The fields of a Replayed that hold one row per draw.
+DRAWN_GROUPS = ("predictive", "log_likelihood", "deterministic", "discrete")
+
+
+def allocated(values: dict[str, torch.Tensor], num_draws: int) -> dict[str, torch.Tensor]:
+    r"""Empty tensors of ``num_draws`` rows shaped and typed as each of ``values``' rows."""
+    return {name: value.new_empty((num_draws, *value.shape[1:])) for name, value in values.items()}
+
+
+def replayed_chunks(
+    posterior: "Posterior", draws: dict, num_draws: int, args: tuple, kwargs: dict
+) -> Iterator[tuple[slice, Replayed]]:
+    r"""The Pyro program replayed under successive chunks of ``draws``, each with the rows it
+    covers: the first chunk is one draw, and its replay sizes the rest so that no tensor it
+    returns holds more than about :data:`REPLAY_ELEMENTS` values (1 000 draws of a model with
+    10⁵ observations replay 41 at a time). The model is inspected once for all chunks."""
     structure = posterior._inspect(args, kwargs)
     check_same_latents(posterior.structure, structure)
+    model = posterior._evaluation_model()
+    start, chunk = 0, 1
     with evaluation_mode(posterior.model):
-        return replay(posterior._evaluation_model(), draws, num_draws, args, kwargs, structure)
+        while start < num_draws:
+            rows = slice(start, min(start + chunk, num_draws))
+            part = {name: value[rows] for name, value in draws.items()}
+            replayed = replay(model, part, rows.stop - rows.start, args, kwargs, structure)
+            yield rows, replayed
+            sizes = [value[0].numel() for group in DRAWN_GROUPS for value in getattr(replayed, group).values()]
+            start, chunk = rows.stop, max(1, REPLAY_ELEMENTS // max([1, *sizes]))
 
 
 def check_same_latents(fitted: Structure, new: Structure) -> None:

@@ -78,6 +78,11 @@ class Model(PyroModule):
         r"""Check and convert the model's arguments; the default accepts them as they are."""
         return args, kwargs
 
+    def check_fitting_data(self, *args: Any, **kwargs: Any) -> None:
+        r"""Warn of fitting data that :meth:`validate` accepts (it checks new data too) but
+        that make a fit probably not the one meant; ``aml.fit`` calls it on the validated
+        arguments. The default says nothing."""
+
     def forward(self, *args: Any, **kwargs: Any) -> None:
         return self.model(*args, **kwargs)
 

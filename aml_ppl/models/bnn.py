@@ -18,7 +18,7 @@ from aml_ppl._core.checks import Integer
 from aml_ppl._data import check_regression_data
 from aml_ppl.errors import InputDataError, ModelFittingError
 from aml_ppl.models.base import Model, ModelLoss, register_model
-from aml_ppl.models.linear import check_labels
+from aml_ppl.models.linear import check_labels, warn_if_one_class
 
 ACTIVATIONS = {"relu": torch.relu, "tanh": torch.tanh, "sigmoid": torch.sigmoid}
 GUIDES = ("meanfield", "isotropic")
@@ -200,6 +200,10 @@ class BayesianNeuralNetwork(Model):
         else:
             y = check_regression_data(X, y.to(X.dtype))[1]
         return (X, y), {}
+
+    def check_fitting_data(self, X: torch.Tensor, y: torch.Tensor | None = None) -> None:
+        if self.likelihood == "categorical":
+            warn_if_one_class(y, self.widths[-1])
 
     def init_values(self, X: torch.Tensor, y: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
         r"""Starting weights :math:`\mathcal{N}(0, 1/\text{fan-in})` (He-style), biases 0."""

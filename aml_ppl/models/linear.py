@@ -3,6 +3,7 @@ r"""Bayesian linear regression (notes AML §6, IML §11.2)."""
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any, ClassVar
 
 import pyro
@@ -12,7 +13,7 @@ from pyro.distributions import constraints
 
 from aml_ppl._core.checks import Integer, check_arguments
 from aml_ppl._data import check_regression_data
-from aml_ppl.errors import InputDataError, ModelFittingError
+from aml_ppl.errors import FittingDataWarning, InputDataError, ModelFittingError
 from aml_ppl.models.base import Model, register_model
 from aml_ppl.models.protocols import GaussianLatents
 
@@ -343,6 +344,9 @@ class BayesianLogisticRegression(Model):
             raise InputDataError(f"`X` has {X.shape[0]} rows but `y` has {labels.shape[0]} labels.")
         return (X, check_labels(labels, self.num_classes, X.dtype)), {}
 
+    def check_fitting_data(self, X: torch.Tensor, y: torch.Tensor | None = None) -> None:
+        warn_if_one_class(y, self.num_classes)
+
     def model(self, X: torch.Tensor, y: torch.Tensor | None = None) -> None:
         d, classes = X.shape[1], self.num_classes
         shape = (d,) if classes == 2 else (d, classes)
@@ -363,6 +367,20 @@ class BayesianLogisticRegression(Model):
             else:
                 pyro.deterministic("probs", torch.softmax(logits, -1), event_dim=1)
                 pyro.sample("obs", dist.Categorical(logits=logits), obs=None if y is None else y.long())
+
+
+def warn_if_one_class(labels: torch.Tensor | None, num_classes: int) -> None:
+    r"""Warn when every fitting label is one class: the posterior exists (the prior and the
+    counts shift the intercept), but nothing tells the classes apart, and a scorer of new
+    data may well have one class only, so this is said at fit time alone."""
+    if labels is not None and labels.numel() > 0 and bool((labels == labels[0]).all()):
+        warnings.warn(
+            f"`y` holds one class only (label {int(labels[0])} for all {labels.numel()} points, "
+            f"num_classes = {num_classes}): the fit learns the base rate, not how the inputs "
+            "separate the classes; check the labels (a filtered or sorted subset?).",
+            FittingDataWarning,
+            stacklevel=4,
+        )
 
 
 def check_labels(labels: torch.Tensor, num_classes: int, dtype: torch.dtype) -> torch.Tensor:

@@ -208,6 +208,27 @@ def test_string_class_labels_are_named_with_the_classes_found(as_given):
             aml.fit(model, X, labels, engine="map")
 
 
+
+def test_one_class_labels_and_too_many_inducing_points_are_said_at_fit_time_only():
+    r"""Issue 32, item 6: labels of one class were fitted in silence, and ``num_inducing = 64``
+    on 10 points was cut to 10 in silence. Both fit (a one-class posterior exists) with a
+    warning naming the numbers; scoring a one-class test set says nothing."""
+    generator = torch.Generator().manual_seed(0)
+    X = torch.randn(10, 2, dtype=torch.float64, generator=generator)
+    ones, mixed = torch.ones(10), torch.tensor([0.0, 1.0] * 5)
+    classifiers = (
+        aml.models.BayesianLogisticRegression(),
+        aml.models.BayesianNeuralNetwork(2, hidden=[4], out_features=2, likelihood="categorical"),
+    )
+    for model in classifiers:
+        with pytest.warns(aml.errors.FittingDataWarning, match=r"one class only \(label 1 for all 10 points"):
+            aml.fit(model, X, ones, engine="map")
+        post = aml.fit(model, X, mixed, engine="map")  # no warning: warnings are errors here
+        assert post.log_prob(X, ones).shape == (10,)
+    with pytest.warns(aml.errors.FittingDataWarning, match=r"num_inducing = 64 but `X` has 10 points: 10 inducing"):
+        post = aml.fit(aml.models.SparseGaussianProcess(), X, X.sum(-1), engine=aml.inference.SVI(num_steps=2, progress_bar=False))
+    assert post.guide_params["SparseGaussianProcess.inducing_loc"].shape == (10,)
+
 def eight_schools_without_a_plate(y, sigma):
     r"""Pyro's ``examples/eight_schools/mcmc.py`` model as it is written: no plate."""
     eta = pyro.sample("eta", dist.Normal(torch.zeros(8), torch.ones(8)))

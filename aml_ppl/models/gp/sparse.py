@@ -2,6 +2,7 @@ r"""The sparse variational GP on inducing points, trained by SVI on minibatches 
 
 from __future__ import annotations
 
+import warnings
 from typing import ClassVar
 
 import gpytorch
@@ -11,6 +12,7 @@ import torch
 
 from aml_ppl._core.linalg import robust_cholesky
 from aml_ppl._data import check_count
+from aml_ppl.errors import FittingDataWarning
 from aml_ppl.models.base import register_model
 from aml_ppl.models.gp.base import _GaussianProcessBase
 
@@ -71,6 +73,15 @@ class SparseGaussianProcess(_GaussianProcessBase):
         self._setup(kernel, mean, noise, noise_floor, priors)
         self.num_inducing = check_count("num_inducing", num_inducing)
         self.subsample_size = None if subsample_size is None else check_count("subsample_size", subsample_size)
+
+    def check_fitting_data(self, X: torch.Tensor, y: torch.Tensor | None = None) -> None:
+        if self.num_inducing > X.shape[0]:
+            warnings.warn(
+                f"num_inducing = {self.num_inducing} but `X` has {X.shape[0]} points: {X.shape[0]} "
+                "inducing points are used (at this size the exact GaussianProcess costs no more).",
+                FittingDataWarning,
+                stacklevel=3,
+            )
 
     def _inducing_inputs(self, X: torch.Tensor) -> torch.Tensor:
         def start() -> torch.Tensor:
