@@ -39,6 +39,12 @@ def to_tensor(value: Any) -> Any:
     return value
 
 
+def column_names(value: Any) -> list[str] | None:
+    r"""The column names of a pandas ``DataFrame`` as strings, else ``None``."""
+    columns = getattr(value, "columns", None)
+    return None if columns is None or not hasattr(value, "iloc") else [str(column) for column in columns]
+
+
 def convert_arguments(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     r"""Apply :func:`to_tensor` to every positional and keyword argument."""
     return (

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from aml_ppl._core.randomness import RandomStream
-from aml_ppl._data import check_count, check_finite_arguments, convert_arguments
+from aml_ppl._data import check_count, check_finite_arguments, column_names, convert_arguments
 from aml_ppl.errors import InputDataError
 from aml_ppl.inference.base import ENGINES, Engine, Posterior
 from aml_ppl.models.base import Model
@@ -51,6 +51,8 @@ def fit(
             f"`model` must be an aml_ppl model or a Pyro model function; got {type(model).__name__}."
         )
     engine = _resolve_engine(engine, model)
+    if isinstance(model, Model):
+        model.feature_names = column_names(args[0]) if args else None
     args, kwargs = convert_arguments(args, kwargs)
     if isinstance(model, Model):  # its own checks name the argument (`X`, `y`)
         args, kwargs = model.validate(*args, **kwargs)

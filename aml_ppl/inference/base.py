@@ -30,7 +30,8 @@ from aml_ppl.errors import IncompatibleEngineError, InputDataError
 from aml_ppl.inference import predictive
 from aml_ppl.inference.context import evaluation_mode, isolated_param_store, module_parameters
 from aml_ppl.inference.io import save
-from aml_ppl.inference.replay import Replayed, Structure, inspect_model
+from aml_ppl.inference.replay import Replayed
+from aml_ppl.inference.structure import Structure, inspect_model
 from aml_ppl.models.base import Model
 
 ENGINES: Registry[type["Engine"]] = Registry("engine", lambda cls: cls.name)
@@ -87,7 +88,7 @@ class Posterior(ABC):
         engine: The engine's name.
         history: The objective per iteration (see ``objective``).
         objective: What ``history`` holds, e.g. ``"elbo_loss"``.
-        structure: The model's sites by kind (:class:`~aml_ppl.inference.replay.Structure`).
+        structure: The model's sites by kind (:class:`~aml_ppl.inference.structure.Structure`).
         param_sites: Learned values of the model's ``pyro.param`` sites (exported to
             ArviZ's ``constant_data`` group); empty when there are none.
         rank: The rank of the process that holds this posterior in a data-parallel fit
@@ -292,8 +293,19 @@ class Posterior(ABC):
         return Prediction.from_samples(self.sample(num_samples)[site]).interval(level)
 
     @on_own_stream
-    def to_arviz(self, *args: Any, num_samples: int = 1000, **kwargs: Any) -> Any:
-        r"""Export to ArviZ ``InferenceData``, for every engine.
+    def to_arviz(
+        self,
+        *args: Any,
+        num_samples: int = 1000,
+        coords: dict[str, Any] | None = None,
+        dims: dict[str, list[str]] | None = None,
+        predictions: tuple | dict | None = None,
+        pred_coords: dict[str, Any] | None = None,
+        pred_dims: dict[str, list[str]] | None = None,
+        prior: int | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        r"""Export to ArviZ ``InferenceData``, for every engine, dimensions named by plates.
 
         See :func:`aml_ppl.inference.export.to_inference_data` for the groups.
 
@@ -301,12 +313,48 @@ class Posterior(ABC):
             *args: The model's arguments; none means the fitting data.
             num_samples: Draws per chain (MCMC exports the draws it kept; a point
                 estimate exports one draw, and ``num_samples`` predictive replicates).
+            coords: Labels of dimensions (``{"school": names}``), as ArviZ takes them.
+            dims: Dimension names of sites, overriding the plates' (``{"eta": ["campus"]}``).
+            predictions: The model's arguments at new inputs (a tuple, or a dict of keyword
+                arguments): adds the ``predictions`` and ``predictions_constant_data`` groups.
+            pred_coords: Labels of the predictions groups' dimensions (``coords`` otherwise).
+            pred_dims: Dimension names in the predictions groups (the plates' otherwise).
+            prior: Adds ``prior`` and ``prior_predictive`` groups of this many prior draws.
+            **kwargs: The model's keyword arguments.
+
+        Example:
+            >>> import pyro, pyro.distributions as dist, torch, aml_ppl as aml
+            >>> def schools(sigma, y=None):
+            ...     mu = pyro.sample("mu", dist.Normal(0.0, 5.0))
+            ...     with pyro.plate("school", 8):
+            ...         pyro.sample("y", dist.Normal(mu, sigma), obs=y)
+            >>> sigma, y = torch.full((8,), 10.0), torch.arange(8.0)
+            >>> post = aml.fit(schools, sigma, y, engine=aml.inference.MAP(progress_bar=False))
+            >>> post.to_arviz(num_samples=10, prior=5).prior_predictive["y"].dims
+            ('chain', 'draw', 'school')
         """
         from aml_ppl.inference.export import to_inference_data
 
         check_count("num_samples", num_samples)
+        if prior is not None:
+            check_count("prior", prior)
+        if predictions is not None:
+            if not isinstance(predictions, (tuple, dict)):
+                raise InputDataError(
+                    f"`predictions` must be a tuple of the model's arguments or a dict of its keyword arguments; got {type(predictions).__name__}."
+                )
+            new = (predictions, {}) if isinstance(predictions, tuple) else ((), predictions)
+            predictions = self._arguments(*new)
         args, kwargs = self._arguments(args, kwargs)
-        return to_inference_data(self, args, kwargs, num_samples)
+        return to_inference_data(
+            self, args, kwargs, num_samples, coords=coords, dims=dims, predictions=predictions,
+            pred_coords=pred_coords, pred_dims=pred_dims, prior=prior,
+        )
+
+    def to_datatree(self, *args: Any, **kwargs: Any) -> Any:
+        r"""The export of :meth:`to_arviz` (same arguments) as an xarray ``DataTree``, one
+        child per group: the form ArviZ 1.x (``arviz_stats``, ``arviz_plots``) reads."""
+        return self.to_arviz(*args, **kwargs).to_datatree()
 
     def save(self, path: str | Path) -> None:
         r"""Write tensors and JSON metadata; :func:`aml_ppl.load` reads them back

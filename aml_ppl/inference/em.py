@@ -24,7 +24,7 @@ from aml_ppl.inference.base import (
 from aml_ppl.inference.distributed import Ranks
 from aml_ppl.inference.io import recorded, register_posterior, stored
 from aml_ppl.inference.optimise import Checkpoint, minimise_lbfgs
-from aml_ppl.inference.replay import inspect_model, is_enumerated, structure_trace
+from aml_ppl.inference.structure import inspect_model, is_enumerated, structure_trace
 from aml_ppl.models.protocols import CheckedOnce, ClosedFormEM, DataSampling, Relabelable
 
 

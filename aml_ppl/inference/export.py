@@ -2,19 +2,36 @@ r"""A :class:`~aml_ppl.inference.base.Posterior` as ArviZ ``InferenceData``, for
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import inspect
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 import torch
 
 from aml_ppl._core.version import __version__
+from aml_ppl.errors import InputDataError
+from aml_ppl.inference import predictive
+from aml_ppl.inference.structure import Structure
+from aml_ppl.models.base import Model
 from aml_ppl.models.protocols import VariationalBound
 
 if TYPE_CHECKING:
     from aml_ppl.inference.base import Posterior
 
 
-def to_inference_data(posterior: "Posterior", args: tuple, kwargs: dict, num_samples: int) -> Any:
+def to_inference_data(
+    posterior: "Posterior",
+    args: tuple,
+    kwargs: dict,
+    num_samples: int,
+    *,
+    coords: dict | None = None,
+    dims: dict | None = None,
+    predictions: tuple[tuple, dict] | None = None,
+    pred_coords: dict | None = None,
+    pred_dims: dict | None = None,
+    prior: int | None = None,
+) -> Any:
     r"""ArviZ ``InferenceData`` from one replay of the posterior's draws.
 
     Groups:
@@ -28,14 +45,25 @@ def to_inference_data(posterior: "Posterior", args: tuple, kwargs: dict, num_sam
     - ``observed_data``: the observations in ``args``;
     - ``constant_data``: learned ``pyro.param`` values (SVI, MAP, generic EM);
     - ``sample_stats``: NUTS diagnostics (``diverging``, ``energy``, ``lp``,
-      ``step_size``, ``tree_depth``, ``acceptance_rate``, ``n_steps``).
+      ``step_size``, ``tree_depth``, ``acceptance_rate``, ``n_steps``);
+    - with ``predictions`` (the model's arguments at new inputs): ``predictions``, the
+      observed and deterministic sites replayed there under the same draws, and
+      ``predictions_constant_data``, the new inputs under the model's argument names;
+    - with ``prior = N``: ``prior`` (N draws of the latent and deterministic sites from
+      the prior) and ``prior_predictive`` (the observed sites under them).
 
-    A point estimate exports one draw, with ``num_samples`` predictive replicates,
-    and ``attrs["point_estimate"] = 1``.
+    Every dimension a plate covers is named after the plate, as ArviZ's NumPyro
+    converter does (``pyro.plate("school", 8)`` gives ``eta`` the dims ``(chain, draw,
+    school)``); the others are ``{site}_dim_{k}``. ``coords`` and ``dims`` (and
+    ``pred_coords``, ``pred_dims`` for the predictions groups) label and override them
+    as in ``az.from_dict``. A point estimate exports one draw, with ``num_samples``
+    predictive replicates, and ``attrs["point_estimate"] = 1``.
     """
     import arviz as az
 
     if isinstance(posterior.model, VariationalBound):
+        if predictions is not None or prior is not None:
+            raise InputDataError("this model is known through its bound: it has no predictions or prior groups to export.")
         return _bound_inference_data(posterior, args, num_samples)
     point = posterior.is_point_estimate
     by_chain = posterior._draw_by_chain(num_samples)
@@ -54,15 +82,71 @@ def to_inference_data(posterior: "Posterior", args: tuple, kwargs: dict, num_sam
 
     latent = {name: value.cpu().numpy() for name, value in by_chain.items()}
     latent.update(grouped({**replayed.deterministic, **replayed.discrete}))
-    return az.from_dict(
-        posterior=latent or None,
-        posterior_predictive=grouped(replayed.predictive, replicates // chains) or None,
-        log_likelihood=grouped(replayed.log_likelihood) or None,
-        observed_data=_numpy(replayed.observed) or None,
-        constant_data=_numpy(posterior.param_sites) or None,
-        sample_stats=posterior._sample_stats() or None,
+    groups = {
+        "posterior": latent,
+        "posterior_predictive": grouped(replayed.predictive, replicates // chains),
+        "log_likelihood": grouped(replayed.log_likelihood),
+        "observed_data": _numpy(replayed.observed),
+        "constant_data": _numpy(posterior.param_sites),
+        "sample_stats": posterior._sample_stats(),
+    }
+    if prior is not None:
+        prior_latent, prior_replayed = predictive.prior_draws(posterior, prior, args, kwargs)
+        groups["prior"] = {name: value[None].cpu().numpy() for name, value in {**prior_latent, **prior_replayed.deterministic}.items()}
+        groups["prior_predictive"] = {name: value[None].cpu().numpy() for name, value in prior_replayed.predictive.items()}
+    coords = {**(posterior.model.coords() if isinstance(posterior.model, Model) else {}), **(coords or {})}
+    exported = az.from_dict(
+        **{group: values or None for group, values in groups.items()},
+        coords=coords,
+        dims=site_dims(posterior, posterior._inspect(args, kwargs), dims),
         attrs=_attributes(posterior),
     )
+    if predictions is not None:
+        new_args, new_kwargs = predictions
+        predicted = posterior._replay(replicates, new_args, new_kwargs, draws=flat)
+        named = site_dims(posterior, posterior._inspect(new_args, new_kwargs), pred_dims)
+        labels = {**(coords or {}), **(pred_coords or {})}
+        values = grouped({**predicted.predictive, **predicted.deterministic}, replicates // chains)
+        exported.add_groups(
+            predictions=az.dict_to_dataset(values, coords=labels, dims=named),
+            predictions_constant_data=az.dict_to_dataset(
+                _numpy(named_inputs(posterior.model, new_args, new_kwargs)), coords=labels, dims=named, default_dims=[]
+            ),
+        )
+    return exported
+
+
+def site_dims(posterior: "Posterior", structure: Structure, given: dict | None) -> dict[str, list[str]]:
+    r"""The dimension names of every site: the user's (``given``), else a built-in model's
+    own (:meth:`~aml_ppl.models.base.Model.site_dims`, where the number of dimensions
+    matches), else the plates' (:func:`plate_dims`)."""
+    named = plate_dims(structure)
+    own = posterior.model.site_dims() if isinstance(posterior.model, Model) else {}
+    named.update({name: names for name, names in own.items() if len(names) == len(named.get(name, ()))})
+    return {**named, **(given or {})}
+
+
+def plate_dims(structure: Structure) -> dict[str, list[str]]:
+    r"""Each site's dimension names (draws excluded): a dimension that a plate covers takes
+    the plate's name (the plate's ``dim`` counts from the right of the batch shape, so nested
+    plates come out in order); any other is ``{site}_dim_{k}``, as ArviZ names it."""
+    named = {}
+    for name, site in structure.sites.items():
+        depth = len(site.batch_shape)
+        plates = {depth + dim: plate for plate, dim in site.plates if -depth <= dim < 0}
+        named[name] = [plates.get(index, f"{name}_dim_{index}") for index in range(len(site.shape))]
+    return named
+
+
+def named_inputs(model: Callable, args: tuple, kwargs: dict) -> dict[str, torch.Tensor]:
+    r"""The tensors among a model's arguments under the names its program gives them
+    (``arg{k}`` where the signature cannot be read)."""
+    program = model.model if isinstance(model, Model) else model
+    try:
+        bound = dict(inspect.signature(program).bind_partial(*args, **kwargs).arguments)
+    except (TypeError, ValueError):
+        bound = {**{f"arg{index}": value for index, value in enumerate(args)}, **kwargs}
+    return {name: value for name, value in bound.items() if isinstance(value, torch.Tensor)}
 
 
 def _bound_inference_data(posterior: "Posterior", args: tuple, num_samples: int) -> Any:

@@ -26,7 +26,7 @@ from aml_ppl.inference.context import isolated_param_store
 from aml_ppl.inference.distributed import RankFailureError, Ranks
 from aml_ppl.inference.losses import finite_or_nan
 from aml_ppl.inference.optimise import OptimisationResult, minimise_lbfgs
-from aml_ppl.inference.replay import inspect_model, is_enumerated
+from aml_ppl.inference.structure import inspect_model, is_enumerated
 from aml_ppl.models.protocols import InitialValues
 
 

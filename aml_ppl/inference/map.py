@@ -9,7 +9,7 @@ from aml_ppl.errors import InputDataError
 from aml_ppl.inference.base import register_engine
 from aml_ppl.inference.distributed import Ranks
 from aml_ppl.inference.guides import minimise_elbo_lbfgs
-from aml_ppl.inference.replay import inspect_model
+from aml_ppl.inference.structure import inspect_model
 from aml_ppl.inference.svi import SVI
 from aml_ppl.models.protocols import VariationalBound
 

@@ -22,7 +22,7 @@ from aml_ppl.inference.base import Engine, Posterior, register_engine
 from aml_ppl.inference.chains import chain_executor, run_chains
 from aml_ppl.inference.context import isolated_param_store
 from aml_ppl.inference.io import recorded, register_posterior, stored
-from aml_ppl.inference.replay import inspect_model
+from aml_ppl.inference.structure import inspect_model
 
 # ArviZ's names for the per-draw statistics a NUTS chain records.
 SAMPLE_STATS = ("diverging", "energy", "lp", "step_size", "tree_depth", "acceptance_rate", "n_steps")

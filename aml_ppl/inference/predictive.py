@@ -22,7 +22,8 @@ import torch
 from aml_ppl._core.records import Prediction
 from aml_ppl.errors import AmlPplError, InputDataError
 from aml_ppl.inference.context import evaluation_mode
-from aml_ppl.inference.replay import Replayed, Structure, replay
+from aml_ppl.inference.replay import Replayed, prior_replay, replay
+from aml_ppl.inference.structure import Structure
 from aml_ppl.models.protocols import BoTorchExportable, ConditionalPredictive, PointwiseLikelihood, VariationalBound
 
 if TYPE_CHECKING:
@@ -145,6 +146,14 @@ def replayed_chunks(
             yield rows, replayed
             sizes = [value[0].numel() for group in DRAWN_GROUPS for value in getattr(replayed, group).values()]
             start, chunk = rows.stop, max(1, REPLAY_ELEMENTS // max([1, *sizes]))
+
+
+def prior_draws(posterior: "Posterior", num_samples: int, args: tuple, kwargs: dict) -> tuple[dict[str, torch.Tensor], Replayed]:
+    r"""``num_samples`` draws of the latent sites from the model's prior (its learned
+    ``pyro.param`` values substituted) and the replay under them (the prior predictive)."""
+    structure = posterior._inspect(args, kwargs)
+    with evaluation_mode(posterior.model):
+        return prior_replay(posterior._evaluation_model(), num_samples, args, kwargs, structure)
 
 
 def check_same_latents(fitted: Structure, new: Structure) -> None:

@@ -34,7 +34,7 @@ from aml_ppl.inference.guides import (
 )
 from aml_ppl.inference.io import recorded, register_posterior, stored
 from aml_ppl.inference.losses import JIT_LOSSES, CompiledModelLoss, finite_or_nan
-from aml_ppl.inference.replay import inspect_model, undeclared_batch_sites
+from aml_ppl.inference.structure import inspect_model, undeclared_batch_sites
 from aml_ppl.models.base import Model, ModelLoss
 from aml_ppl.models.protocols import DataScaledLoss, HasGuide, InitialValues, PreferredLoss, VariationalBound
 

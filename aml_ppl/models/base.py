@@ -60,10 +60,14 @@ class Model(PyroModule):
         default_engine: The engine ``fit`` uses when none is named.
         jit_traceable: Whether NUTS may trace the model's potential with the PyTorch JIT
             (it still checks the trace); ``False`` runs it without, silently.
+        feature_names: The columns of the pandas ``DataFrame`` it was last fitted on (as
+            scikit-learn's ``feature_names_in_``), else ``None``; the ArviZ export labels
+            the ``feature`` dimension with them.
     """
 
     default_engine: ClassVar[str] = "svi"
     jit_traceable: ClassVar[bool] = True
+    feature_names: list[str] | None = None
 
     @abstractmethod
     def model(self, *args: Any, **kwargs: Any) -> None:
@@ -77,6 +81,15 @@ class Model(PyroModule):
     def validate(self, *args: Any, **kwargs: Any) -> tuple[tuple, dict]:
         r"""Check and convert the model's arguments; the default accepts them as they are."""
         return args, kwargs
+
+    def site_dims(self) -> dict[str, list[str]]:
+        r"""Names of the dimensions of sites that no plate names (``{"beta": ["feature"]}``),
+        for the ArviZ export; a site whose number of dimensions differs keeps the default."""
+        return {}
+
+    def coords(self) -> dict[str, list[str]]:
+        r"""Labels of the model's dimensions for the ArviZ export: the feature names, if any."""
+        return {} if self.feature_names is None else {"feature": list(self.feature_names)}
 
     def check_fitting_data(self, *args: Any, **kwargs: Any) -> None:
         r"""Warn of fitting data that :meth:`validate` accepts (it checks new data too) but

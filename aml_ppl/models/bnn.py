@@ -147,6 +147,9 @@ class BayesianNeuralNetwork(Model):
         self.local_reparameterization = bool(local_reparameterization)
         self.initial_noise_precision = 100.0
 
+    def site_dims(self) -> dict[str, list[str]]:
+        return {"layers.0.weight": ["layers.0.weight_dim_0", "feature"]}
+
     def get_config(self) -> dict[str, Any]:
         return {
             "in_features": self.widths[0],

@@ -91,6 +91,9 @@ class BayesianLinearRegression(Model):
         self.noise_scale = noise_scale
         self.hyperprior = (float(hyperprior[0]), float(hyperprior[1]))
 
+    def site_dims(self) -> dict[str, list[str]]:
+        return {"beta": ["feature"]}
+
     def get_config(self) -> dict[str, Any]:
         precision = self.prior_precision
         return {
@@ -326,6 +329,11 @@ class BayesianLogisticRegression(Model):
         self.prior_scale = float(prior_scale)
         self.intercept = bool(intercept)
         self.intercept_scale = float(intercept_scale)
+
+    def site_dims(self) -> dict[str, list[str]]:
+        if self.num_classes == 2:
+            return {"weights": ["feature"]}
+        return {"weights": ["feature", "class"], "bias": ["class"], "probs": ["data", "class"]}
 
     def get_config(self) -> dict[str, Any]:
         return {

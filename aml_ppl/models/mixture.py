@@ -119,6 +119,12 @@ class GaussianMixture(Model):
         self.mean_prior_scale = float(mean_prior_scale)
         self.scale_prior_scale = float(scale_prior_scale)
 
+    def site_dims(self) -> dict[str, list[str]]:
+        return {
+            "weights": ["components"], "locs": ["components", "feature"], "scales": ["components", "feature"],
+            "obs": ["data", "feature"],
+        }
+
     def get_config(self) -> dict[str, Any]:
         return {
             "n_components": self.n_components,

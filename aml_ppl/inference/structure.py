@@ -1,0 +1,206 @@
+r"""What one run of a model under its prior shows: each sample site's kind, shapes and
+plates (:class:`Structure`), read by the engines to choose what they can run and by the
+replay and the ArviZ exporter to shape and name what they return."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable
+
+import pyro
+import torch
+from pyro import poutine
+from pyro.poutine.util import site_is_subsample
+
+from aml_ppl.errors import AmlPplError, InputDataError
+
+# Enumeration dimensions in structure traces start this far left, beyond any real
+# plate nesting, so that no plate count is needed before the first trace.
+STRUCTURE_ENUM_DIM = -8
+
+
+@dataclass(frozen=True)
+class SiteShape:
+    r"""One sample site's shapes and plates in a single draw.
+
+    Attributes:
+        batch_shape: The distribution's batch shape (plate dimensions included).
+        event_shape: Its event shape.
+        plates: ``(plate name, dim)`` of each vectorised plate, ``dim`` counted from
+            the right of the batch shape (``-1`` is its last dimension).
+    """
+
+    batch_shape: torch.Size
+    event_shape: torch.Size
+    plates: tuple[tuple[str, int], ...]
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.batch_shape + self.event_shape
+
+
+@dataclass(frozen=True)
+class Structure:
+    r"""What one run of a model under its prior shows about its sites.
+
+    Attributes:
+        sites: Site name to :class:`SiteShape` for every sample site that is not a
+            plate's index site.
+        observed: Sites with ``obs=`` (not deterministic, not ``pyro.factor``).
+        latent: Continuous (or non-enumerated) sampled sites: what a posterior draws.
+        enumerated: Discrete sites marked for parallel enumeration.
+        local_enumerated: Those of them inside a plate (summed out of densities).
+        deterministic: ``pyro.deterministic`` sites.
+        factors: ``pyro.factor`` sites.
+        params: ``pyro.param`` sites.
+        subsampled: Plate name to ``(size, subsample_size)`` for plates that subsample.
+        max_plate_nesting: The depth of the deepest plate.
+        observations: The values observed at the observed sites in this run.
+    """
+
+    sites: dict[str, SiteShape]
+    observed: tuple[str, ...]
+    latent: tuple[str, ...]
+    enumerated: tuple[str, ...]
+    local_enumerated: tuple[str, ...]
+    deterministic: tuple[str, ...]
+    factors: tuple[str, ...]
+    params: tuple[str, ...]
+    subsampled: dict[str, tuple[int, int]]
+    max_plate_nesting: int
+    observations: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    @property
+    def latent_shapes(self) -> dict[str, torch.Size]:
+        return {name: self.sites[name].shape for name in self.latent}
+
+    def with_observed(self, observed: tuple[str, ...]) -> "Structure":
+        r"""This structure with ``observed`` (a fit's observed sites) as the observed
+        sites, also where these arguments leave them unobserved (``obs=None``)."""
+        latent = tuple(name for name in self.latent if name not in observed)
+        return replace(self, observed=observed, latent=latent)
+
+
+def structure_trace(model: Callable, args: tuple, kwargs: dict) -> Any:
+    r"""One run of ``model`` under its prior, for its sites' names, shapes and plates.
+
+    Sites marked for enumeration are enumerated rather than drawn per data point
+    (a mixture's ``z`` stays ``k x 1 x ...``, not ``n`` gathers of its parameters);
+    distribution validation is off (a prior draw may hit a region where the model
+    yields NaN, which says nothing about its structure); nothing touches the
+    caller's param store.
+    """
+    enumerated = poutine.enum(model, first_available_dim=STRUCTURE_ENUM_DIM)
+    with pyro.get_param_store().scope(), torch.no_grad(), pyro.validation_enabled(False):
+        return poutine.trace(enumerated).get_trace(*args, **kwargs)
+
+
+def inspect_model(model: Callable, args: tuple, kwargs: dict) -> Structure:
+    r"""The :class:`Structure` of ``model`` called with ``args`` and ``kwargs``."""
+    try:
+        trace = structure_trace(model, args, kwargs)
+    except ValueError as error:  # Pyro's plate cannot subsample more members than it has
+        if "subsample_size does not match len(subsample)" not in str(error):
+            raise
+        wanted, have = re.search(r"(\d+) vs (\d+)", str(error)).groups()
+        raise InputDataError(
+            f"a plate of the model subsamples {wanted} members and these arguments give it {have}; "
+            f"Pyro's plate cannot subsample more members than it has: pass at least {wanted} at once, "
+            f"or write the plate with subsample_size=min({wanted}, n)."
+        ) from error
+    sites: dict[str, SiteShape] = {}
+    kinds: dict[str, list[str]] = {
+        key: [] for key in ("observed", "latent", "enumerated", "local", "deterministic", "factors")
+    }
+    params, subsampled = [], {}
+    for name, site in trace.nodes.items():
+        if site["type"] == "param":
+            params.append(name)
+            continue
+        if site["type"] != "sample":
+            continue
+        if site_is_subsample(site):
+            fn = site["fn"]
+            if fn.subsample_size is not None and fn.subsample_size < fn.size:
+                subsampled[name] = (fn.size, fn.subsample_size)
+            continue
+        fn = site["fn"]
+        plates = tuple(
+            (frame.name, frame.dim) for frame in site["cond_indep_stack"] if frame.vectorized
+        )
+        sites[name] = _site_shape(site, plates)
+        kinds[_kind(site)].append(name)
+        if is_enumerated(site) and plates:
+            kinds["local"].append(name)
+    for name, site in sites.items():
+        nested = [plate for plate, _ in site.plates if plate in subsampled]
+        if len(nested) > 1:
+            raise AmlPplError(
+                f"site {name!r} sits in several subsampled plates {nested}; replaying nested "
+                "subsampled plates on all data is not supported. Give all but one plate "
+                "subsample_size=None when you call predict, log_prob or to_arviz."
+            )
+    return Structure(
+        sites=sites,
+        observed=tuple(kinds["observed"]),
+        latent=tuple(kinds["latent"]),
+        enumerated=tuple(kinds["enumerated"]),
+        local_enumerated=tuple(kinds["local"]),
+        deterministic=tuple(kinds["deterministic"]),
+        factors=tuple(kinds["factors"]),
+        params=tuple(params),
+        subsampled=subsampled,
+        max_plate_nesting=max((-dim for site in sites.values() for _, dim in site.plates), default=0),
+        observations={name: trace.nodes[name]["value"] for name in kinds["observed"]},
+    )
+
+
+def _site_shape(site: dict, plates: tuple[tuple[str, int], ...]) -> SiteShape:
+    r"""Shapes of a site in one draw, without the structure trace's enumeration dims.
+
+    A ``pyro.deterministic`` site's ``Delta`` takes the whole value as its event
+    (``event_dim = value.ndim``) and is then broadcast by its plates; its shape is its
+    value's, with the dimensions its plates cover counted as batch.
+    """
+    if site["infer"].get("_deterministic", False):
+        shape = site["value"].shape
+        batch_ndim = min(len(shape), max((-dim for _, dim in plates), default=0))
+        return SiteShape(shape[:batch_ndim], shape[batch_ndim:], plates)
+    batch_shape = site["fn"].batch_shape
+    if len(batch_shape) >= -STRUCTURE_ENUM_DIM:  # enumerated upstream: keep the plates' dims
+        depth = max((-dim for _, dim in plates), default=0)
+        batch_shape = batch_shape[len(batch_shape) - depth :]
+    return SiteShape(batch_shape, site["fn"].event_shape, plates)
+
+
+def is_enumerated(site: dict) -> bool:
+    r"""Whether a trace site is a discrete site marked for parallel enumeration."""
+    return (
+        site["type"] == "sample"
+        and not site["is_observed"]
+        and site["infer"].get("enumerate") == "parallel"
+    )
+
+
+def _kind(site: dict) -> str:
+    if site["infer"].get("_deterministic", False):
+        return "deterministic"
+    if site["is_observed"]:
+        return "factors" if site["infer"].get("is_auxiliary", False) else "observed"
+    if is_enumerated(site):
+        return "enumerated"
+    return "latent" if not site["infer"].get("is_auxiliary", False) else "factors"
+
+
+def undeclared_batch_sites(structure: Structure) -> list[str]:
+    r"""The sample sites with a batch dimension of size above 1 that no plate declares (a
+    model written for NUTS, as Pyro's eight-schools MCMC example is, with ``obs`` of shape
+    ``n`` outside a plate): Pyro's ELBOs refuse them with "invalid log_prob shape"."""
+    undeclared = []
+    for name, site in structure.sites.items():
+        declared = {dim for _, dim in site.plates}
+        length = len(site.batch_shape)
+        if any(size != 1 and index - length not in declared for index, size in enumerate(site.batch_shape)):
+            undeclared.append(name)
+    return undeclared
