@@ -5,6 +5,10 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
+import numpy as np
+import torch
+from scipy.special import logsumexp
+
 from aml_ppl.errors import AmlPplError, AmlPplWarning
 from aml_ppl.inference.base import Posterior
 
@@ -37,6 +41,14 @@ def loo(posterior: Posterior, *args: Any, num_samples: int = 1000, **kwargs: Any
 
     .. math:: \mathrm{elpd}_{\mathrm{loo}} = \sum_i \log p(y_i \mid y_{-i})
 
+    On the fitting data of a guide posterior (SVI; MAP with ``laplace=True``) the draws come
+    from the approximation :math:`q`, not the posterior, and each point's weights are
+    :math:`p(\theta_s \mid y) / (q(\theta_s)\, p(y_i \mid \theta_s))`, Pareto-smoothed
+    (importance-weighted LOO for an approximate posterior, Magnusson et al. 2019, as
+    ``arviz_stats.loo_approximate_posterior``); the result's ``approximation_k`` is the Pareto
+    :math:`\hat k` of :math:`p / q` itself (above 0.7: :math:`q` is too far from the
+    posterior for any correction).
+
     Args:
         posterior: A fitted posterior (not a point estimate).
         *args: The model's arguments with observations; none means the fitting data.
@@ -54,21 +66,73 @@ def loo(posterior: Posterior, *args: Any, num_samples: int = 1000, **kwargs: Any
 
     _refuse_point_estimate(posterior)
     idata = posterior.to_arviz(*args, num_samples=num_samples, **kwargs)
+    ratio = None
+    if not args and not kwargs:
+        draws = {name: torch.as_tensor(idata.posterior[name].values).flatten(0, 1) for name in posterior.latent_sites}
+        ratio = posterior.log_density_ratio(draws)
     with warnings.catch_warnings():  # ArviZ's generic notice; ours below names the points
         warnings.filterwarnings("ignore", message="Estimated shape parameter of Pareto distribution")
-        result = az.loo(idata, pointwise=True)
+        result = az.loo(idata, pointwise=True) if ratio is None else importance_weighted_loo(idata, ratio.double().numpy())
+    _warn_of_pareto_k(result)
+    return result
+
+
+def _warn_of_pareto_k(result: Any) -> None:
+    r"""Warn where PSIS cannot be trusted: the approximation itself (its :math:`\hat k` above
+    0.7), else the points whose :math:`\hat k` exceeds 0.7, named."""
+    approximation_k = result.get("approximation_k")
+    if approximation_k is not None and approximation_k > 0.7:
+        warnings.warn(
+            f"the guide is too far from the posterior for importance-weighted LOO (Pareto k of p/q = "
+            f"{approximation_k:.2f} > 0.7): fit longer, use a richer guide (guide='mvn'), or NUTS.",
+            ParetoKWarning,
+            stacklevel=3,
+        )
+        return
     shape = result.pareto_k.values.reshape(-1)
     high = [int(index) for index in (shape > 0.7).nonzero()[0]]
     if high:
         listed = ", ".join(map(str, high[:10])) + (", ..." if len(high) > 10 else "")
+        weighted = "" if approximation_k is None else f" (the guide's draws weighted by p/q, whose k is {approximation_k:.2f})"
         warnings.warn(
             f"PSIS-LOO is unreliable for {len(high)} of {shape.size} observations (Pareto k > 0.7 at "
-            f"{listed}; largest {shape.max():.2f}): those points sway the posterior too much to be left out by "
-            "reweighting. Use K-fold cross-validation (aml.analysis.cross_validate), more draws, or a model "
-            "less sensitive to them (heavier-tailed noise).",
+            f"{listed}; largest {shape.max():.2f}){weighted}: those points sway the posterior too much to be "
+            "left out by reweighting. Use K-fold cross-validation (aml.analysis.cross_validate), more draws, "
+            "or a model less sensitive to them (heavier-tailed noise).",
             ParetoKWarning,
-            stacklevel=2,
+            stacklevel=3,
         )
+
+
+def importance_weighted_loo(idata: Any, log_ratio: np.ndarray) -> Any:
+    r"""PSIS-LOO from draws of an approximation :math:`q`, weighted by ``log_ratio`` (per draw,
+    :math:`\log p(y, \theta_s) - \log q(\theta_s)`, chain-major): for each point,
+    :math:`\log w_{s,i} = \text{log\_ratio}_s - \log p(y_i \mid \theta_s)` smoothed by PSIS,
+    :math:`\mathrm{elpd}_i = \log \sum_s \tilde w_{s,i}\, p(y_i \mid \theta_s)` (normalised
+    weights); ``lppd`` weighted by the smoothed :math:`p / q` alone. The fields of
+    ``arviz.loo``'s result, and ``approximation_k``."""
+    import arviz as az
+    from arviz.stats.stats_utils import ELPDData
+
+    (name,) = idata.log_likelihood.data_vars  # one observed site, as arviz.loo needs
+    stacked = idata.log_likelihood[name].stack(__sample__=("chain", "draw"))
+    log_likelihood = stacked.values.reshape(-1, stacked.shape[-1])
+    samples, points = log_likelihood.shape[1], log_likelihood.shape[0]
+    log_weights, pareto_k = az.psislw(log_ratio[None, :] - log_likelihood)
+    pointwise = logsumexp(log_weights + log_likelihood, axis=1)
+    approximation, approximation_k = az.psislw(log_ratio)
+    lppd = logsumexp(approximation[None, :] + log_likelihood, axis=1).sum()
+    good_k = min(1 - 1 / np.log10(samples), 0.7)
+    template = stacked.isel(__sample__=0, drop=True)
+    result = ELPDData(
+        data=[
+            pointwise.sum(), (points * pointwise.var()) ** 0.5, lppd - pointwise.sum(), samples, points,
+            bool((pareto_k > good_k).any()), template.copy(data=pointwise.reshape(template.shape)).rename("loo_i"),
+            template.copy(data=pareto_k.reshape(template.shape)), "log", good_k,
+        ],
+        index=["elpd_loo", "se", "p_loo", "n_samples", "n_data_points", "warning", "loo_i", "pareto_k", "scale", "good_k"],
+    )
+    result["approximation_k"] = float(approximation_k)
     return result
 
 

@@ -13,7 +13,8 @@ from aml_ppl.inference.em import EM, MixturePosterior
 from aml_ppl.inference.exact import Exact, GaussianPosterior
 from aml_ppl.inference.map import MAP
 from aml_ppl.inference.mcmc import NUTS, SamplePosterior
-from aml_ppl.inference.svi import SVI, GuidePosterior
+from aml_ppl.inference.guide_posterior import GuidePosterior
+from aml_ppl.inference.svi import SVI
 
 __all__ = [
     "EM",

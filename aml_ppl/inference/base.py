@@ -183,6 +183,13 @@ class Posterior(ABC):
 
         return evaluated
 
+    def log_density_ratio(self, draws: dict[str, torch.Tensor]) -> torch.Tensor | None:
+        r"""Per draw, :math:`\log p(y, \theta_s) - \log q(\theta_s)` on the fitting data, where
+        the draws come from an approximation :math:`q` of the posterior (a guide): what
+        importance weighting needs to correct for it. ``None`` for a posterior that is exact
+        up to Monte Carlo error (closed forms, MCMC) or whose density is not known."""
+        return None
+
     def _sample_stats(self) -> dict[str, np.ndarray]:
         r"""ArviZ ``sample_stats`` (MCMC diagnostics); none by default."""
         return {}

@@ -81,9 +81,10 @@ def log_predictive_density(
     return log_mean_likelihood(posterior, posterior.sample(num_samples), site, args, kwargs)
 
 
-# Draws x observations replayed at once: about 32 MB per float64 tensor the replay holds (it
-# holds a few: the log-likelihood, the replicates, the locations, a network's activations).
-REPLAY_ELEMENTS = 2**22
+# Values per returned tensor of a replayed chunk of draws: 8 MB in float64. The replay holds a
+# few such tensors and the model's own intermediates (a BNN's activations: the hidden width
+# times as many), so a chunk costs tens to hundreds of MB (benchmarks/bench_memory.py).
+REPLAY_ELEMENTS = 2**20
 
 
 def log_mean_likelihood(
@@ -133,7 +134,7 @@ def replayed_chunks(
     r"""The Pyro program replayed under successive chunks of ``draws``, each with the rows it
     covers: the first chunk is one draw, and its replay sizes the rest so that no tensor it
     returns holds more than about :data:`REPLAY_ELEMENTS` values (1 000 draws of a model with
-    10⁵ observations replay 41 at a time). The model is inspected once for all chunks."""
+    10⁵ observations replay 10 at a time). The model is inspected once for all chunks."""
     structure = posterior._inspect(args, kwargs)
     check_same_latents(posterior.structure, structure)
     model = posterior._evaluation_model()

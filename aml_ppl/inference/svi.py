@@ -12,153 +12,35 @@ import pyro.ops.jit
 import pyro.optim
 import torch
 from pyro import poutine
-from pyro.infer import Predictive, Trace_ELBO, TraceEnum_ELBO
+from pyro.infer import Trace_ELBO, TraceEnum_ELBO
 from pyro.infer.autoguide import AutoLaplaceApproximation
 from pyro.infer.util import zero_grads
 from tqdm.auto import tqdm
 
 from aml_ppl._data import check_count, check_positive
 from aml_ppl.errors import InputDataError, JitFallbackWarning, ModelFittingError, NonFiniteLossError
-from aml_ppl.inference.base import Engine, Posterior, register_engine
+from aml_ppl.inference.base import Engine, register_engine
 from aml_ppl.inference.context import isolated_param_store
 from aml_ppl.inference.distributed import DataPlateScale, Ranks
+from aml_ppl.inference.guide_posterior import GuidePosterior
 from aml_ppl.inference.guides import (
     AUTOGUIDES,
     frozen_copy,
-    is_delta_guide,
     make_autoguide,
     map_start,
     param_values,
-    substituted,
     warn_if_on_boundary,
 )
-from aml_ppl.inference.io import recorded, register_posterior, stored
 from aml_ppl.inference.losses import JIT_LOSSES, CompiledModelLoss, finite_or_nan
 from aml_ppl.inference.structure import inspect_model, undeclared_batch_sites
 from aml_ppl.models.base import Model, ModelLoss
-from aml_ppl.models.protocols import DataScaledLoss, HasGuide, InitialValues, PreferredLoss, VariationalBound
+from aml_ppl.models.protocols import DataScaledLoss, HasGuide, InitialValues, PreferredLoss
 
 
 OPTIMIZERS: dict[str, Callable[[float], pyro.optim.PyroOptim]] = {
     "adam": lambda lr: pyro.optim.Adam({"lr": lr}),
     "clipped_adam": lambda lr: pyro.optim.ClippedAdam({"lr": lr, "clip_norm": 10.0}),
 }
-
-
-@register_posterior
-class GuidePosterior(Posterior):
-    r"""A posterior represented by a trained guide (SVI, MAP).
-
-    The guide and the values of its ``pyro.param`` sites are frozen at the end of
-    the fit, so later fits never change this record.
-
-    Attributes:
-        guide: The trained guide (an autoguide module, or a function whose
-            parameters are held in ``params``).
-        guide_spec: How the guide was made: an autoguide name, ``"model"`` (the
-            model's own guide) or ``"custom"``.
-        model_params: Values of the model's own ``pyro.param`` sites.
-        guide_params: Values of a function guide's ``pyro.param`` sites (a module
-            guide holds its own).
-    """
-
-    kind: ClassVar[str] = "guide"
-
-    def __init__(
-        self,
-        model: Callable,
-        args: tuple,
-        kwargs: dict,
-        *,
-        guide: Callable,
-        guide_spec: str,
-        model_params: dict[str, torch.Tensor],
-        guide_params: dict[str, torch.Tensor],
-        engine: str,
-        history: list[float] | torch.Tensor,
-        objective: str,
-        rank: int = 0,
-    ) -> None:
-        self.guide = guide
-        self.guide_spec = guide_spec
-        self.model_params = model_params
-        self.guide_params = guide_params
-        self._point_estimate = isinstance(model, VariationalBound) or is_delta_guide(
-            substituted(guide, guide_params), args, kwargs
-        )
-        super().__init__(model, args, kwargs, engine=engine, history=history, objective=objective, rank=rank)
-
-    @property
-    def param_sites(self) -> dict[str, torch.Tensor]:
-        return self.model_params
-
-    @property
-    def is_point_estimate(self) -> bool:
-        return self._point_estimate
-
-    def _draw(self, num_samples: int) -> dict[str, torch.Tensor]:
-        r"""Draw in one vectorised pass when the guide broadcasts (autoguides do),
-        else one guide run per draw."""
-        guide = substituted(self.guide, self.guide_params)
-        args, kwargs = self.data_args, self.data_kwargs
-        with isolated_param_store(), torch.no_grad():
-            try:  # a guide that does not broadcast over a draws plate raises or misshapes
-                vectorised = Predictive(
-                    guide, num_samples=num_samples, parallel=True, return_sites=self.latent_sites
-                )(*args, **kwargs)
-            except Exception:
-                vectorised = {}
-            if all(
-                name in vectorised and vectorised[name].shape == (num_samples, *shape)
-                for name, shape in self.latent_shapes.items()
-            ):
-                return {name: vectorised[name] for name in self.latent_sites}
-            draws: dict[str, list[torch.Tensor]] = {name: [] for name in self.latent_sites}
-            for _ in range(num_samples):
-                trace = poutine.trace(guide).get_trace(*args, **kwargs)
-                for name in self.latent_sites:
-                    draws[name].append(trace.nodes[name]["value"])
-        return {name: torch.stack(values) for name, values in draws.items()}
-
-    def _state(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-        tensors = {f"model_param:{name}": value for name, value in self.model_params.items()}
-        tensors.update({f"guide_param:{k}": v for k, v in self.guide_params.items()})
-        if isinstance(self.guide, torch.nn.Module):
-            tensors.update(
-                {f"guide:{key}": value for key, value in self.guide.state_dict().items()}
-            )
-        return tensors, {"guide": self.guide_spec}
-
-    @classmethod
-    def _from_state(cls, model, args, kwargs, tensors, meta, guide):
-        spec = meta["guide"]
-        if spec == "model":
-            guide = model.guide
-        elif spec == "custom":
-            if guide is None:
-                raise InputDataError("this posterior used a guide of your own; pass it as `guide=`.")
-        else:
-            guide = make_autoguide("mvn" if spec == "laplace" else spec, model, args, kwargs)
-            with isolated_param_store(), poutine.block():
-                guide(*args, **kwargs)
-        state = stored(tensors, "guide")
-        if state:
-            if spec == "laplace":
-                for name in ("loc", "scale", "scale_tril"):
-                    delattr(guide, name)
-                    guide.register_buffer(name, state[name])
-            else:
-                guide.load_state_dict(state)
-        return cls(
-            model,
-            args,
-            kwargs,
-            guide=guide,
-            guide_spec=spec,
-            model_params=stored(tensors, "model_param"),
-            guide_params=stored(tensors, "guide_param"),
-            **recorded(tensors, meta),
-        )
 
 
 @register_engine

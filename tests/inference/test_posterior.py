@@ -1,6 +1,7 @@
 """The Posterior surface: ArviZ export, save/load, predictions, for every engine."""
 
 import math
+import warnings
 
 import numpy as np
 import pyro
@@ -42,8 +43,13 @@ def test_to_arviz_has_every_group_and_passes_summary_and_loo(posterior, regressi
         with pytest.raises(aml.analysis.PointEstimateError, match="laplace=True"):
             aml.analysis.loo(posterior)
         return
-    # 1 000 draws: with 200, k-hat's own noise passes 0.7 at one of 60 points for some streams
-    loo = aml.analysis.loo(posterior, num_samples=1000)
+    # 1 000 draws: with 200, k-hat's own noise passes 0.7 at one of 60 points for some streams.
+    # A guide's draws are weighted by p/q (importance-weighted LOO); their k-hat reflect how
+    # far 300 Adam steps leave q (0.5-0.8 here), so the warning may fire on the SVI fits;
+    # test_arviz_export checks the weighted elpd against the exact LOO.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore" if posterior.engine == "svi" else "error", aml.analysis.ParetoKWarning)
+        loo = aml.analysis.loo(posterior, num_samples=1000)
     assert loo.n_data_points == 60 and loo.loo_i.shape == (60,)
 
 
