@@ -10,8 +10,9 @@ each process fits the same model with the same seed and reports the median of 5 
 - BLR ``n = 1000``, ``d = 5`` by SVI (its full-rank guide), 1 000 draws;
 - a Gaussian mixture (``k = 3``, ``d = 5``) on ``n = 10^4`` points by EM, 100 replicates.
 
-"all groups" adds ``prior=500`` and ``predictions`` at 100 new inputs (eight schools: new
-``sigma``), which only this tree has.
+"all groups" adds a prior of as many draws as the posterior export holds and
+``predictions`` at 100 new inputs (eight schools: its 8 schools at a new ``sigma``), which
+only this tree has.
 """
 
 from __future__ import annotations
@@ -43,18 +44,18 @@ def schools(sigma, y=None):
 if case == "schools":
     sigma = torch.tensor([15.0, 10, 16, 11, 9, 11, 10, 18]); y = torch.tensor([28.0, 8, -3, 7, -1, 1, 18, 12])
     post = aml.fit(schools, sigma, y, engine=aml.inference.NUTS(num_samples=500, warmup_steps=500, num_chains=2, progress_bar=False), seed=0)
-    extra = {"prior": 500, "predictions": (2 * sigma,)}
+    extra = {"prior": 1000, "predictions": (2 * sigma,)}
     export = lambda **options: post.to_arviz(**options)
 elif case == "blr":
     X = torch.randn(1000, 5, dtype=torch.float64, generator=generator); y = X.sum(-1) + torch.randn(1000, dtype=torch.float64, generator=generator)
     post = aml.fit(aml.models.BayesianLinearRegression(noise_scale=None), X, y, engine=aml.inference.SVI(num_steps=300, progress_bar=False), seed=0)
-    extra = {"prior": 500, "predictions": (X[:100],)}
+    extra = {"prior": 1000, "predictions": (X[:100],)}
     export = lambda **options: post.to_arviz(num_samples=1000, **options)
 else:
     centres = 3 * torch.randn(3, 5, dtype=torch.float64, generator=generator)
     X = centres[torch.randint(3, (10**4,), generator=generator)] + torch.randn(10**4, 5, dtype=torch.float64, generator=generator)
     post = aml.fit(aml.models.GaussianMixture(3), X, engine="em", seed=0)
-    extra = {"prior": 500, "predictions": (X[:100],)}
+    extra = {"prior": 100, "predictions": (X[:100],)}
     export = lambda **options: post.to_arviz(num_samples=100, **options)
 export()  # imports ArviZ and xarray once
 times = []

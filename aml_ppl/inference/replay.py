@@ -5,7 +5,8 @@ A model is run once with all ``S`` posterior draws on a leading plate, as Pyro's
 model that does not broadcast over that plate. Every kind of site is handled:
 
 - observed sites are resampled (posterior predictive) and their observations
-  scored (pointwise log-likelihood); ``pyro.factor`` terms are neither;
+  scored (pointwise log-likelihood; a multivariate normal observation by each
+  coordinate's leave-one-out predictive); ``pyro.factor`` terms are neither;
 - ``pyro.deterministic`` sites stay deterministic and are returned as values;
 - a plate with ``subsample_size`` is replayed on all of its data, one subsample of
   indices after another (each pass conditions the plate's index site, so the
@@ -27,6 +28,7 @@ import torch
 from pyro import poutine
 from pyro.infer import infer_discrete
 from pyro.poutine.messenger import Messenger
+from torch.distributions import MultivariateNormal
 
 from aml_ppl.inference.structure import SiteShape, Structure, inspect_model
 
@@ -99,26 +101,46 @@ def prior_replay(
     r"""``num_draws`` joint draws from the prior and the prior predictive.
 
     One pass with the draws on a leading plate and the observed sites left unobserved
-    draws every latent site (an enumerated one from its prior, not enumerated); the model is
-    then replayed under those draws, which resamples the observed sites on all the data
-    (``predictive``) and evaluates the deterministic ones. A site in a plate with
-    ``subsample_size`` is drawn afresh in the replay, a subsample at a time, and is not
-    among the draws returned.
+    draws every latent site (an enumerated one from its prior, not enumerated), the observed
+    sites (``predictive``) and the deterministic ones. Where a plate has ``subsample_size``,
+    that pass saw one subsample, so the model is replayed under the draws on all the data,
+    a subsample at a time; a site in such a plate is drawn afresh there and is not among
+    the draws returned.
 
     Returns:
         The latent sites' draws (``S x ...``) and the :class:`Replayed` under them.
     """
-    nesting = structure.max_plate_nesting
-    program = _Unobserve(structure.observed)(_batched(model, num_draws, nesting))
-    with torch.no_grad(), pyro.get_param_store().scope():
-        trace = poutine.trace(program).get_trace(*args, **kwargs)
-    names = [
+    drawn = [
         name for name in (*structure.latent, *structure.enumerated)
-        if name in trace.nodes and not any(plate in structure.subsampled for plate, _ in structure.sites[name].plates)
+        if not any(plate in structure.subsampled for plate, _ in structure.sites[name].plates)
     ]
-    draws = _per_draw({name: trace.nodes[name]["value"] for name in names}, structure, num_draws, nesting)
+    if not structure.subsampled:  # one pass sees all the data: its values are the replay's
+        values = _prior_pass(model, num_draws, args, kwargs, structure, (*drawn, *structure.observed, *structure.deterministic))
+        return {name: values[name] for name in drawn if name in values}, Replayed(
+            predictive={name: values[name] for name in structure.observed if name in values},
+            deterministic={name: values[name] for name in structure.deterministic if name in values},
+        )
+    draws = _prior_pass(model, num_draws, args, kwargs, structure, tuple(drawn))
     drawn_discrete = replace(structure, enumerated=(), local_enumerated=())
     return draws, replay(model, draws, num_draws, args, kwargs, drawn_discrete)
+
+
+def _prior_pass(
+    model: Callable, num_draws: int, args: tuple, kwargs: dict, structure: Structure, names: tuple[str, ...]
+) -> dict[str, torch.Tensor]:
+    r"""The values of ``names`` (``S x ...``) in runs of ``model`` under its prior, the observed
+    sites unobserved: one run with the draws on a plate, else (a model that does not
+    broadcast over it) one run per draw."""
+    nesting = structure.max_plate_nesting
+    program = _Unobserve(structure.observed)
+    with torch.no_grad(), pyro.get_param_store().scope():
+        try:
+            trace = poutine.trace(program(_batched(model, num_draws, nesting))).get_trace(*args, **kwargs)
+            return _per_draw({name: trace.nodes[name]["value"] for name in names if name in trace.nodes}, structure, num_draws, nesting)
+        except Exception:
+            runs = [poutine.trace(program(model)).get_trace(*args, **kwargs) for _ in range(num_draws)]
+    singles = [_per_draw({name: run.nodes[name]["value"] for name in names if name in run.nodes}, structure, None, nesting) for run in runs]
+    return {name: torch.cat([single[name] for single in singles]) for name in singles[0]}
 
 
 def _subsample_chunks(subsampled: dict[str, tuple[int, int]]) -> list[dict[str, torch.Tensor]]:
@@ -197,11 +219,31 @@ def _run(
             batched, {**shaped, **global_discrete, **indices}, observations, structure, enum_dim, args, kwargs
         )
     else:
-        log_likelihood = {
-            name: trace.nodes[name]["fn"].log_prob(obs) for name, obs in observations.items()
-        }
-    result.log_likelihood = _per_draw(log_likelihood, structure, num_draws, nesting, event=False)
+        log_likelihood = {name: pointwise_log_likelihood(trace.nodes[name]["fn"], obs) for name, obs in observations.items()}
+    joint = {name for name in log_likelihood if isinstance(trace.nodes[name]["fn"], MultivariateNormal)}
+    result.log_likelihood = {
+        **_per_draw({name: value for name, value in log_likelihood.items() if name not in joint}, structure, num_draws, nesting, event=False),
+        **_per_draw({name: value for name, value in log_likelihood.items() if name in joint}, structure, num_draws, nesting),
+    }
     return result
+
+
+def pointwise_log_likelihood(fn: Any, observation: torch.Tensor) -> torch.Tensor:
+    r"""One term per observation: ``fn.log_prob`` where the observations are independent
+    given the draw; for a multivariate normal (a user's GP, any correlated Gaussian
+    observation) the exact leave-one-out predictive of each coordinate given the others,
+    from the precision :math:`Q = \Sigma^{-1}` and :math:`g = Q (y - \mu)`:
+
+    .. math:: \log p(y_i \mid y_{-i}) = \tfrac12 \log \frac{Q_{ii}}{2\pi} - \frac{g_i^2}{2 Q_{ii}}
+
+    (Rasmussen & Williams §5.4.2; Bürkner et al. 2020's non-factorised LOO, for which PSIS-LOO
+    on these terms is valid)."""
+    if not isinstance(fn, MultivariateNormal):
+        return fn.log_prob(observation)
+    precision = fn.precision_matrix
+    gradient = (precision @ (observation - fn.loc).unsqueeze(-1)).squeeze(-1)
+    diagonal = precision.diagonal(dim1=-2, dim2=-1)
+    return 0.5 * (diagonal.log() - math.log(2 * math.pi)) - gradient.square() / (2 * diagonal)
 
 
 def _marginal_log_likelihood(

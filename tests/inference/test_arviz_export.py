@@ -82,8 +82,9 @@ def test_nested_subsampled_and_enumerated_plates_are_named_in_order():
     assert found["observed_data"]["obs"] == ("group", "item")
     X = torch.randn(50, 2, generator=generator)
     post = aml.fit(subsampled, X, X.sum(-1), engine=SVI(num_steps=50, progress_bar=False), seed=0)
-    idata = post.to_arviz(num_samples=20)
+    idata = post.to_arviz(num_samples=20, prior=30)  # the prior replayed a subsample at a time
     assert idata.log_likelihood["obs"].dims == ("chain", "draw", "point") and idata.log_likelihood.sizes["point"] == 50
+    assert idata.prior_predictive["obs"].shape == (1, 30, 50) and idata.prior["beta"].shape == (1, 30, 2)
     y = torch.cat([torch.randn(20, generator=generator) - 2, torch.randn(20, generator=generator) + 2])
     found = dims_of(aml.fit(mixture, y, engine=MAP(progress_bar=False), seed=0).to_arviz(num_samples=20))
     assert found["posterior"]["which"] == ("chain", "draw", "point") and found["posterior"]["locs"] == ("chain", "draw", "locs_dim_0")

@@ -1,0 +1,66 @@
+r"""A multivariate normal observation (a user's GP) gets one log-likelihood term per
+coordinate, its exact leave-one-out predictive given the others (issue 28, item 3)."""
+
+import math
+
+import pyro
+import pyro.contrib.gp as gp
+import pyro.distributions as dist
+import pytest
+import torch
+from pyro.nn import PyroSample
+
+import aml_ppl as aml
+from aml_ppl.inference import MAP, NUTS
+
+GENERATOR = torch.Generator().manual_seed(0)
+X = torch.linspace(-3, 3, 12, dtype=torch.float64)
+Y = torch.sin(X) + 0.2 * torch.randn(12, dtype=torch.float64, generator=GENERATOR)
+
+
+def gp_regression(X, y=None):
+    r"""An RBF GP regression written by hand, as Pyro's GP tutorial's model computes it."""
+    lengthscale = pyro.sample("lengthscale", dist.LogNormal(X.new_tensor(0.0), 1.0))
+    noise = pyro.sample("noise", dist.LogNormal(X.new_tensor(-2.0), 1.0))
+    covariance = torch.exp(-0.5 * (X[:, None] - X[None, :]).square() / lengthscale.unsqueeze(-1).unsqueeze(-1) ** 2)
+    covariance = covariance + noise.unsqueeze(-1).unsqueeze(-1) * torch.eye(X.shape[0], dtype=X.dtype)
+    pyro.sample("y", dist.MultivariateNormal(X.new_zeros(X.shape[0]), covariance_matrix=covariance), obs=y)
+
+
+def brute_force_loo(covariance: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    r"""``log p(y_i | y_-i)`` by conditioning the Gaussian on the other coordinates, one at a time."""
+    terms = []
+    for index in range(y.shape[0]):
+        others = [j for j in range(y.shape[0]) if j != index]
+        cross = covariance[index, others]
+        weights = torch.linalg.solve(covariance[others][:, others], cross)
+        mean, variance = weights @ y[others], covariance[index, index] - cross @ weights
+        terms.append(-0.5 * (math.log(2 * math.pi) + variance.log() + (y[index] - mean) ** 2 / variance))
+    return torch.stack(terms)
+
+
+@pytest.mark.parametrize("engine", [MAP(progress_bar=False), NUTS(num_samples=20, warmup_steps=20, progress_bar=False)], ids=["map", "nuts"])
+def test_a_hand_written_gp_gets_the_exact_loo_per_point(engine):
+    post = aml.fit(gp_regression, X, Y, engine=engine, seed=0)
+    idata = post.to_arviz(num_samples=5)
+    terms = torch.as_tensor(idata.log_likelihood["y"].values)
+    assert idata.log_likelihood["y"].dims == ("chain", "draw", "y_dim_0") and terms.shape[-1] == 12
+    lengthscales = torch.as_tensor(idata.posterior["lengthscale"].values).reshape(-1)
+    noises = torch.as_tensor(idata.posterior["noise"].values).reshape(-1)
+    for index, (lengthscale, noise) in enumerate(zip(lengthscales, noises)):
+        covariance = torch.exp(-0.5 * (X[:, None] - X[None, :]).square() / lengthscale**2) + noise * torch.eye(12, dtype=X.dtype)
+        torch.testing.assert_close(terms.reshape(-1, 12)[index], brute_force_loo(covariance, Y), rtol=0, atol=1e-8)
+
+
+def test_pyros_gpregression_gets_one_term_per_point():
+    r"""Pyro's own ``GPRegression`` (the GP tutorial's, with priors on the kernel and the
+    noise) fitted through its ``model`` method: 12 per-point terms, not one joint term."""
+    kernel = gp.kernels.RBF(input_dim=1)
+    kernel.lengthscale = PyroSample(dist.LogNormal(torch.tensor(0.0, dtype=torch.float64), 1.0))
+    kernel.variance = PyroSample(dist.LogNormal(torch.tensor(0.0, dtype=torch.float64), 1.0))
+    regression = gp.models.GPRegression(X[:, None], Y, kernel)
+    regression.noise = PyroSample(dist.LogNormal(torch.tensor(-3.0, dtype=torch.float64), 1.0))
+    post = aml.fit(regression.model, engine=NUTS(num_samples=20, warmup_steps=20, progress_bar=False), seed=0)
+    terms = post.to_arviz().log_likelihood["y"]
+    assert terms.shape == (1, 20, 12)
+    assert post.log_prob().shape == (12,)
