@@ -182,13 +182,17 @@ def gp_sample(seed: int, points_per_axis: int = 30, lengthscale: float = 0.2, no
 
 
 def candidate_domain(bounds: Tensor, num_points: int, seed: int = 0) -> Tensor:
-    r"""Candidates in a box: a grid for ``d <= 2`` (about ``num_points`` points), a scrambled
-    Sobol set of ``num_points`` otherwise.
+    r"""Candidates in a box: a grid for ``d <= 2``, a scrambled Sobol set otherwise.
 
     Args:
         bounds: A ``2 x d`` tensor of lower and upper bounds.
-        num_points: How many candidates.
+        num_points: How many candidates: exactly, for ``d > 2``; for a grid, the nearest
+            square (``round(num_points ** (1 / d))`` per axis, at least 2: 1000 in 2-d gives
+            32 x 32 = 1024 points, the corners and edges included).
         seed: The Sobol scrambling seed.
+
+    Returns:
+        A ``m x d`` tensor of candidates (``m`` as above).
     """
     bounds = torch.as_tensor(bounds, dtype=torch.float64)
     if bounds.ndim != 2 or bounds.shape[0] != 2:

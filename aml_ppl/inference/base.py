@@ -190,6 +190,11 @@ class Posterior(ABC):
         up to Monte Carlo error (closed forms, MCMC) or whose density is not known."""
         return None
 
+    def _reported(self, draws: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        r"""The draws as the ArviZ export reports them (a hook: a fit on transformed data
+        reports them in the data's units); these by default."""
+        return draws
+
     def _sample_stats(self) -> dict[str, np.ndarray]:
         r"""ArviZ ``sample_stats`` (MCMC diagnostics); none by default."""
         return {}

@@ -68,6 +68,19 @@ class GaussianPosterior(Posterior):
         hyperparameters); BLR's coefficients have a Gaussian posterior."""
         return not self.latents.loc
 
+    @property
+    def params(self) -> dict[str, torch.Tensor]:
+        r"""The hyperparameters fixed by type-II maximum likelihood, in the data's units (an
+        exact GP fits them on standardised data: :meth:`~aml_ppl.models.GaussianProcess.in_data_units`);
+        empty for a model with none (BLR)."""
+        convert = getattr(self.model, "in_data_units", None)
+        fixed = self.latents.fixed
+        return convert(fixed, self.latents.statistics) if convert and fixed else dict(fixed)
+
+    def _reported(self, draws: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        convert = getattr(self.model, "in_data_units", None)
+        return convert(draws, self.latents.statistics) if convert else draws
+
     def _statistics(self) -> dict[str, torch.Tensor]:
         return self.latents.statistics
 

@@ -80,7 +80,7 @@ def to_inference_data(
             for name, value in values.items()
         }
 
-    latent = {name: value.cpu().numpy() for name, value in by_chain.items()}
+    latent = {name: value.cpu().numpy() for name, value in posterior._reported(by_chain).items()}
     latent.update(grouped({**replayed.deterministic, **replayed.discrete}))
     groups = {
         "posterior": latent,

@@ -64,3 +64,19 @@ def test_pyros_gpregression_gets_one_term_per_point():
     terms = post.to_arviz().log_likelihood["y"]
     assert terms.shape == (1, 20, 12)
     assert post.log_prob().shape == (12,)
+
+
+def test_the_exact_gps_hyperparameters_are_reported_in_the_datas_units():
+    r"""Issue 28, item 7: the exact engine fits an exact GP on standardised targets; ``params``
+    and the ArviZ export report the hyperparameters in ``y``'s units, equal to a fit on the
+    raw targets (the same marginal-likelihood optimum)."""
+    generator = torch.Generator().manual_seed(0)
+    inputs = 10 * torch.rand(80, 1, dtype=torch.float64, generator=generator)
+    targets = 50 + 20 * torch.sin(inputs[:, 0]) + 3 * torch.randn(80, dtype=torch.float64, generator=generator)
+    standardised = aml.fit(aml.models.GaussianProcess(), inputs, targets, engine="exact")
+    raw = aml.fit(aml.models.GaussianProcess(standardize_outputs=False), inputs, targets, engine="exact")
+    assert standardised.latents.statistics["y_scale"] > 10  # the fit's own units differ
+    for name, value in raw.params.items():
+        torch.testing.assert_close(standardised.params[name], value, rtol=2e-3, atol=0)
+    exported = standardised.to_arviz(num_samples=5).posterior
+    assert float(exported["likelihood.noise_covar.noise"].values.squeeze()) == pytest.approx(float(raw.params["likelihood.noise_covar.noise"]), rel=2e-3)

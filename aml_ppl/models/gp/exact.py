@@ -213,6 +213,27 @@ class GaussianProcess(_GaussianProcessBase):
             statistics={"train_inputs": X_in, "cholesky": cholesky, "weights": weights, **stats},
         )
 
+    @staticmethod
+    def in_data_units(values: dict[str, torch.Tensor], statistics: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        r"""Hyperparameters fitted on transformed data (:math:`\tilde x = (x - a) / s_x`,
+        :math:`\tilde y = (y - b) / s_y`) in the data's own units: variances (the noise, an
+        outputscale) times :math:`s_y^2`, lengthscales and periods times :math:`s_x` (per
+        input: a shared lengthscale on inputs of unequal scales becomes one per input), a
+        constant mean :math:`b + s_y c`; other hyperparameters are unitless and kept.
+        (GPyTorch's parameter names say which is which.)"""
+        y_variance, x_scale = statistics["y_scale"] ** 2, statistics["x_scale"]
+        converted = {}
+        for name, value in values.items():
+            leaf = name.rpartition(".")[2]
+            if leaf in ("noise", "outputscale"):
+                value = value * y_variance
+            elif leaf in ("lengthscale", "period_length"):  # shared, on unequal input scales: one per input
+                value = value * (x_scale[0] if bool((x_scale == x_scale[0]).all()) else x_scale)
+            elif name == "mean_module.constant":
+                value = statistics["y_offset"] + statistics["y_scale"] * value
+            converted[name] = value
+        return converted
+
     def conditional_predictive(
         self, values: dict[str, torch.Tensor], train_args: tuple, X: torch.Tensor, y: torch.Tensor | None = None
     ) -> dict[str, dist.Normal]:
