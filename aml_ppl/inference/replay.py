@@ -213,14 +213,18 @@ def _run(
     result.observed = {
         name: obs.expand(structure.sites[name].shape) for name, obs in observations.items()
     }
+    joint = set()  # observed sites scored by each coordinate's leave-one-out predictive
     if structure.local_enumerated and observations:
         global_discrete = {k: v for k, v in discrete.items() if k not in structure.local_enumerated}
         log_likelihood = _marginal_log_likelihood(
             batched, {**shaped, **global_discrete, **indices}, observations, structure, enum_dim, args, kwargs
         )
     else:
-        log_likelihood = {name: pointwise_log_likelihood(trace.nodes[name]["fn"], obs) for name, obs in observations.items()}
-    joint = {name for name in log_likelihood if isinstance(trace.nodes[name]["fn"], MultivariateNormal)}
+        joint = {name for name in observations if is_joint_normal(trace.nodes[name]["fn"], structure.sites[name])}
+        log_likelihood = {
+            name: leave_one_out_normal(trace.nodes[name]["fn"], obs) if name in joint else trace.nodes[name]["fn"].log_prob(obs)
+            for name, obs in observations.items()
+        }
     result.log_likelihood = {
         **_per_draw({name: value for name, value in log_likelihood.items() if name not in joint}, structure, num_draws, nesting, event=False),
         **_per_draw({name: value for name, value in log_likelihood.items() if name in joint}, structure, num_draws, nesting),
@@ -228,18 +232,21 @@ def _run(
     return result
 
 
-def pointwise_log_likelihood(fn: Any, observation: torch.Tensor) -> torch.Tensor:
-    r"""One term per observation: ``fn.log_prob`` where the observations are independent
-    given the draw; for a multivariate normal (a user's GP, any correlated Gaussian
-    observation) the exact leave-one-out predictive of each coordinate given the others,
-    from the precision :math:`Q = \Sigma^{-1}` and :math:`g = Q (y - \mu)`:
+def is_joint_normal(fn: Any, site: SiteShape) -> bool:
+    r"""Whether an observed site is one multivariate normal over all its observations (a GP's
+    ``y``): no plate covers it, so its event is the data. A multivariate normal per point of
+    a plate (a mixture's full-covariance rows) is scored by ``log_prob``, one term a row."""
+    return isinstance(fn, MultivariateNormal) and not site.plates
+
+
+def leave_one_out_normal(fn: MultivariateNormal, observation: torch.Tensor) -> torch.Tensor:
+    r"""Each coordinate's exact leave-one-out predictive given the others, from the
+    precision :math:`Q = \Sigma^{-1}` and :math:`g = Q (y - \mu)`:
 
     .. math:: \log p(y_i \mid y_{-i}) = \tfrac12 \log \frac{Q_{ii}}{2\pi} - \frac{g_i^2}{2 Q_{ii}}
 
     (Rasmussen & Williams §5.4.2; Bürkner et al. 2020's non-factorised LOO, for which PSIS-LOO
     on these terms is valid)."""
-    if not isinstance(fn, MultivariateNormal):
-        return fn.log_prob(observation)
     precision = fn.precision_matrix
     gradient = (precision @ (observation - fn.loc).unsqueeze(-1)).squeeze(-1)
     diagonal = precision.diagonal(dim1=-2, dim2=-1)

@@ -80,3 +80,21 @@ def test_the_exact_gps_hyperparameters_are_reported_in_the_datas_units():
         torch.testing.assert_close(standardised.params[name], value, rtol=2e-3, atol=0)
     exported = standardised.to_arviz(num_samples=5).posterior
     assert float(exported["likelihood.noise_covar.noise"].values.squeeze()) == pytest.approx(float(raw.params["likelihood.noise_covar.noise"]), rel=2e-3)
+
+
+def rows(y=None):
+    loc = pyro.sample("loc", dist.Normal(torch.zeros(2, dtype=torch.float64), 5.0).to_event(1))
+    with pyro.plate("data", 30):
+        pyro.sample("obs", dist.MultivariateNormal(loc, 0.5 * torch.eye(2, dtype=torch.float64)), obs=y)
+
+
+def test_a_multivariate_normal_per_point_of_a_plate_keeps_one_term_a_point():
+    r"""A mixture's full-covariance rows are independent points: each row's ``log_prob``, not
+    a leave-one-out across its coordinates."""
+    y = torch.randn(30, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(1)) + 1.0
+    post = aml.fit(rows, y, engine=MAP(progress_bar=False), seed=0)
+    idata = post.to_arviz(num_samples=3)
+    loc = torch.as_tensor(idata.posterior["loc"].values).reshape(2)
+    expected = dist.MultivariateNormal(loc, 0.5 * torch.eye(2, dtype=torch.float64)).log_prob(y)
+    assert idata.log_likelihood["obs"].dims == ("chain", "draw", "data")
+    torch.testing.assert_close(torch.as_tensor(idata.log_likelihood["obs"].values).reshape(30), expected, rtol=0, atol=1e-10)
