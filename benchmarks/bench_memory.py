@@ -77,8 +77,12 @@ def main() -> None:
     for task, sizes in SIZES.items():
         for points in sizes:
             for mode in ("chunked", "whole") if points <= WHOLE_UP_TO[task] else ("chunked",):
-                before, after, result, seconds = measure(task, points, mode)
                 label = "chunked" if mode == "chunked" else "all at once"
+                try:
+                    before, after, result, seconds = measure(task, points, mode)
+                except subprocess.CalledProcessError as error:  # the kernel's out-of-memory killer
+                    print(f"  {task:<8}  n = {points:>8}  {label:<11}  the child died (exit status {error.returncode})")
+                    continue
                 print(
                     f"  {task:<8}  n = {points:>8}  {label:<11}  {before:7.0f} -> {after:7.0f} MB  "
                     f"growth {after - before:6.0f} MB  result {result:6.0f} MB  {seconds:6.2f} s"

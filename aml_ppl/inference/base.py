@@ -393,10 +393,13 @@ class Posterior(ABC):
         (new inputs without observations leave them unobserved)."""
         return self._trace_structure(args, kwargs).with_observed(self.structure.observed)
 
-    def _replay(self, num_draws: int, args: tuple, kwargs: dict, draws: dict | None = None) -> Replayed:
-        r"""The replay of ``num_draws`` posterior draws (or of ``draws``, if given)."""
+    def _replay(
+        self, num_draws: int, args: tuple, kwargs: dict, draws: dict | None = None, keep: tuple[str, str] | None = None
+    ) -> Replayed:
+        r"""The replay of ``num_draws`` posterior draws (or of ``draws``, if given); only the
+        ``(group, site)`` in ``keep``, if given."""
         draws = self.sample(num_draws) if draws is None else draws
-        return predictive.replay_draws(self, draws, num_draws, args, kwargs)
+        return predictive.replay_draws(self, draws, num_draws, args, kwargs, keep)
 
     def _statistics(self) -> dict[str, torch.Tensor] | None:
         r"""Precomputed statistics of a closed-form fit (a GP's transforms), else ``None``."""

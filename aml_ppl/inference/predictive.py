@@ -59,9 +59,10 @@ def predict(posterior: "Posterior", args: tuple, kwargs: dict, num_samples: int,
     if isinstance(model, ConditionalPredictive):  # a mixture of Gaussians, one per draw
         return mixture_prediction(posterior, num_samples, site, args, kwargs)
     if site is not None and site in posterior.structure.deterministic:
-        return Prediction.from_samples(posterior._replay(num_samples, args, kwargs).deterministic[site])
+        replayed = posterior._replay(num_samples, args, kwargs, keep=("deterministic", site))
+        return Prediction.from_samples(replayed.deterministic[site])
     site = posterior._observed_site(site)
-    return Prediction.from_samples(posterior._replay(num_samples, args, kwargs).predictive[site])
+    return Prediction.from_samples(posterior._replay(num_samples, args, kwargs, keep=("predictive", site)).predictive[site])
 
 
 def log_predictive_density(
@@ -102,14 +103,20 @@ def log_mean_likelihood(
     return total - math.log(count)
 
 
-def replay_draws(posterior: "Posterior", draws: dict, num_draws: int, args: tuple, kwargs: dict) -> Replayed:
+def replay_draws(
+    posterior: "Posterior", draws: dict, num_draws: int, args: tuple, kwargs: dict, keep: tuple[str, str] | None = None
+) -> Replayed:
     r"""Replicates, pointwise log-likelihood and deterministic sites for ``num_draws`` draws:
     the exact leave-one-out form for a :class:`PointwiseLikelihood` model, else the Pyro
-    program replayed a chunk of draws at a time, each chunk written into the result."""
+    program replayed a chunk of draws at a time, each chunk written into the result (only
+    the ``(group, site)`` in ``keep``, if given: ``predict`` holds the one site it returns)."""
     if isinstance(posterior.model, PointwiseLikelihood):
         return joint_replay(posterior, draws, num_draws, args, kwargs)
     result = None
     for rows, replayed in replayed_chunks(posterior, draws, num_draws, args, kwargs):
+        if keep is not None:
+            group, site = keep
+            replayed = Replayed(observed=replayed.observed, **{group: {site: getattr(replayed, group)[site]}})
         if result is None:
             groups = {group: allocated(getattr(replayed, group), num_draws) for group in DRAWN_GROUPS}
             result = Replayed(observed=replayed.observed, **groups)

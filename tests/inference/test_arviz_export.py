@@ -196,3 +196,14 @@ def test_importance_weighted_loo_on_an_svi_fit_is_closer_to_the_exact_loo():
     # over five draw sets: weighted within 0.05 of exact (sd ~0.02), plain 6.1-6.8 below
     assert abs(weighted.elpd_loo - exact) < 0.1 < abs(plain.elpd_loo - exact)
     assert aml.fit(normal_mean, y, engine=ENGINES["nuts"], seed=0).log_density_ratio({"mu": torch.zeros(3)}) is None
+
+
+def test_an_ard_gps_lengthscales_are_labelled_by_feature():
+    import gpytorch
+
+    rng = np.random.default_rng(1)
+    frame = pd.DataFrame(rng.uniform(size=(30, 2)), columns=["dose", "age"])
+    kernel = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel(ard_num_dims=2))
+    post = aml.fit(aml.models.GaussianProcess(kernel), frame, np.sin(3 * frame["dose"].to_numpy()), engine="exact")
+    lengthscale = post.to_arviz(num_samples=5).posterior["covar_module.base_kernel.lengthscale"]
+    assert lengthscale.dims[-1] == "feature" and list(lengthscale["feature"].values) == ["dose", "age"]

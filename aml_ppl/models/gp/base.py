@@ -92,6 +92,15 @@ class _GaussianProcessBase(Model):
 
     # -- hyperparameters as sites ------------------------------------------------------
 
+    def site_dims(self) -> dict[str, list[str]]:
+        r"""An ARD kernel's lengthscales (``1 x d``) by input: the ``feature`` dimension."""
+        dims = {}
+        for name, module in self.gp.covar_module.named_modules():
+            if getattr(module, "ard_num_dims", None) not in (None, 1) and hasattr(module, "raw_lengthscale"):
+                site = ".".join(filter(None, ("covar_module", name, "lengthscale")))
+                dims[site] = [f"{site}_dim_0", "feature"]
+        return dims
+
     def hyperparameters(self) -> dict[str, tuple[str, Any]]:
         r"""Site name to ``(raw parameter name, constraint)`` for every learned hyperparameter."""
         sites = {}
