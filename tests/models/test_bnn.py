@@ -159,7 +159,10 @@ def test_a_network_of_1e5_weights_predicts_1000_draws_in_one_pass():
     bnn.forward_pass = lambda *args: calls.append(1) or forward(*args)
     prediction = post.predict(X, num_samples=1000)
     assert prediction.samples.shape == (1000, 1000)
-    assert len(calls) == 2  # one structure trace of the new inputs, one vectorised replay: no loop over draws
+    # one structure trace of the new inputs, then the replay in chunks: one draw (which sizes
+    # the rest), then the other 999 at once (2**20 values hold 1 048 draws of 1 000 points):
+    # no loop over draws
+    assert len(calls) == 3
 
 
 def test_a_nan_loss_triggers_the_guard_with_a_clear_message():
