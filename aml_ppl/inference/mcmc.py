@@ -329,17 +329,19 @@ def jit_problem(model: Callable, args: tuple, kwargs: dict, num_points: int = 4)
 
 def _agree(traced: torch.Tensor, plain: torch.Tensor) -> bool:
     r"""Whether a traced and a plain evaluation agree to floating-point error: the same
-    non-finite entries, and elsewhere :math:`\lVert t - p \rVert \le \sqrt{\varepsilon}\,
-    (\lVert p \rVert + 1)` with :math:`\varepsilon` the dtype's machine epsilon (3e-4 in
-    float32, 1.5e-8 in float64). A JIT reorders and fuses operations, which moves the last
-    digits, more of them where a gradient entry is a difference of large terms; a branch
-    frozen into the trace moves the leading ones. (An entrywise ``rtol = 1e-6`` flagged
-    float32 GPs at some points and not others.)"""
+    non-finite entries, and elsewhere :math:`\lVert t - p \rVert \le \tau (\lVert p \rVert + 1)`
+    with :math:`\tau = \max(\sqrt{\varepsilon}, 10^{-6})` (:math:`\varepsilon` the dtype's
+    machine epsilon: 3e-4 in float32, 1e-6 in float64). A JIT reorders and fuses operations,
+    which moves the last digits, more where a gradient entry is a difference of large terms,
+    and by up to :math:`\kappa \varepsilon` through a solve with a matrix of condition number
+    :math:`\kappa` (a GP's kernel: 1e-6 covers :math:`\kappa` to about 5e9 in float64); a
+    branch frozen into the trace moves the leading digits. (An entrywise ``rtol = 1e-6``
+    flagged float32 GPs at some points and not others.)"""
     finite = torch.isfinite(plain)
     if not torch.equal(finite, torch.isfinite(traced)):
         return False
     same_non_finite = (traced[~finite] == plain[~finite]) | (traced[~finite].isnan() & plain[~finite].isnan())
-    tolerance = torch.finfo(plain.dtype).eps ** 0.5 * (plain[finite].norm() + 1)
+    tolerance = max(torch.finfo(plain.dtype).eps ** 0.5, 1e-6) * (plain[finite].norm() + 1)
     return bool(same_non_finite.all()) and bool((traced[finite] - plain[finite]).norm() <= tolerance)
 
 

@@ -90,6 +90,25 @@ def test_nested_subsampled_and_enumerated_plates_are_named_in_order():
     assert found["posterior"]["which"] == ("chain", "draw", "point") and found["posterior"]["locs"] == ("chain", "draw", "locs_dim_0")
 
 
+
+@pytest.mark.parametrize("engine", list(ENGINES))
+def test_nested_and_enumerated_plates_are_named_under_every_engine(engine):
+    r"""Nested plates (``group`` at ``dim=-2`` around ``item``) and an enumerated site in a
+    plate, fitted by NUTS, SVI (``TraceEnum_ELBO`` chosen for the enumerated one) and MAP:
+    the same names in every group."""
+    generator = torch.Generator().manual_seed(2)
+    fast = {"nuts": NUTS(num_samples=30, warmup_steps=30, progress_bar=False), "svi": SVI(num_steps=50, progress_bar=False), "map": MAP(progress_bar=False)}
+    y = torch.randn(3, 1, generator=generator) + torch.randn(3, 10, generator=generator)
+    found = dims_of(aml.fit(nested, y, engine=fast[engine], seed=0).to_arviz(num_samples=20, prior=10))
+    for group in ("posterior", "prior"):
+        assert found[group]["offset"] == ("chain", "draw", "group", "offset_dim_1")
+    for group in ("posterior_predictive", "log_likelihood", "prior_predictive"):
+        assert found[group]["obs"] == ("chain", "draw", "group", "item")
+    y = torch.cat([torch.randn(20, generator=generator) - 2, torch.randn(20, generator=generator) + 2])
+    found = dims_of(aml.fit(mixture, y, engine=fast[engine], seed=0).to_arviz(num_samples=20))
+    assert found["posterior"]["which"] == ("chain", "draw", "point")
+    assert found["log_likelihood"]["obs"] == ("chain", "draw", "point")
+
 def regression(X, y=None):
     beta = pyro.sample("beta", dist.Normal(torch.zeros(2), 1.0).to_event(1))
     with pyro.plate("data", X.shape[0]):
