@@ -156,7 +156,9 @@ def plot_ppc(posterior: Posterior, *args: Any, num_samples: int = 200, ax: Any =
 
 
 def compare(posteriors: dict[str, Any], num_samples: int = 1000, **options: Any) -> Any:
-    r"""``arviz.compare`` of several fitted posteriors by PSIS-LOO, best first.
+    r"""``arviz.compare`` of several fitted posteriors by PSIS-LOO, best first; each fitted
+    posterior's LOO is :func:`loo`'s (a guide posterior's importance-weighted for the
+    approximation), unless another ``ic`` is asked for.
 
     Args:
         posteriors: Name to a fitted posterior or to its ``InferenceData`` (as
@@ -170,7 +172,7 @@ def compare(posteriors: dict[str, Any], num_samples: int = 1000, **options: Any)
     """
     import arviz as az
 
-    idata = {}
+    entries = {}
     for name, posterior in posteriors.items():
         if isinstance(posterior, az.InferenceData):
             if posterior.attrs.get("point_estimate") == 1:
@@ -178,13 +180,14 @@ def compare(posteriors: dict[str, Any], num_samples: int = 1000, **options: Any)
                     f"the InferenceData {name!r} holds a point estimate ({posterior.attrs.get('engine')}); its "
                     "leave-one-out density would be optimistic and rank it above every full posterior."
                 )
-            idata[name] = posterior
+            entries[name] = posterior
             continue
         _refuse_point_estimate(posterior, name)
-        idata[name] = posterior.to_arviz(num_samples=num_samples)
+        by_loo = options.get("ic", "loo") == "loo"
+        entries[name] = loo(posterior, num_samples=num_samples) if by_loo else posterior.to_arviz(num_samples=num_samples)
     with warnings.catch_warnings():  # arviz 0.23 sorts in place, which pandas 3 deprecates
         warnings.filterwarnings("ignore", message="The inplace keyword", category=DeprecationWarning)
-        return az.compare(idata, **options)
+        return az.compare(entries, **options)
 
 
 def _refuse_point_estimate(posterior: Posterior, name: str | None = None) -> None:
