@@ -158,7 +158,8 @@ def plot_ppc(posterior: Posterior, *args: Any, num_samples: int = 200, ax: Any =
 def compare(posteriors: dict[str, Any], num_samples: int = 1000, **options: Any) -> Any:
     r"""``arviz.compare`` of several fitted posteriors by PSIS-LOO, best first; each fitted
     posterior's LOO is :func:`loo`'s (a guide posterior's importance-weighted for the
-    approximation), unless another ``ic`` is asked for.
+    approximation), unless another ``ic`` is asked for; a Pareto :math:`\hat k` above the
+    threshold shows in the table's ``warning`` column, as ``az.compare`` reports it.
 
     Args:
         posteriors: Name to a fitted posterior or to its ``InferenceData`` (as
@@ -183,8 +184,12 @@ def compare(posteriors: dict[str, Any], num_samples: int = 1000, **options: Any)
             entries[name] = posterior
             continue
         _refuse_point_estimate(posterior, name)
-        by_loo = options.get("ic", "loo") == "loo"
-        entries[name] = loo(posterior, num_samples=num_samples) if by_loo else posterior.to_arviz(num_samples=num_samples)
+        if options.get("ic", "loo") != "loo":
+            entries[name] = posterior.to_arviz(num_samples=num_samples)
+            continue
+        with warnings.catch_warnings():  # the table's `warning` column says it, as az.compare's does
+            warnings.simplefilter("ignore", ParetoKWarning)
+            entries[name] = loo(posterior, num_samples=num_samples)
     with warnings.catch_warnings():  # arviz 0.23 sorts in place, which pandas 3 deprecates
         warnings.filterwarnings("ignore", message="The inplace keyword", category=DeprecationWarning)
         return az.compare(entries, **options)
