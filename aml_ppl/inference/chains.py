@@ -25,6 +25,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, Callable, Iterator
 
 import torch
+import tqdm.std
 
 from aml_ppl.errors import AmlPplWarning, ModelFittingError
 
@@ -190,6 +191,7 @@ def _forked_chains(chain: Callable[[int, int], Any], seeds: list[int], timeout: 
 
 def _chain_to_pipe(sender: Any, chain: Callable[[int, int], Any], seed: int) -> None:
     r"""A forked worker's work: one chain on one thread, its draws (or its error) sent back."""
+    _own_tqdm_lock()
     try:
         message = ("done", chain(seed, 1))
     except Exception as error:  # reported by the parent, naming the chain
@@ -198,6 +200,22 @@ def _chain_to_pipe(sender: Any, chain: Callable[[int, int], Any], seed: int) -> 
         sender.send_bytes(pickle.dumps(message))
     finally:
         sender.close()
+
+
+
+def _own_tqdm_lock() -> None:
+    r"""Give this forked worker tqdm locks of its own and no monitor thread. tqdm's default
+    write lock includes a multiprocessing lock shared with the parent, which the worker's
+    progress bars (and a monitor thread they start) take: a worker terminated while holding
+    it (a chain past its timeout) left it held, and the parent's next progress bar waited
+    forever (seen in the slow test run after the stuck-worker test)."""
+    lock = threading.RLock()
+    classes = [tqdm.std.tqdm]
+    while classes:
+        cls = classes.pop()
+        cls.set_lock(lock)
+        cls.monitor_interval = 0
+        classes.extend(cls.__subclasses__())
 
 
 @contextlib.contextmanager

@@ -1,5 +1,6 @@
 """NUTS chains in worker processes: the same draws as in turn, and clear failures (no hangs)."""
 
+import io
 import multiprocessing
 import os
 import sys
@@ -11,6 +12,7 @@ import pyro
 import pyro.distributions as dist
 import pytest
 import torch
+import tqdm.std
 
 import aml_ppl as aml
 from aml_ppl.errors import ModelFittingError
@@ -41,6 +43,13 @@ def hangs_in_a_worker(X, y=None):
         time.sleep(60)
     regression(X, y)
 
+
+
+def holds_the_progress_bar_lock_in_a_worker(X, y=None):
+    if multiprocessing.parent_process() is not None:
+        tqdm.std.tqdm.get_lock().acquire()
+        time.sleep(60)
+    regression(X, y)
 
 def engine(**options):
     return NUTS(num_samples=30, warmup_steps=30, num_chains=2, progress_bar=False, **options)
@@ -142,3 +151,18 @@ def test_a_model_that_does_not_trace_runs_without_the_jit_and_says_why() -> None
     with pytest.warns(aml.errors.JitFallbackWarning, match="test_chains.py, line .*Converting a tensor to a Python boolean"):
         posterior = aml.fit(branches_on_a_latent, X, y, engine=NUTS(num_samples=20, warmup_steps=20, progress_bar=False), seed=0)
     assert posterior.samples["beta"].shape == (1, 20, 2)
+
+
+def test_a_worker_killed_holding_tqdms_lock_leaves_the_parents_lock_free():
+    r"""tqdm's default write lock shares a multiprocessing lock with forked children: a chain
+    worker terminated while holding it left every later progress bar of the parent waiting
+    forever (the slow set hung in CI after the stuck-worker test). Workers take a lock of
+    their own."""
+    X, y = data()
+    for _ in tqdm.std.tqdm(range(2), file=io.StringIO()):  # the parent's lock exists before the fork
+        pass
+    with pytest.raises(ModelFittingError, match="did not finish within timeout = 3"):
+        aml.fit(holds_the_progress_bar_lock_in_a_worker, X, y, engine=engine(executor="processes", timeout=3), seed=0)
+    shared = tqdm.std.TqdmDefaultWriteLock.mp_lock  # the multiprocessing part of the parent's lock
+    assert shared.acquire(timeout=5)
+    shared.release()
