@@ -22,7 +22,7 @@ import torch
 from aml_ppl._core.records import Prediction
 from aml_ppl.errors import AmlPplError, InputDataError
 from aml_ppl.inference.context import evaluation_mode
-from aml_ppl.inference.replay import Replayed, prior_replay, replay
+from aml_ppl.inference.replay import PER_DRAW_GROUPS, Replayed, prior_replay, replay
 from aml_ppl.inference.structure import Structure
 from aml_ppl.models.protocols import BoTorchExportable, ConditionalPredictive, PointwiseLikelihood, VariationalBound
 
@@ -118,16 +118,12 @@ def replay_draws(
             group, site = keep
             replayed = Replayed(observed=replayed.observed, **{group: {site: getattr(replayed, group)[site]}})
         if result is None:
-            groups = {group: allocated(getattr(replayed, group), num_draws) for group in DRAWN_GROUPS}
+            groups = {group: allocated(getattr(replayed, group), num_draws) for group in PER_DRAW_GROUPS}
             result = Replayed(observed=replayed.observed, **groups)
-        for group in DRAWN_GROUPS:
+        for group in PER_DRAW_GROUPS:
             for name, value in getattr(replayed, group).items():
                 getattr(result, group)[name][rows] = value
     return result
-
-
-# The fields of a Replayed that hold one row per draw.
-DRAWN_GROUPS = ("predictive", "log_likelihood", "deterministic", "discrete")
 
 
 def allocated(values: dict[str, torch.Tensor], num_draws: int) -> dict[str, torch.Tensor]:
@@ -152,7 +148,7 @@ def replayed_chunks(
             part = {name: value[rows] for name, value in draws.items()}
             replayed = replay(model, part, rows.stop - rows.start, args, kwargs, structure)
             yield rows, replayed
-            sizes = [value[0].numel() for group in DRAWN_GROUPS for value in getattr(replayed, group).values()]
+            sizes = [value[0].numel() for group in PER_DRAW_GROUPS for value in getattr(replayed, group).values()]
             start, chunk = rows.stop, max(1, REPLAY_ELEMENTS // max([1, *sizes]))
 
 
