@@ -212,11 +212,22 @@ def mixtures(report: Report) -> None:
     report.figure(figure, "anomaly_roc.png", "ROC curve of the anomaly detector")
 
 
+def co2_kernel() -> Any:
+    r"""The Mauna Loa kernel in years: a long-term trend + a decaying yearly cycle +
+    medium-term irregularities (AML §6.1)."""
+    from gpytorch.kernels import PeriodicKernel, RBFKernel, RQKernel, ScaleKernel
+
+    seasonal = PeriodicKernel().double() * RBFKernel().double()
+    seasonal.kernels[0].initialize(period_length=torch.tensor(1.0, dtype=torch.float64))
+    seasonal.kernels[1].initialize(lengthscale=torch.tensor(50.0, dtype=torch.float64))
+    trend = ScaleKernel(RBFKernel()).double()
+    trend.base_kernel.initialize(lengthscale=torch.tensor(50.0, dtype=torch.float64))
+    return trend + ScaleKernel(seasonal).double() + ScaleKernel(RQKernel()).double()
+
+
 def gaussian_process(report: Report) -> None:
     import matplotlib.pyplot as plt
     import statsmodels.api as sm
-    from gpytorch.kernels import PeriodicKernel, RBFKernel, RQKernel, ScaleKernel
-
     report.section("Gaussian process on the Mauna Loa CO2 series (AML §6)")
     weekly = sm.datasets.co2.load_pandas().data["co2"]
     monthly = weekly.resample("MS").mean().dropna()
@@ -226,22 +237,13 @@ def gaussian_process(report: Report) -> None:
     X, y = (years - 1958.0)[:, None], torch.tensor(monthly.to_numpy(), dtype=torch.float64)
     train, test = _split(len(y), len(y) // 10)
 
-    def kernel() -> Any:
-        # A long-term trend + a decaying yearly cycle + medium-term irregularities (AML §6.1).
-        seasonal = PeriodicKernel().double() * RBFKernel().double()
-        seasonal.kernels[0].initialize(period_length=torch.tensor(1.0, dtype=torch.float64))
-        seasonal.kernels[1].initialize(lengthscale=torch.tensor(50.0, dtype=torch.float64))
-        trend = ScaleKernel(RBFKernel()).double()
-        trend.base_kernel.initialize(lengthscale=torch.tensor(50.0, dtype=torch.float64))
-        return trend + ScaleKernel(seasonal).double() + ScaleKernel(RQKernel()).double()
-
     score = lambda posterior: posterior.log_prob(X[test], y[test]).mean().item()  # noqa: E731
     noise = lambda posterior: f"noise sd {posterior.sample(1)['likelihood.noise_covar.noise'].sqrt().item():.3f}"  # noqa: E731
-    post = report.timed_fit("GP, composite kernel", "CO2, monthly", aml.models.GaussianProcess(kernel()), (X[train], y[train]),
+    post = report.timed_fit("GP, composite kernel", "CO2, monthly", aml.models.GaussianProcess(co2_kernel()), (X[train], y[train]),
                             Exact(num_restarts=2 if report.quick else 8), score,
                             lambda posterior: f"log marginal likelihood {posterior.log_marginal_likelihood.item():.1f}")
     centred = y[train].mean()
-    report.timed_fit("GP, composite kernel", "CO2, monthly (centred)", aml.models.GaussianProcess(kernel()), (X[train], y[train] - centred),
+    report.timed_fit("GP, composite kernel", "CO2, monthly (centred)", aml.models.GaussianProcess(co2_kernel()), (X[train], y[train] - centred),
                      MAP(num_steps=50 if report.quick else 300, progress_bar=False),
                      lambda posterior: posterior.log_prob(X[test], y[test] - centred).mean().item(), noise)
     grid = torch.linspace(0, 52, 600, dtype=torch.float64)[:, None]

@@ -1,13 +1,18 @@
 """Exact GP fit and predict against scikit-learn and a hand-written GPyTorch loop.
 
 n in {200, 500, 2000, 5000}, d = 3, float64, kernel s * RBF(ARD l) + noise, constant mean
-(scikit-learn: normalize_y, its nearest equivalent), L-BFGS for all three, restarts
-matched: ours `Exact(num_restarts=R)` (its default start and R - 1 screened random
-ones), scikit-learn `n_restarts_optimizer=R - 1`, the GPyTorch loop R runs (GPyTorch's
-initial values, then raw parameters drawn from N(0, 2^2)), the best kept. Reported:
+(scikit-learn: normalize_y, its nearest equivalent), L-BFGS for all three. Each n runs, in
+one process, interleaved: every library with its defaults (scikit-learn no restart, the
+GPyTorch loop one run, ours `Exact()`: 8 starts optimised as one batch, duplicates
+stopped early), then every library with R starts (`--restarts`, default 8): ours
+`Exact(num_restarts=R)` (its default start and R - 1 screened random ones), scikit-learn
+`n_restarts_optimizer=R - 1`, the GPyTorch loop R runs (GPyTorch's initial values, then
+raw parameters drawn from N(0, 2^2)), the best kept; and ours with one start. Reported:
 fit seconds, the reached log marginal likelihood on y's scale, predict seconds for 1000
-points, and peak memory of fresh child processes.
-Usage: python benchmarks/bench_gp.py [--sizes 200 500] [--restarts 8] [--no-memory]
+points, the ratio of each peer's fit time to ours with defaults, and peak memory of fresh
+child processes. Threads: torch's default (the machine's cores) unless `--threads`. Above
+`--equal-up-to` (default 2 000) only the defaults run (8 starts of the peers take hours).
+Usage: python benchmarks/bench_gp.py [--sizes 200 500] [--restarts 8] [--threads 1] [--no-memory]
 """
 
 from __future__ import annotations
@@ -40,7 +45,8 @@ def data(n: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def ours(X, y, X_test, restarts):
-    post = aml.fit(GaussianProcess(ScaleKernel(RBFKernel(ard_num_dims=3))), X, y, engine=Exact(num_restarts=restarts), seed=0)
+    engine = Exact() if restarts is None else Exact(num_restarts=restarts)
+    post = aml.fit(GaussianProcess(ScaleKernel(RBFKernel(ard_num_dims=3))), X, y, engine=engine, seed=0)
     start = time.perf_counter()
     post.predict(X_test)
     return post.log_marginal_likelihood.item(), time.perf_counter() - start
@@ -51,7 +57,7 @@ def sklearn(X, y, X_test, restarts):
     from sklearn.gaussian_process.kernels import RBF, ConstantKernel, WhiteKernel
 
     model = GaussianProcessRegressor(
-        ConstantKernel() * RBF(np.ones(3)) + WhiteKernel(), normalize_y=True, n_restarts_optimizer=restarts - 1, random_state=0
+        ConstantKernel() * RBF(np.ones(3)) + WhiteKernel(), normalize_y=True, n_restarts_optimizer=(restarts or 1) - 1, random_state=0
     ).fit(X.numpy(), y.numpy())
     start = time.perf_counter()
     model.predict(X_test.numpy(), return_std=True)
@@ -75,7 +81,7 @@ def gpytorch_loop(X, y, X_test, restarts):
     generator = torch.Generator().manual_seed(0)
     best = None
     with gpytorch.settings.max_cholesky_size(10**6), gpytorch.settings.fast_computations(False, False, False):
-        for run in range(restarts):
+        for run in range(restarts or 1):
             likelihood = gpytorch.likelihoods.GaussianLikelihood(noise_constraint=gpytorch.constraints.GreaterThan(1e-6))
             model = _Exact(X, y, likelihood).double()
             if run:
@@ -113,42 +119,60 @@ def gpytorch_loop(X, y, X_test, restarts):
 RUNNERS = {"sklearn": sklearn, "gpytorch loop": gpytorch_loop, "aml_ppl": ours}
 
 
-def child(name: str, n: int, restarts: int) -> None:
+def child(name: str, n: int, restarts: int | None) -> None:
     X, y = data(n)
     RUNNERS[name](X, y, data(1000, seed=1)[0], restarts)
     print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
 
 
-def main(sizes: list[int], restarts: int, memory: bool) -> None:
-    torch.set_num_threads(1)
+def rows(restarts: int) -> list[tuple[str, int | None, str]]:
+    r"""(runner, restarts, label): each library's defaults (None: its own), then R starts each."""
+    return [
+        ("aml_ppl", None, "aml_ppl default"),
+        ("sklearn", None, "sklearn default"),
+        ("gpytorch loop", None, "gpytorch default"),
+        ("sklearn", restarts, f"sklearn {restarts} starts"),
+        ("gpytorch loop", restarts, f"gpytorch {restarts} starts"),
+        ("aml_ppl", 1, "aml_ppl 1 start"),
+    ]
+
+
+def main(sizes: list[int], restarts: int, memory: bool, equal_up_to: int) -> None:
     print(machine_line(), f"restarts {restarts}")
     for run in RUNNERS.values():  # warm up: imports and first-call costs stay out of the table
         run(*data(50), data(10, seed=1)[0], 1)
-    print(f"{'n':>5} {'peer':>14} {'fit s':>8} {'LML':>11} {'predict s':>10} {'peak MiB':>9}")
+    print(f"{'n':>5} {'run':>20} {'fit s':>8} {'LML':>11} {'predict s':>10} {'fit / ours':>10} {'peak MiB':>9}")
     for n in sizes:
         X, y = data(n)
         X_test = data(1000, seed=1)[0]
-        for name, run in RUNNERS.items():
+        ours_seconds = None
+        for name, count, label in rows(restarts)[: 6 if n <= equal_up_to else 3]:
             start = time.perf_counter()
-            value, predict_seconds = run(X, y, X_test, restarts)
+            value, predict_seconds = RUNNERS[name](X, y, X_test, count)
             fit_seconds = time.perf_counter() - start - predict_seconds
+            if label == "aml_ppl default":
+                ours_seconds = fit_seconds
+            ratio = f"{fit_seconds / ours_seconds:.2f}" if ours_seconds else "-"
             peak = "-"
             if memory:
-                command = [sys.executable, __file__, "--child", name, str(n), str(restarts)]
+                command = [sys.executable, __file__, "--child", name, str(n), str(count or 0)]
                 output = subprocess.run(command, check=True, capture_output=True, text=True).stdout
                 peak = f"{float(output.strip().splitlines()[-1]) / 1024:.0f}"
-            print(f"{n:>5} {name:>14} {fit_seconds:>8.2f} {value:>11.3f} {predict_seconds:>10.3f} {peak:>9}", flush=True)
+            print(f"{n:>5} {label:>20} {fit_seconds:>8.2f} {value:>11.3f} {predict_seconds:>10.3f} {ratio:>10} {peak:>9}", flush=True)
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--sizes", type=int, nargs="*", default=[200, 500, 2000, 5000])
     parser.add_argument("--restarts", type=int, default=8)
+    parser.add_argument("--threads", type=int, help="torch threads (default: torch's own)")
+    parser.add_argument("--equal-up-to", type=int, default=2000, help="largest n for the rows with R starts each")
     parser.add_argument("--child", nargs=3)
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory child runs (they repeat each fit)")
     options = parser.parse_args()
+    if options.threads:
+        torch.set_num_threads(options.threads)
     if options.child:
-        torch.set_num_threads(1)
-        child(options.child[0], int(options.child[1]), int(options.child[2]))
+        child(options.child[0], int(options.child[1]), int(options.child[2]) or None)
     else:
-        main(options.sizes, options.restarts, not options.no_memory)
+        main(options.sizes, options.restarts, not options.no_memory, options.equal_up_to)

@@ -20,7 +20,12 @@ from aml_ppl.inference.base import (
     register_engine,
 )
 from aml_ppl.inference.io import recorded, register_posterior, stored
-from aml_ppl.inference.optimise import OptimisationResult, minimise_adam, minimise_lbfgs
+from aml_ppl.inference.optimise import (
+    BatchOptimisationResult,
+    OptimisationResult,
+    minimise_adam,
+    minimise_lbfgs_batch,
+)
 from aml_ppl.models.protocols import (
     EvidenceMaximisation,
     EvidenceObjective,
@@ -180,12 +185,17 @@ class Exact(Engine):
     ``exact_posterior`` (evidence maximisation by the fixed-point updates of AML §6),
     and exact GPs, whose hyperparameters this engine fits by type-II maximum likelihood
     (AML §6.3): the model's :class:`~aml_ppl.models.protocols.EvidenceObjective` is
-    evaluated at ``raw_samples`` random starts on a subset of at most 512 points; L-BFGS
-    runs from the model's own start and the ``num_restarts - 1`` best of those, and the
-    optimum with the highest marginal likelihood is kept (one failing restart loses no
-    other). ``history`` holds the log marginal likelihood per evaluation of the
-    winning run; ``convergence`` says how it stopped, and a :class:`ConvergenceWarning`
-    is raised when the winner stopped on ``max_iter``.
+    evaluated at ``raw_samples`` random starts on a screening subset (a quarter of the
+    data, ``smallest_subset`` to ``subset_size`` points); the model's own start and the
+    ``num_restarts - 1`` best of those are optimised together by a batched L-BFGS
+    (:func:`~aml_ppl.inference.optimise.minimise_lbfgs_batch`, each start with its own
+    history, line search and stopping) on that subset, starts that come within
+    ``duplicate_tolerance`` of a better one are stopped there, and only the distinct
+    optima found are optimised on all the data (as one batch, the same early stop); the
+    optimum with the highest marginal likelihood is kept (a failing start loses no other).
+    ``history`` holds the log marginal likelihood per evaluation of the winning run;
+    ``convergence`` says how it stopped and how many ``distinct_optima`` the last stage
+    held, and a :class:`ConvergenceWarning` is raised when the winner did not converge.
 
     Args:
         num_restarts: Optimiser runs (GP). 1: the model's start only.
@@ -195,6 +205,8 @@ class Exact(Engine):
         learn: ``False`` keeps the hyperparameters as they are (GP).
         optimizer: ``"lbfgs"`` or ``"adam"`` (GP).
         lr: Adam's learning rate.
+        early_stop: ``False`` runs every start to convergence on all the data (to check
+            the early stop; Adam always runs every start).
         **options: Passed to the model's ``exact_posterior`` (BLR's ``tol``).
 
     Example:
@@ -206,7 +218,10 @@ class Exact(Engine):
     """
 
     name: ClassVar[str] = "exact"
-    screening_size: ClassVar[int] = 512
+    screening_batch: ClassVar[int] = 16
+    subset_size: ClassVar[int] = 256
+    smallest_subset: ClassVar[int] = 64
+    duplicate_tolerance: ClassVar[float] = 0.05
 
     def __init__(
         self,
@@ -217,6 +232,7 @@ class Exact(Engine):
         learn: bool = True,
         optimizer: str = "lbfgs",
         lr: float = 0.05,
+        early_stop: bool = True,
         **options: Any,
     ) -> None:
         if optimizer not in ("lbfgs", "adam"):
@@ -224,12 +240,15 @@ class Exact(Engine):
         self.num_restarts = check_count("num_restarts", num_restarts)
         self.raw_samples = check_count("raw_samples", raw_samples, minimum=0)
         self.max_iter = None if max_iter is None else check_count("max_iter", max_iter)
-        self.learn, self.optimizer, self.lr = learn, optimizer, lr
+        self.learn, self.optimizer, self.lr, self.early_stop = learn, optimizer, lr, early_stop
         self.options = options
         # Options of the evidence maximisation alone, set away from their defaults.
         self.evidence_options = changed_options(
             Exact.__init__,
-            {"num_restarts": num_restarts, "raw_samples": raw_samples, "learn": learn, "optimizer": optimizer, "lr": lr},
+            {
+                "num_restarts": num_restarts, "raw_samples": raw_samples, "learn": learn, "optimizer": optimizer,
+                "lr": lr, "early_stop": early_stop,
+            },
         )
 
     def incompatibility(self, model: Callable, args: tuple, kwargs: dict) -> str | None:
@@ -267,13 +286,47 @@ class Exact(Engine):
         )
 
     def _maximise_evidence(self, objective: EvidenceObjective) -> tuple[GaussianLatents, dict[str, Any]]:
-        r"""Restarts from the screened starts; the best optimum's posterior and report."""
+        r"""All starts optimised together; the best optimum's posterior and report."""
+        if not objective.start:
+            return objective.latents(objective.start, []), {}
+        starts = self._starts(objective)
+        if self.optimizer == "adam":
+            return self._maximise_one_by_one(objective, starts)
+        flat = FlatObjective(objective)
+        points = flat.pack(starts)
+        screen = self._subset(objective)
+        failed = 0
+        staged = self.early_stop and len(starts) > 1 and screen is not objective
+        if staged:  # distinct optima of a subset, then those alone on all the data
+            screened = self._minimise(FlatObjective(screen), points, 1e-4, 4 * self.duplicate_tolerance)
+            failed = int((~torch.isfinite(screened.loss)).sum())
+            points = distinct_points(screened, self.duplicate_tolerance) if failed < len(starts) else points
+        result = self._minimise(flat, points)
+        failed = failed if staged else int((~torch.isfinite(result.loss)).sum())
+        if not torch.isfinite(result.loss).any():
+            raise ModelFittingError("every start of the marginal-likelihood optimisation failed (K + noise I not positive definite).")
+        best = int(result.loss.argmin())
+        convergence = {
+            "converged": bool(result.converged[best]), "iterations": int(result.iterations[best]),
+            "gradient_norm": float(result.gradient_norm[best]), "restarts": len(starts),
+            "failed_restarts": failed,
+            "distinct_optima": distinct_points(result, self.duplicate_tolerance).shape[0],
+        }
+        if not result.converged[best]:
+            self._warn_of_cap(int(result.iterations[best]), float(result.gradient_norm[best]))
+        history = [-loss for loss in result.losses[best] if math.isfinite(loss)]
+        return objective.latents(flat.unpack(result.points[best]), history), convergence
+
+    def _maximise_one_by_one(
+        self, objective: EvidenceObjective, starts: list[dict[str, torch.Tensor]]
+    ) -> tuple[GaussianLatents, dict[str, Any]]:
+        r"""Adam from each start in turn (its steps are fixed, so nothing stops early)."""
         runs, failures = [], []
-        for start in self._starts(objective):
+        for start in starts:
             raw = {site: value.clone().requires_grad_(True) for site, value in start.items()}
             try:
                 result = self._run(objective, raw)
-                runs.append((objective.value(raw), raw, result))
+                runs.append((float(objective.value(raw)), raw, result))
             except ModelFittingError as error:  # one bad start loses nothing else
                 failures.append(error)
         if not runs:
@@ -283,41 +336,126 @@ class Exact(Engine):
             "converged": result.converged, "iterations": result.iterations, "gradient_norm": result.gradient_norm,
             "restarts": len(runs), "failed_restarts": len(failures),
         }
-        if self.optimizer == "lbfgs" and not result.converged and not result.failed:  # Adam runs its steps
-            warnings.warn(
-                f"the marginal-likelihood optimisation stopped on its iteration cap ({result.iterations} "
-                f"iterations, largest gradient entry {result.gradient_norm:.2e}); raise `max_iter`, or "
-                "standardise the inputs (normalize_inputs=True).",
-                ConvergenceWarning,
-                stacklevel=3,
-            )
         return objective.latents(raw, [-loss for loss in result.losses]), convergence
+
+    def _minimise(
+        self, flat: FlatObjective, points: torch.Tensor, tolerance_change: float = 1e-9, duplicate_tolerance: float | None = None
+    ) -> BatchOptimisationResult:
+        return minimise_lbfgs_batch(
+            points, flat, self.max_iter or 1000, tolerance_change=tolerance_change,
+            duplicate_tolerance=(duplicate_tolerance or self.duplicate_tolerance) if self.early_stop else None,
+        )
+
+    def _warn_of_cap(self, iterations: int, gradient_norm: float) -> None:
+        capped = iterations >= (self.max_iter or 1000)
+        warnings.warn(
+            f"the marginal-likelihood optimisation stopped {'on its iteration cap' if capped else 'where its line search found no higher point'} "
+            f"({iterations} iterations, largest gradient entry {gradient_norm:.2e}); raise `max_iter`, or "
+            "standardise the inputs (normalize_inputs=True).",
+            ConvergenceWarning,
+            stacklevel=4,
+        )
 
     def _starts(self, objective: EvidenceObjective) -> list[dict[str, torch.Tensor]]:
         r"""The model's start, then the best ``num_restarts - 1`` of ``raw_samples`` random
-        starts by their marginal likelihood on a random subset of the data."""
-        if self.num_restarts == 1 or not objective.start:
+        starts by their marginal likelihood on a random subset of the data (evaluated as
+        batches of ``screening_batch``)."""
+        if self.num_restarts == 1:
             return [objective.start]
         candidates = objective.random_starts(max(self.raw_samples, self.num_restarts - 1))
-        screen = objective.subset(self.screening_size)
+        screen = FlatObjective(self._subset(objective))
+        points = screen.pack(candidates)
+        scores = torch.cat([screen.values(chunk) for chunk in points.split(self.screening_batch)])
+        ranked = scores.nan_to_num(nan=-math.inf).argsort(descending=True, stable=True)
+        return [objective.start, *(candidates[int(index)] for index in ranked[: self.num_restarts - 1])]
 
-        def score(start: dict[str, torch.Tensor]) -> float:
-            try:
-                value = screen.value(start)
-            except ModelFittingError:
-                return -math.inf
-            return value if math.isfinite(value) else -math.inf
-
-        ranked = sorted(candidates, key=score, reverse=True)
-        return [objective.start, *ranked[: self.num_restarts - 1]]
+    def _subset(self, objective: EvidenceObjective) -> EvidenceObjective:
+        r"""The screening subset: a quarter of the data, at least ``smallest_subset`` and at
+        most ``subset_size`` points (the objective itself when that is all of it)."""
+        return objective.subset(min(self.subset_size, max(self.smallest_subset, len(objective) // 4)))
 
     def _run(self, objective: EvidenceObjective, raw: dict[str, torch.Tensor]) -> OptimisationResult:
-        params = list(raw.values())
-
         def negative() -> tuple[torch.Tensor, torch.Tensor]:
             value, surrogate = objective(raw)
             return -value, -surrogate
 
-        if self.optimizer == "adam":
-            return minimise_adam(params, negative, self.max_iter or 500, self.lr)
-        return minimise_lbfgs(params, negative, self.max_iter or 1000, tolerance_change=1e-9)
+        return minimise_adam(list(raw.values()), negative, self.max_iter or 500, self.lr)
+
+
+class FlatObjective:
+    r"""An :class:`EvidenceObjective`'s negative over flat points (``b x p``: each member's
+    unconstrained hyperparameters concatenated in site order), for
+    :func:`~aml_ppl.inference.optimise.minimise_lbfgs_batch`: the members evaluated as
+    one batch (the objective's sites with a leading batch dimension) where the model's
+    kernels broadcast over it, else one by one (a member that fails is then a NaN).
+
+    Args:
+        objective: The evidence objective.
+    """
+
+    def __init__(self, objective: EvidenceObjective) -> None:
+        self.objective = objective
+        self.shapes = {site: value.shape for site, value in objective.start.items()}
+        self.batched = True
+
+    def pack(self, starts: list[dict[str, torch.Tensor]]) -> torch.Tensor:
+        r"""Starts (unconstrained values by site) as a ``b x p`` tensor."""
+        return torch.stack([torch.cat([start[site].reshape(-1) for site in self.shapes]) for start in starts])
+
+    def unpack(self, points: torch.Tensor) -> dict[str, torch.Tensor]:
+        r"""Points (``... x p``) as values by site (``... x`` the site's shape)."""
+        pieces = points.split([math.prod(shape) for shape in self.shapes.values()], -1)
+        return {site: piece.reshape((*points.shape[:-1], *shape)) for (site, shape), piece in zip(self.shapes.items(), pieces)}
+
+    def __call__(self, points: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        r"""``(-log marginal likelihood, its gradient)`` at each of ``points``."""
+        return self._each(points, gradient=True)
+
+    def values(self, points: torch.Tensor) -> torch.Tensor:
+        r"""The log marginal likelihood at each of ``points`` (NaN where it fails), no gradient."""
+        return -self._each(points, gradient=False)[0]
+
+    def _each(self, points: torch.Tensor, gradient: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.batched:
+            try:
+                return self._negative(points, gradient)
+            except (RuntimeError, ValueError, ModelFittingError):  # a kernel that does not broadcast over restarts
+                self.batched = False
+        members = [self._member(point, gradient) for point in points]
+        return torch.stack([value for value, _ in members]), torch.stack([slope for _, slope in members])
+
+    def _member(self, point: torch.Tensor, gradient: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        try:
+            return self._negative(point, gradient)
+        except ModelFittingError:
+            return point.new_tensor(math.nan), torch.zeros_like(point)
+
+    def _negative(self, points: torch.Tensor, gradient: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        if not gradient:
+            with torch.no_grad():
+                value = self.objective.value(self.unpack(points))
+            self._check(value, points)
+            return -value, torch.zeros_like(points)
+        points = points.detach().requires_grad_(True)
+        value, surrogate = self.objective(self.unpack(points))
+        self._check(value, points)
+        (slope,) = torch.autograd.grad(-surrogate, points, allow_unused=True)
+        return -value.detach(), torch.zeros_like(points) if slope is None else slope
+
+    @staticmethod
+    def _check(value: torch.Tensor, points: torch.Tensor) -> None:
+        if value.shape != points.shape[:-1]:
+            raise ValueError(f"the objective returned {tuple(value.shape)} values for {tuple(points.shape[:-1])} points")
+
+
+def distinct_points(result: BatchOptimisationResult, tolerance: float) -> torch.Tensor:
+    r"""The end points of a batched run that are distinct optima: best first, each kept
+    unless within ``tolerance`` (largest coordinate difference) of a better kept one;
+    members stopped as duplicates and members with no finite loss left out."""
+    order = [int(member) for member in result.loss.argsort() if torch.isfinite(result.loss[member]) and result.duplicate_of[member] < 0]
+    kept: list[torch.Tensor] = []
+    for member in order:
+        point = result.points[member]
+        if all((point - other).abs().max() > tolerance for other in kept):
+            kept.append(point)
+    return torch.stack(kept)

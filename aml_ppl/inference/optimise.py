@@ -154,3 +154,198 @@ def minimise_adam(
         best.restore()
         result.failed = True
     return result
+
+
+@dataclass
+class BatchOptimisationResult:
+    r"""How each member of a batched L-BFGS run ended (one entry per member).
+
+    Attributes:
+        points: The final points (``B x p``): each member's lowest finite loss.
+        loss: The loss at ``points`` (``inf`` for a member that never had a finite loss).
+        iterations: Iterations each member took.
+        gradient_norm: The largest absolute gradient entry at ``points``.
+        converged: True where a tolerance stopped the member.
+        duplicate_of: ``-1``, or the member whose optimum this one was heading to when it
+            was stopped early (it came within the duplicate tolerance of it).
+        losses: Each member's loss at each of its evaluations, in order.
+    """
+
+    points: torch.Tensor
+    loss: torch.Tensor
+    iterations: torch.Tensor
+    gradient_norm: torch.Tensor
+    converged: torch.Tensor
+    duplicate_of: torch.Tensor
+    losses: list[list[float]]
+
+
+def _two_loop(gradient: torch.Tensor, steps: torch.Tensor, changes: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    r"""L-BFGS's two-loop recursion per member: :math:`-H g` from the stored step and
+    gradient-change pairs (newest first, ``B x m x p``; ``valid`` marks the stored ones),
+    :math:`H_0 = (s^\top y / y^\top y) I` from the newest pair (Nocedal & Wright, Alg. 7.4)."""
+    curvature = (steps * changes).sum(-1)
+    inverse_curvature = torch.where(valid, 1 / curvature.where(valid, 1.0), 0.0)
+    direction = gradient.clone()
+    alphas = []
+    for slot in range(steps.shape[1]):
+        alpha = inverse_curvature[:, slot] * (steps[:, slot] * direction).sum(-1)
+        direction -= alpha[:, None] * changes[:, slot]
+        alphas.append(alpha)
+    newest = (changes[:, 0] * changes[:, 0]).sum(-1)
+    direction *= torch.where(valid[:, 0], curvature[:, 0] / newest.where(valid[:, 0], 1.0), 1.0)[:, None]
+    for slot in reversed(range(steps.shape[1])):
+        beta = inverse_curvature[:, slot] * (changes[:, slot] * direction).sum(-1)
+        direction += (alphas[slot] - beta)[:, None] * steps[:, slot]
+    return -direction
+
+
+def _weak_wolfe(
+    evaluate: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
+    members: torch.Tensor,
+    start: torch.Tensor,
+    loss: torch.Tensor,
+    direction: torch.Tensor,
+    slope: torch.Tensor,
+    length: torch.Tensor,
+    max_trials: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    r"""A step per member satisfying the weak Wolfe conditions
+    :math:`f(x + td) \le f(x) + 10^{-4} t g^\top d` and :math:`\nabla f(x + td)^\top d \ge 0.9\, g^\top d`
+    by bracketing (Lewis & Overton 2013): double ``t`` while the first holds and the second
+    does not; once a trial fails the first, interpolate (from :math:`t = 0`) or bisect the
+    bracket. Each trial evaluates the members still
+    searching at once. Returns ``(found, points, loss, gradient)``: ``found`` where a point
+    satisfying the first condition was reached (the Wolfe point, else the last such one).
+    """
+    low, high = torch.zeros_like(loss), torch.full_like(loss, torch.inf)
+    found = torch.zeros_like(loss, dtype=torch.bool)
+    new_points, new_loss, new_gradient = start.clone(), loss.clone(), torch.zeros_like(start)
+    searching = slope < 0
+    for _ in range(max_trials):
+        if not bool(searching.any()):
+            break
+        trying = searching.nonzero()[:, 0]
+        trial = length[trying]
+        at = start[trying] + trial[:, None] * direction[trying]
+        value, gradient = evaluate(members[trying], at)
+        decrease = value <= loss[trying] + 1e-4 * trial * slope[trying]
+        curvature = (gradient * direction[trying]).sum(-1) >= 0.9 * slope[trying]
+        better = trying[decrease]
+        new_points[better], new_loss[better], new_gradient[better] = at[decrease], value[decrease], gradient[decrease]
+        found[better] = True
+        searching[trying[decrease & curvature]] = False
+        low[trying] = torch.where(decrease & ~curvature, trial, low[trying])
+        high[trying] = torch.where(decrease, high[trying], trial)
+        # From a failed first trial, the minimiser of the quadratic through f(0), f'(0) and
+        # f(t), kept within [t/10, t/2]; else bisect the bracket, or double.
+        excess = value - loss[trying] - slope[trying] * trial
+        quadratic = torch.nan_to_num(-slope[trying] * trial**2 / (2 * excess), nan=0.1, posinf=0.1, neginf=0.1)
+        shrunk = torch.where(low[trying] == 0, quadratic.clamp(0.1 * trial, 0.5 * trial), (low[trying] + high[trying]) / 2)
+        length[trying] = torch.where(torch.isinf(high[trying]), 2 * trial, shrunk)
+    return found, new_points, new_loss, new_gradient
+
+
+def _mark_duplicates(
+    points: torch.Tensor, loss: torch.Tensor, active: torch.Tensor, kept: torch.Tensor, duplicate_of: torch.Tensor, tolerance: float
+) -> None:
+    r"""Stop each active member within ``tolerance`` (largest coordinate difference) of a
+    kept member at least as good (ranked by loss, then index): it is heading to that
+    member's optimum."""
+    order = sorted(kept.nonzero()[:, 0].tolist(), key=lambda member: (loss[member].item(), member))
+    rank = {member: position for position, member in enumerate(order)}
+    for member in reversed(order):
+        if not active[member]:
+            continue
+        better = [other for other in order[: rank[member]] if kept[other]]
+        if better:
+            distance = (points[better] - points[member]).abs().amax(-1)
+            if bool((distance <= tolerance).any()):
+                duplicate_of[member] = better[int(distance.argmin())]
+                active[member] = kept[member] = False
+
+
+def minimise_lbfgs_batch(
+    points: torch.Tensor,
+    objective: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
+    max_iter: int,
+    tolerance_grad: float = 1e-5,
+    tolerance_change: float = 1e-9,
+    history_size: int = 20,
+    duplicate_tolerance: float | None = None,
+    max_trials: int = 25,
+) -> BatchOptimisationResult:
+    r"""Minimise a batch of independent problems together: L-BFGS per member (its own
+    history, step length and stopping), one call of ``objective`` per line-search trial
+    for all members still running, so that ``B`` small problems cost about one batched
+    evaluation each step. The line search brackets a weak Wolfe point (:func:`_weak_wolfe`);
+    a pair with :math:`s^\top y \le 0` is not stored. A member
+    stops when its loss changes by less than ``tolerance_change`` or its step is that small
+    (as ``torch.optim.LBFGS``),
+    its largest gradient entry is below ``tolerance_grad``, or at ``max_iter``; with
+    ``duplicate_tolerance``, also when it comes that close (largest coordinate difference)
+    to a member at least as good: the same optimum is not paid for twice.
+
+    Args:
+        points: Starting points, ``B x p``.
+        objective: Maps ``b x p`` points (the members still running) to ``(loss, gradient)``,
+            ``b`` and ``b x p``; a non-finite loss is a rejected trial.
+        max_iter, tolerance_grad, tolerance_change, history_size: As :func:`minimise_lbfgs`'s.
+        duplicate_tolerance: See above; ``None`` runs every member to its end.
+        max_trials: Line-search trials per step before a member stops unconverged.
+
+    Returns:
+        A :class:`BatchOptimisationResult`.
+    """
+    count, size = points.shape
+    points = points.detach().clone()
+    losses: list[list[float]] = [[] for _ in range(count)]
+
+    def evaluate(members: torch.Tensor, at: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        value, gradient = objective(at)
+        value, gradient = value.detach(), gradient.detach()
+        finite = torch.isfinite(value) & torch.isfinite(gradient).all(-1)
+        for member, entry in zip(members.tolist(), value.tolist()):
+            losses[member].append(entry)
+        return value.where(finite, torch.inf), gradient.where(finite[:, None], 0.0)
+
+    everyone = torch.arange(count, device=points.device)
+    loss, gradient = evaluate(everyone, points)
+    steps = points.new_zeros(count, history_size, size)
+    changes = torch.zeros_like(steps)
+    stored = torch.zeros(count, history_size, dtype=torch.bool, device=points.device)
+    iterations = torch.zeros(count, dtype=torch.long, device=points.device)
+    converged = gradient.abs().amax(-1) <= tolerance_grad
+    active = torch.isfinite(loss) & ~converged
+    kept = torch.isfinite(loss)
+    duplicate_of = torch.full_like(iterations, -1)
+    while bool(active.any()):
+        members = active.nonzero()[:, 0]
+        direction = _two_loop(gradient[members], steps[members], changes[members], stored[members])
+        slope = (gradient[members] * direction).sum(-1)
+        uphill = ~(slope < 0)  # a stale history: forget it, go down the gradient
+        stored[members[uphill]] = False
+        direction[uphill] = -gradient[members[uphill]]
+        slope[uphill] = -gradient[members[uphill]].square().sum(-1)
+        unscaled = ~stored[members, 0]  # no curvature pair yet: a first step of at most 1 / |g|_1
+        length = torch.where(unscaled, (1 / direction.abs().sum(-1)).clamp(max=1.0), 1.0)
+        moved, new_points, new_loss, new_gradient = _weak_wolfe(
+            evaluate, members, points[members], loss[members], direction, slope, length, max_trials
+        )
+        new_gradient = torch.where(moved[:, None], new_gradient, gradient[members])
+        step, change = new_points - points[members], new_gradient - gradient[members]
+        store = moved & ((step * change).sum(-1) > 1e-10)
+        steps[members[store]] = torch.cat([step[store, None], steps[members[store], :-1]], 1)
+        changes[members[store]] = torch.cat([change[store, None], changes[members[store], :-1]], 1)
+        stored[members[store]] = torch.cat([stored.new_ones(int(store.sum()), 1), stored[members[store], :-1]], 1)
+        small = ((loss[members] - new_loss).abs() < tolerance_change) | (step.abs().amax(-1) <= tolerance_change)
+        points[members], loss[members], gradient[members] = new_points, new_loss, new_gradient
+        iterations[members] += 1
+        done = moved & (small | (new_gradient.abs().amax(-1) <= tolerance_grad))
+        converged[members] = done
+        active[members] = moved & ~done & (iterations[members] < max_iter)
+        if duplicate_tolerance is not None:
+            _mark_duplicates(points, loss, active, kept, duplicate_of, duplicate_tolerance)
+    return BatchOptimisationResult(
+        points, loss, iterations, gradient.abs().amax(-1), converged, duplicate_of, losses
+    )

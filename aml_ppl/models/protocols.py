@@ -140,17 +140,25 @@ class EvidenceObjective(Protocol):
         r"""``count`` starting points (unconstrained values by site) to screen."""
         ...
 
+    def __len__(self) -> int:
+        r"""The number of data points."""
+        ...
+
     def subset(self, size: int) -> EvidenceObjective:
         r"""The same objective on at most ``size`` data points (for screening starts)."""
         ...
 
-    def value(self, raw: dict[str, torch.Tensor]) -> float:
-        r"""The log marginal likelihood at ``raw`` as a float (no gradient)."""
+    def value(self, raw: dict[str, torch.Tensor]) -> torch.Tensor:
+        r"""The log marginal likelihood at ``raw`` (no gradient); see ``__call__`` for a batch."""
         ...
 
     def __call__(self, raw: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         r"""``(value, surrogate)``: the log marginal likelihood at ``raw`` and a scalar whose
-        gradient is its gradient (an analytic gradient may be cheaper than autograd's)."""
+        gradient is its gradient (an analytic gradient may be cheaper than autograd's).
+
+        ``raw`` may hold a batch of starts (a leading dimension on every site): the values
+        are then one per start (NaN where one fails), the surrogate their sum. An objective
+        that cannot batch may raise; the engine then evaluates the starts one by one."""
         ...
 
     def latents(self, raw: dict[str, torch.Tensor], history: list[float]) -> GaussianLatents:

@@ -119,7 +119,12 @@ class GaussianProcess(_GaussianProcessBase):
         return stats
 
     def log_marginal_likelihood(
-        self, values: dict[str, torch.Tensor], X: torch.Tensor, y: torch.Tensor, y_scale: torch.Tensor | float = 1.0
+        self,
+        values: dict[str, torch.Tensor],
+        X: torch.Tensor,
+        y: torch.Tensor,
+        y_scale: torch.Tensor | float = 1.0,
+        failed_as_nan: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         r""":math:`\log p(y \mid X) = -\tfrac12 r^\top (K+\sigma^2 I)^{-1} r - \sum_i \log L_{ii}
         - \tfrac n2 \log 2\pi`, :math:`r = y - m(X)`, :math:`LL^\top = K + \sigma^2 I`.
@@ -128,23 +133,27 @@ class GaussianProcess(_GaussianProcessBase):
             values: Hyperparameters by site name.
             X, y: Inputs and targets (targets divided by ``y_scale``, if standardised).
             y_scale: The scale ``y`` was divided by (a fixed noise is in ``y``'s units).
+            failed_as_nan: NaN instead of an error where :math:`K + \sigma^2 I` is not
+                positive definite even with jitter (``values`` may hold a batch).
 
         Returns:
             ``(log_marginal_likelihood, cholesky, weights)``, weights :math:`(K+\sigma^2I)^{-1} r`.
         """
         mean, covariance = self._module_call(values, X)
-        return self._log_density(mean, plus_diagonal(covariance, self._noise(values, y_scale)), y)
+        return self._log_density(mean, plus_diagonal(covariance, self._noise(values, y_scale)), y, failed_as_nan)
 
     @staticmethod
     def _log_density(
-        mean: torch.Tensor, covariance: torch.Tensor, y: torch.Tensor
+        mean: torch.Tensor, covariance: torch.Tensor, y: torch.Tensor, failed_as_nan: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        cholesky = robust_cholesky(covariance)
-        residual = (y - mean)[:, None]
-        weights = torch.cholesky_solve(residual, cholesky)[:, 0]
+        r"""The Gaussian log density of ``y`` and its Cholesky factor and weights, for one
+        ``(mean, covariance)`` or a batch (``... x n``, ``... x n x n``)."""
+        cholesky = robust_cholesky(covariance, failed_as_nan=failed_as_nan)
+        residual = (y - mean)[..., None]
+        weights = torch.cholesky_solve(residual, cholesky)[..., 0]
         value = (
-            -0.5 * (residual[:, 0] @ weights)
-            - torch.log(torch.diagonal(cholesky)).sum()
+            -0.5 * (residual[..., 0] * weights).sum(-1)
+            - torch.log(torch.diagonal(cholesky, dim1=-2, dim2=-1)).sum(-1)
             - 0.5 * y.shape[0] * math.log(2 * math.pi)
         )
         return value, cholesky, weights
@@ -163,18 +172,26 @@ class GaussianProcess(_GaussianProcessBase):
 
         so :math:`\sum_{ij} W_{ij} A_{ij} + \alpha^\top m` with :math:`W` held fixed
         has the gradient of :math:`\log p`.
+
+        ``values`` may carry one leading batch dimension (restarts optimised together):
+        the values are then one per member, the surrogate their sum (each member's
+        gradient is its own), and a member whose :math:`A` is not positive definite
+        even with jitter gets a NaN value instead of an error.
         """
         mean, covariance = self._module_call(values, X)
         noise = self._noise(values, y_scale)
+        n = y.shape[0]
         with torch.no_grad():
-            value, cholesky, weights = self._log_density(mean, plus_diagonal(covariance, noise), y)
+            value, cholesky, weights = self._log_density(mean, plus_diagonal(covariance, noise), y, failed_as_nan=True)
             # ½(ααᵀ − A⁻¹) built in place in A⁻¹'s storage: no further n x n temporaries.
-            sensitivity = torch.cholesky_inverse(cholesky).mul_(-0.5).addr_(weights, weights, alpha=0.5)
+            sensitivity = torch.cholesky_inverse(cholesky).mul_(-0.5)
+            sensitivity.view(-1, n, n).baddbmm_(weights.reshape(-1, n, 1), weights.reshape(-1, 1, n), alpha=0.5)
             del cholesky
+        trace = sensitivity.diagonal(dim1=-2, dim2=-1).sum(-1)
         surrogate = (
             torch.vdot(sensitivity.flatten(), covariance.flatten())
-            + noise * sensitivity.trace()
-            + weights @ mean
+            + (torch.as_tensor(noise).reshape(-1) * trace.reshape(-1)).sum()
+            + (weights * mean).sum()
         )
         return value, surrogate
 

@@ -116,6 +116,9 @@ class MarginalLikelihood:
             starts.append(start)
         return starts
 
+    def __len__(self) -> int:
+        return self.inputs.shape[0]
+
     def subset(self, size: int) -> MarginalLikelihood:
         r"""The same objective on a random subset of at most ``size`` points (cheap screening)."""
         if self.inputs.shape[0] <= size:
@@ -134,10 +137,14 @@ class MarginalLikelihood:
         :meth:`GaussianProcess.value_and_gradient_surrogate`."""
         return self.model.value_and_gradient_surrogate(self.constrained(raw), self.inputs, self.targets, self.stats["y_scale"])
 
-    def value(self, raw: dict[str, torch.Tensor]) -> float:
-        r"""The log marginal likelihood (on the transformed targets), without gradient."""
+    def value(self, raw: dict[str, torch.Tensor]) -> torch.Tensor:
+        r"""The log marginal likelihood (on the transformed targets), without gradient: one
+        per member for a batch of hyperparameters, NaN where :math:`K + \sigma^2 I` is not
+        positive definite."""
         with torch.no_grad():
-            return self.model.log_marginal_likelihood(self.constrained(raw), self.inputs, self.targets, self.stats["y_scale"])[0].item()
+            return self.model.log_marginal_likelihood(
+                self.constrained(raw), self.inputs, self.targets, self.stats["y_scale"], failed_as_nan=True
+            )[0]
 
     def latents(self, raw: dict[str, torch.Tensor], history: list[float]) -> GaussianLatents:
         r"""The exact posterior at these hyperparameters, in ``y``'s units."""

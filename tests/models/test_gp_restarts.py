@@ -1,0 +1,148 @@
+"""Restarts of the exact GP's type-II maximum likelihood optimised as one batch (issue 31):
+the batched L-BFGS against the same starts run one at a time and against torch's L-BFGS,
+the early stop of duplicate optima against every start run to convergence, and the
+fallbacks (a kernel that does not broadcast over restarts, a start that is not positive
+definite)."""
+
+import math
+
+import gpytorch
+import pytest
+import torch
+from gpytorch.kernels import PeriodicKernel, RBFKernel, ScaleKernel
+
+import aml_ppl as aml
+from aml_ppl._core.linalg import robust_cholesky
+from aml_ppl.demo import co2_kernel
+from aml_ppl.inference import Exact
+from aml_ppl.inference.exact import FlatObjective
+from aml_ppl.inference.optimise import minimise_lbfgs, minimise_lbfgs_batch
+from aml_ppl.models import GaussianProcess
+
+
+def ard_data(n=150, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    X = torch.rand(n, 3, dtype=torch.float64, generator=generator) * 4
+    y = torch.sin(X[:, 0]) + 0.125 * X[:, 1] * X[:, 2] + 0.1 * torch.randn(n, dtype=torch.float64, generator=generator)
+    return X, y
+
+
+def starts_of(model, X, y, count, seed=0):
+    objective = model.evidence_objective(*model.validate(X, y)[0])
+    torch.manual_seed(seed)
+    return objective, [objective.start, *objective.random_starts(count - 1)]
+
+
+def test_the_batched_optimiser_equals_each_start_run_alone_and_torchs_lbfgs():
+    """Per-start convergence: each member of the batch ends where it ends alone (same
+    optimiser, batch of one), and at the optimum torch's strong-Wolfe L-BFGS reaches from the
+    same start, to the optimiser's tolerance."""
+    model = GaussianProcess(ScaleKernel(RBFKernel(ard_num_dims=3)))
+    objective, starts = starts_of(model, *ard_data(), count=5)
+    flat = FlatObjective(objective)
+    batch = minimise_lbfgs_batch(flat.pack(starts), flat, 500)
+    assert flat.batched and batch.converged.all()
+    for member, start in enumerate(starts):
+        alone = minimise_lbfgs_batch(flat.pack([start]), flat, 500)
+        assert batch.loss[member].item() == pytest.approx(alone.loss.item(), abs=1e-7)
+        torch.testing.assert_close(batch.points[member], alone.points[0], atol=1e-3, rtol=0)
+        raw = {site: value.clone().requires_grad_(True) for site, value in start.items()}
+        minimise_lbfgs(list(raw.values()), lambda raw=raw: tuple(-part for part in objective(raw)), 500, tolerance_change=1e-9)
+        assert -batch.loss[member].item() == pytest.approx(objective.value(raw).item(), abs=1e-5)
+
+
+def test_the_batched_optimiser_solves_rosenbrock_per_member():
+    def rosenbrock(points):
+        points = points.detach().requires_grad_(True)
+        value = (100 * (points[:, 1:] - points[:, :-1] ** 2) ** 2 + (1 - points[:, :-1]) ** 2).sum(-1)
+        return value.detach(), torch.autograd.grad(value.sum(), points)[0]
+
+    starts = torch.randn(6, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    result = minimise_lbfgs_batch(starts, rosenbrock, 1000, tolerance_grad=1e-8, tolerance_change=1e-14)
+    # Rosenbrock in 5-d has its minimum at 1 and a local one near (-1, 1, 1, 1, 1).
+    at_one = (result.points - 1).abs().amax(-1) < 1e-4
+    assert result.converged.all() and (at_one | (result.loss < 4.0)).all() and at_one.any()
+    assert result.loss[at_one].max() < 1e-8
+
+
+def periodic_data():
+    """One input, a period of 1.3 and a weaker one of 4.1: period starts fall into several basins."""
+    generator = torch.Generator().manual_seed(3)
+    X = torch.rand(90, 1, dtype=torch.float64, generator=generator) * 12
+    y = torch.sin(2 * math.pi * X[:, 0] / 1.3) + 0.5 * torch.sin(2 * math.pi * X[:, 0] / 4.1)
+    return X, y + 0.2 * torch.randn(90, dtype=torch.float64, generator=generator)
+
+
+def co2(step):
+    import statsmodels.api as sm
+
+    monthly = sm.datasets.co2.load_pandas().data["co2"].resample("MS").mean().dropna().iloc[::step]
+    years = torch.tensor(monthly.index.year + (monthly.index.month - 1) / 12, dtype=torch.float64)
+    return (years - 1958.0)[:, None], torch.tensor(monthly.to_numpy(), dtype=torch.float64)
+
+
+def assert_early_stop_loses_nothing(kernel, X, y, seeds):
+    for seed in seeds:
+        early = aml.fit(GaussianProcess(kernel()), X, y, engine=Exact(), seed=seed)
+        every = aml.fit(GaussianProcess(kernel()), X, y, engine=Exact(early_stop=False), seed=seed)
+        # L-BFGS stops on a change below 1e-9 per step; 1e-4 nats is well above what that leaves.
+        assert early.log_marginal_likelihood.item() >= every.log_marginal_likelihood.item() - 1e-4
+        assert 1 <= early.convergence["distinct_optima"] <= 8
+    return early, every
+
+
+def test_the_early_stop_finds_the_best_of_several_period_optima():
+    X, y = periodic_data()
+    early, every = assert_early_stop_loses_nothing(lambda: ScaleKernel(PeriodicKernel()) + ScaleKernel(RBFKernel()), X, y, [0, 1])
+    assert every.convergence["distinct_optima"] > 1  # the case is multimodal
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore::aml_ppl.ConvergenceWarning")
+@pytest.mark.parametrize("step", [1, 3, 4])
+def test_the_early_stop_reaches_every_starts_best_on_the_co2_series(step):
+    """The Mauna Loa series (AML §6.1's composite kernel), monthly and thinned: several
+    distinct optima, and the early stop must reach the best that every start finds."""
+    early, every = assert_early_stop_loses_nothing(co2_kernel, *co2(step), [0, 1])
+    assert every.convergence["distinct_optima"] > 1
+
+
+class ScalarRBF(gpytorch.kernels.Kernel):
+    """An RBF kernel written for one lengthscale only (``reshape(())``): it cannot broadcast
+    over a batch of hyperparameters, as a user's kernel may not."""
+
+    has_lengthscale = True
+
+    def forward(self, x1, x2, diag=False, **params):
+        distance = self.covar_dist(x1, x2, square_dist=True, diag=diag, **params)
+        return torch.exp(-0.5 * distance / self.lengthscale.reshape(()) ** 2)
+
+
+def test_a_kernel_that_does_not_broadcast_falls_back_to_one_start_at_a_time():
+    X, y = ard_data(80)
+    theirs = aml.fit(GaussianProcess(ScaleKernel(ScalarRBF())), X, y, engine=Exact(num_restarts=4), seed=0)
+    ours = aml.fit(GaussianProcess(ScaleKernel(RBFKernel())), X, y, engine=Exact(num_restarts=4), seed=0)
+    assert theirs.log_marginal_likelihood.item() == pytest.approx(ours.log_marginal_likelihood.item(), abs=1e-6)
+    model = GaussianProcess(ScaleKernel(ScalarRBF()))
+    objective, starts = starts_of(model, X, y, 3)
+    flat = FlatObjective(objective)
+    flat(flat.pack(starts))
+    assert not flat.batched
+
+
+def test_a_start_that_is_not_positive_definite_loses_no_other():
+    """A batch member whose K + noise I fails even with jitter is a NaN, not an error."""
+    good = torch.eye(3, dtype=torch.float64)
+    bad = -torch.eye(3, dtype=torch.float64)
+    factor = robust_cholesky(torch.stack([good, bad]), failed_as_nan=True)
+    torch.testing.assert_close(factor[0], good)
+    assert factor[1].isnan().all()
+    with pytest.raises(aml.ModelFittingError, match="not positive definite"):
+        robust_cholesky(torch.stack([good, bad]))
+    objective, starts = starts_of(GaussianProcess(), *ard_data(60), count=3)
+    starts[1] = {site: torch.full_like(value, math.nan) for site, value in starts[1].items()}
+    flat = FlatObjective(objective)
+    value, _ = flat(flat.pack(starts))
+    assert value[1].isnan() and value[[0, 2]].isfinite().all() and flat.batched
+    result = minimise_lbfgs_batch(flat.pack(starts), flat, 500)
+    assert result.converged[[0, 2]].all() and math.isinf(result.loss[1].item())
