@@ -41,13 +41,15 @@ def robust_cholesky(matrix: torch.Tensor, what: str = "K(X, X) + noise I", faile
     if not failed.any():
         return chol
     scale = matrix.diagonal(dim1=-2, dim2=-1).mean(-1).abs().clamp_min(1e-12)
+    jitter = torch.zeros_like(scale)
     tried = []
     for attempt in range(JITTER_TRIES):
-        jitter = JITTER_START * 10**attempt * scale
+        # Jitter on the failed matrices only, all refactored in one call: the factor returned
+        # comes from one call, so no gradient passes through a failed factorisation.
+        jitter = torch.where(failed, JITTER_START * 10**attempt * scale, jitter)
         tried.append(f"{jitter.max().item():.1e}")
-        retried, info = torch.linalg.cholesky_ex(plus_diagonal(matrix, jitter))
-        chol = torch.where(failed[..., None, None], retried, chol)
-        failed = failed & (info != 0)
+        chol, info = torch.linalg.cholesky_ex(plus_diagonal(matrix, jitter))
+        failed = info != 0
         if not failed.any():
             return chol
     if failed_as_nan:

@@ -99,10 +99,11 @@ def test_the_early_stop_finds_the_best_of_several_period_optima():
 
 @pytest.mark.slow
 @pytest.mark.filterwarnings("ignore::aml_ppl.ConvergenceWarning")
-@pytest.mark.parametrize("step", [1, 3, 4])
+@pytest.mark.parametrize("step", [3, 4])
 def test_the_early_stop_reaches_every_starts_best_on_the_co2_series(step):
-    """The Mauna Loa series (AML §6.1's composite kernel), monthly and thinned: several
-    distinct optima, and the early stop must reach the best that every start finds."""
+    """The Mauna Loa series (AML §6.1's composite kernel) thinned to every 3rd and 4th
+    month: several distinct optima, and the early stop must reach the best that every start
+    finds (the monthly series, 392 s for both seeds, is measured in RESULTS.md instead)."""
     early, every = assert_early_stop_loses_nothing(co2_kernel, *co2(step), [0, 1])
     assert every.convergence["distinct_optima"] > 1
 
@@ -146,3 +147,14 @@ def test_a_start_that_is_not_positive_definite_loses_no_other():
     assert value[1].isnan() and value[[0, 2]].isfinite().all() and flat.batched
     result = minimise_lbfgs_batch(flat.pack(starts), flat, 500)
     assert result.converged[[0, 2]].all() and math.isinf(result.loss[1].item())
+
+
+def test_a_factor_that_needed_jitter_has_finite_gradients():
+    """Only the jittered factorisation is differentiated: gradients through the failed first
+    try would be NaN (the sparse GP's K(Z, Z) of nearby inducing points met this)."""
+    points = torch.tensor([[0.0], [1e-9], [1.0]], dtype=torch.float64, requires_grad=True)
+    for batch in ((), (2,)):
+        matrix = torch.exp(-0.5 * (points - points.T) ** 2).expand(*batch, 3, 3)
+        factor = robust_cholesky(matrix)
+        (gradient,) = torch.autograd.grad(factor.sum(), points)
+        assert torch.isfinite(factor).all() and torch.isfinite(gradient).all()
