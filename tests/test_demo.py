@@ -29,6 +29,7 @@ def report(tmp_path_factory):
     return path, printed
 
 
+@pytest.mark.slow  # the quick demo takes ~15 s on two cores
 def test_the_quick_demo_writes_a_self_contained_report(report):
     path, printed = report
     page = path.read_text()
@@ -42,6 +43,7 @@ def test_the_quick_demo_writes_a_self_contained_report(report):
     assert "unsafe evaluations 0" in printed and "resumed with 18 records" in printed
 
 
+@pytest.mark.slow
 def test_the_report_opens_in_a_headless_browser_with_every_figure(report, tmp_path):
     browser = next((shutil.which(name) for name in ("chromium", "chromium-browser", "google-chrome") if shutil.which(name)), None)
     if browser is None:

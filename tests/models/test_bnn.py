@@ -73,7 +73,7 @@ def _estimates(loss, model, x, y, count):
     return torch.tensor(values), torch.stack(gradients)
 
 
-@pytest.mark.parametrize("noise", [0.3, None])
+@pytest.mark.parametrize("noise", [pytest.param(0.3, marks=pytest.mark.slow), None])
 def test_local_reparameterisation_estimates_the_same_elbo_with_less_gradient_variance(noise):
     """Drawing each point's pre-activations from their Gaussian (Kingma et al. 2015) leaves the
     expected loss as it is (the ELBO that TraceMeanField_ELBO estimates, with a fixed or a

@@ -114,6 +114,7 @@ def test_learned_hyperparameters_reach_scikit_learns_marginal_likelihood(gp_data
     assert ours.log_marginal_likelihood.item() >= theirs - 1e-3 * abs(theirs)
 
 
+@pytest.mark.slow
 def test_adam_reaches_the_lbfgs_optimum(gp_data):
     X, y = gp_data
     lbfgs = aml.fit(GaussianProcess(), X, y).log_marginal_likelihood.item()
