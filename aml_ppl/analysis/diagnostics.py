@@ -6,7 +6,6 @@ import warnings
 from typing import Any
 
 import numpy as np
-import torch
 from scipy.special import logsumexp
 
 from aml_ppl.errors import AmlPplError, AmlPplWarning
@@ -66,13 +65,13 @@ def loo(posterior: Posterior, *args: Any, num_samples: int = 1000, **kwargs: Any
 
     _refuse_point_estimate(posterior)
     idata = posterior.to_arviz(*args, num_samples=num_samples, **kwargs)
+    stats = getattr(idata, "sample_stats", None)
     ratio = None
-    if not args and not kwargs:
-        draws = {name: torch.as_tensor(idata.posterior[name].values).flatten(0, 1) for name in posterior.latent_sites}
-        ratio = posterior.log_density_ratio(draws)
+    if not args and not kwargs and stats is not None and "log_q" in stats:
+        ratio = (stats["lp"] - stats["log_q"]).values.reshape(-1)
     with warnings.catch_warnings():  # ArviZ's generic notice; ours below names the points
         warnings.filterwarnings("ignore", message="Estimated shape parameter of Pareto distribution")
-        result = az.loo(idata, pointwise=True) if ratio is None else importance_weighted_loo(idata, ratio.double().numpy())
+        result = az.loo(idata, pointwise=True) if ratio is None else importance_weighted_loo(idata, ratio.astype(np.float64))
     _warn_of_pareto_k(result)
     return result
 

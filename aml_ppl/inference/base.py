@@ -29,6 +29,7 @@ from aml_ppl._data import check_count, check_finite_arguments, check_new_argumen
 from aml_ppl.errors import IncompatibleEngineError, InputDataError
 from aml_ppl.inference import predictive
 from aml_ppl.inference.context import evaluation_mode, isolated_param_store, module_parameters
+from aml_ppl.inference.density import log_densities
 from aml_ppl.inference.io import save
 from aml_ppl.inference.replay import Replayed
 from aml_ppl.inference.structure import Structure, inspect_model
@@ -183,21 +184,26 @@ class Posterior(ABC):
 
         return evaluated
 
-    def log_density_ratio(self, draws: dict[str, torch.Tensor]) -> torch.Tensor | None:
-        r"""Per draw, :math:`\log p(y, \theta_s) - \log q(\theta_s)` on the fitting data, where
-        the draws come from an approximation :math:`q` of the posterior (a guide): what
-        importance weighting needs to correct for it. ``None`` for a posterior that is exact
-        up to Monte Carlo error (closed forms, MCMC) or whose density is not known."""
-        return None
-
     def _reported(self, draws: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         r"""The draws as the ArviZ export reports them (a hook: a fit on transformed data
         reports them in the data's units); these by default."""
         return draws
 
-    def _sample_stats(self) -> dict[str, np.ndarray]:
-        r"""ArviZ ``sample_stats`` (MCMC diagnostics); none by default."""
+    def _sample_stats(self, draws: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
+        r"""ArviZ ``sample_stats`` of the exported ``draws`` (``chain x draw x ...``), each
+        ``chain x draw``; none by default."""
         return {}
+
+    def _log_density_stats(self, draws: dict[str, torch.Tensor], guide: Callable | None = None) -> dict[str, np.ndarray]:
+        r"""``lp`` (:math:`\log p(y, \theta)` on the fitting data, as NUTS reports it) and, with
+        a ``guide``, ``log_q`` (:math:`\log q(\theta)`) of each draw, ``chain x draw``: what
+        ``arviz_stats.loo_approximate_posterior`` takes (:mod:`~aml_ppl.inference.density`)."""
+        chains, count = next(iter(draws.values())).shape[:2] if draws else (1, 1)
+        flat = {name: value.flatten(0, 1) for name, value in draws.items()}
+        with isolated_param_store(), evaluation_mode(self.model):
+            log_p, log_q = log_densities(self._evaluation_model(), guide, flat, self.data_args, self.data_kwargs, self.structure)
+        stats = {name: value for name, value in (("lp", log_p), ("log_q", log_q)) if value is not None}
+        return {name: value.reshape(chains, count).cpu().numpy() for name, value in stats.items()}
 
     # -- the structure, for the surface ---------------------------------------------
 

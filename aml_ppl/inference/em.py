@@ -7,6 +7,7 @@ import math
 import warnings
 from typing import Any, Callable, ClassVar
 
+import numpy as np
 import torch
 from pyro import poutine
 from pyro.poutine.util import site_is_subsample
@@ -73,6 +74,11 @@ class MixturePosterior(Posterior):
     @property
     def is_point_estimate(self) -> bool:
         return self.replicates is None
+
+    def _sample_stats(self, draws: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
+        r"""``lp`` at the estimate (each bootstrap replicate): the mean log-likelihood EM
+        climbs, times the number of points, plus the log prior."""
+        return self._log_density_stats(draws)
 
     def _draw(self, num_samples: int) -> dict[str, torch.Tensor]:
         if not self._closed_form:

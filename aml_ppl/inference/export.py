@@ -45,7 +45,11 @@ def to_inference_data(
     - ``observed_data``: the observations in ``args``;
     - ``constant_data``: learned ``pyro.param`` values (SVI, MAP, generic EM);
     - ``sample_stats``: NUTS diagnostics (``diverging``, ``energy``, ``lp``,
-      ``step_size``, ``tree_depth``, ``acceptance_rate``, ``n_steps``);
+      ``step_size``, ``tree_depth``, ``acceptance_rate``, ``n_steps``); for SVI and MAP
+      ``lp`` (:math:`\log p(y, \theta)` on the fitting data) and ``log_q`` (the guide's
+      :math:`\log q(\theta)`, not for a point estimate), what
+      ``arviz_stats.loo_approximate_posterior(tree, lp, log_q)`` takes; for EM ``lp`` at
+      the estimate;
     - with ``predictions`` (the model's arguments at new inputs): ``predictions``, the
       observed and deterministic sites replayed there under the same draws, and
       ``predictions_constant_data``, the new inputs under the model's argument names;
@@ -57,7 +61,8 @@ def to_inference_data(
     school)``); the others are ``{site}_dim_{k}``. ``coords`` and ``dims`` (and
     ``pred_coords``, ``pred_dims`` for the predictions groups) label and override them
     as in ``az.from_dict``. A point estimate exports one draw, with ``num_samples``
-    predictive replicates, and ``attrs["point_estimate"] = 1``.
+    predictive replicates, and ``attrs["point_estimate"] = 1``. ``attrs`` name the engine,
+    its ``objective`` and hold the ``objective_history``.
     """
     import arviz as az
 
@@ -88,7 +93,7 @@ def to_inference_data(
         "log_likelihood": grouped(replayed.log_likelihood),
         "observed_data": _numpy(replayed.observed),
         "constant_data": _numpy(posterior.param_sites),
-        "sample_stats": posterior._sample_stats(),
+        "sample_stats": posterior._sample_stats(by_chain),
     }
     if prior is not None:
         prior_latent, prior_replayed = predictive.prior_draws(posterior, prior, args, kwargs)
@@ -104,16 +109,18 @@ def to_inference_data(
     if predictions is not None:
         new_args, new_kwargs = predictions
         predicted = posterior._replay(replicates, new_args, new_kwargs, draws=flat)
-        named = site_dims(posterior, posterior._inspect(new_args, new_kwargs), pred_dims)
+        structure = posterior._inspect(new_args, new_kwargs)
+        named = site_dims(posterior, structure, pred_dims)
         labels = {**(coords or {}), **(pred_coords or {})}
         values = grouped({**predicted.predictive, **predicted.deterministic}, replicates // chains)
+        inputs = named_inputs(posterior.model, new_args, new_kwargs)
         exported.add_groups(
             predictions=az.dict_to_dataset(values, coords=labels, dims=named),
             predictions_constant_data=az.dict_to_dataset(
-                _numpy(named_inputs(posterior.model, new_args, new_kwargs)), coords=labels, dims=named, default_dims=[]
+                _numpy(inputs), coords=labels, dims={**input_dims(inputs, named, structure), **(pred_dims or {})}, default_dims=[]
             ),
         )
-    return exported
+    return _with_history(exported, posterior)
 
 
 def site_dims(posterior: "Posterior", structure: Structure, given: dict | None) -> dict[str, list[str]]:
@@ -138,6 +145,23 @@ def plate_dims(structure: Structure) -> dict[str, list[str]]:
     return named
 
 
+def input_dims(inputs: dict[str, torch.Tensor], named: dict[str, list[str]], structure: Structure) -> dict[str, list[str]]:
+    r"""Dimension names of the model's inputs: a dimension whose size is that of exactly one
+    named dimension of the sites (a plate, or a built-in model's ``feature``) takes its name
+    (``X`` of ``n x d`` under ``pyro.plate("data", n)`` is ``(data, X_dim_1)``); any other is
+    ``{input}_dim_{k}``."""
+    sizes: dict[int, set[str]] = {}
+    for site, names in named.items():
+        shape = structure.sites[site].shape if site in structure.sites else ()
+        for index, (size, name) in enumerate(zip(shape, names)):
+            if name != f"{site}_dim_{index}":
+                sizes.setdefault(size, set()).add(name)
+    return {
+        argument: [next(iter(sizes[size])) if len(sizes.get(size, ())) == 1 else f"{argument}_dim_{index}" for index, size in enumerate(value.shape)]
+        for argument, value in inputs.items()
+    }
+
+
 def named_inputs(model: Callable, args: tuple, kwargs: dict) -> dict[str, torch.Tensor]:
     r"""The tensors among a model's arguments under the names its program gives them
     (``arg{k}`` where the signature cannot be read)."""
@@ -159,12 +183,13 @@ def _bound_inference_data(posterior: "Posterior", args: tuple, num_samples: int)
     site = posterior.model.observed_site
     observed = args[0]
     generated = posterior.predict(num_samples=num_samples, progress_bar=False).samples
-    return az.from_dict(
+    exported = az.from_dict(
         posterior_predictive={site: generated.unsqueeze(0).cpu().numpy()},
         log_likelihood={site: posterior.log_prob(*args)[None, None].cpu().numpy()},
         observed_data={site: observed.cpu().numpy()},
         attrs=_attributes(posterior),
     )
+    return _with_history(exported, posterior)
 
 
 def _attributes(posterior: "Posterior") -> dict[str, Any]:
@@ -175,6 +200,14 @@ def _attributes(posterior: "Posterior") -> dict[str, Any]:
         "inference_library": "pyro",
         "aml_ppl_version": __version__,
     }
+
+
+def _with_history(exported: Any, posterior: "Posterior") -> Any:
+    r"""The objective per iteration (``posterior.history``: SVI's ELBO loss, EM's mean
+    log-likelihood, the exact engine's log marginal likelihood, NUTS's ``lp``) as the
+    ``objective_history`` attribute of the whole ``InferenceData``, beside the engine's name."""
+    exported.attrs["objective_history"] = posterior.history.cpu().numpy()
+    return exported
 
 
 def _numpy(values: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:

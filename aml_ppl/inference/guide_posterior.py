@@ -5,15 +5,14 @@ from __future__ import annotations
 
 from typing import Any, Callable, ClassVar
 
+import numpy as np
 import torch
 from pyro import poutine
 from pyro.infer import Predictive
-from pyro.poutine.util import site_is_subsample
-from torch.distributions import biject_to
 
 from aml_ppl.errors import InputDataError
 from aml_ppl.inference.base import Posterior
-from aml_ppl.inference.context import evaluation_mode, isolated_param_store
+from aml_ppl.inference.context import isolated_param_store
 from aml_ppl.inference.guides import is_delta_guide, make_autoguide, substituted
 from aml_ppl.inference.io import recorded, register_posterior, stored
 from aml_ppl.models.protocols import VariationalBound
@@ -70,31 +69,15 @@ class GuidePosterior(Posterior):
     def is_point_estimate(self) -> bool:
         return self._point_estimate
 
-    def log_density_ratio(self, draws: dict[str, torch.Tensor]) -> torch.Tensor | None:
-        r""":math:`\log p(y, \theta_s) - \log q(\theta_s)` per draw, the model and the guide
-        each traced with the draw substituted (Magnusson et al. 2019 weight LOO by it); an
-        ``AutoNormal``'s auxiliary ``{site}_unconstrained`` sites are set to the draw mapped
-        to the unconstrained space, so its trace adds the Jacobian. ``None`` for a point
-        estimate, or a guide with other sample sites (an ``AutoMultivariateNormal``'s joint
-        latent), whose density at a draw of the model's sites is not one trace."""
-        if self.is_point_estimate:
-            return None
-        guide, model, (args, kwargs) = substituted(self.guide, self.guide_params), self._evaluation_model(), (self.data_args, self.data_kwargs)
-        ratios = []
-        with isolated_param_store(), evaluation_mode(self.model), torch.no_grad():
-            for index in range(next(iter(draws.values())).shape[0]):
-                values = {name: value[index] for name, value in draws.items()}
-                joint = poutine.trace(poutine.condition(model, values)).get_trace(*args, **kwargs)
-                values.update({
-                    f"{name}_unconstrained": biject_to(joint.nodes[name]["fn"].support).inv(value)
-                    for name, value in list(values.items())
-                })
-                approximate = poutine.trace(poutine.condition(guide, values)).get_trace(*args, **kwargs)
-                sampled = {name for name, site in approximate.nodes.items() if site["type"] == "sample" and not site_is_subsample(site)}
-                if not sampled <= set(values):
-                    return None
-                ratios.append(joint.log_prob_sum() - approximate.log_prob_sum())
-        return torch.stack(ratios)
+    def _sample_stats(self, draws: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
+        r"""``lp`` and, unless this is a point estimate, ``log_q`` of each draw
+        (:meth:`~aml_ppl.inference.base.Posterior._log_density_stats`): what LOO for an
+        approximate posterior weights by (Magnusson et al. 2019). None for a model known
+        through its bound."""
+        if isinstance(self.model, VariationalBound):
+            return {}
+        guide = None if self.is_point_estimate else substituted(self.guide, self.guide_params)
+        return self._log_density_stats(draws, guide)
 
     def _draw(self, num_samples: int) -> dict[str, torch.Tensor]:
         r"""Draw in one vectorised pass when the guide broadcasts (autoguides do),

@@ -75,7 +75,7 @@ class SamplePosterior(Posterior):
     def _draw_by_chain(self, num_samples: int) -> dict[str, torch.Tensor]:
         return self.samples
 
-    def _sample_stats(self) -> dict[str, np.ndarray]:
+    def _sample_stats(self, draws: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
         return {name: value.cpu().numpy() for name, value in self.stats.items()}
 
     def _state(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
