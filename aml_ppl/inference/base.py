@@ -396,7 +396,10 @@ class Posterior(ABC):
 
     def _inspect(self, args: tuple, kwargs: dict) -> Structure:
         r"""The model's structure for these arguments; the observed sites are the fit's
-        (new inputs without observations leave them unobserved)."""
+        (new inputs without observations leave them unobserved). The fitting data's is
+        traced once."""
+        if args is self.data_args and kwargs is self.data_kwargs:
+            return self.structure
         return self._trace_structure(args, kwargs).with_observed(self.structure.observed)
 
     def _replay(

@@ -26,6 +26,7 @@ import torch
 from pyro import poutine
 from pyro.ops.contract import contract_to_tensor
 from pyro.poutine.messenger import Messenger
+from pyro.infer.autoguide import AutoContinuous
 from pyro.poutine.util import prune_subsample_sites, site_is_subsample
 from torch.distributions import biject_to
 
@@ -53,8 +54,8 @@ def log_densities(
 
     Returns:
         ``log p`` (``S``) and ``log q`` (``S``), the latter ``None`` where there is no guide
-        or its trace samples sites that are not the model's (an ``AutoMultivariateNormal``'s
-        joint latent), whose density at a draw of the model's sites is not one trace; both
+        or its trace samples sites that are neither the model's nor an autoguide's auxiliary
+        sites (whose density at a draw of the model's sites is then not one trace); both
         ``None`` for a model with enumerated sites and a subsampled plate.
     """
     if structure.enumerated and structure.subsampled:
@@ -99,32 +100,58 @@ def _pass(
         unconstrained = {
             f"{name}_unconstrained": biject_to(joint.nodes[name]["fn"].support).inv(value) for name, value in shaped.items()
         }
-        conditioned = _ConditionGuide(shaped, {**unconstrained, **indices})(_batched(guide, num_draws, nesting))
-        approximate = poutine.trace(conditioned).get_trace(*args, **kwargs)
+        condition = _ConditionGuide(shaped, {**unconstrained, **indices}, _packed(guide, draws, num_draws, nesting))
+        approximate = poutine.trace(condition(_batched(guide, num_draws, nesting))).get_trace(*args, **kwargs)
         sampled = {name for name, site in approximate.nodes.items() if site["type"] == "sample" and not site_is_subsample(site)}
-        log_q = log_q + _summed(approximate, num_draws, nesting, structure, indices, counted) if sampled <= {*shaped, *unconstrained} else None
+        log_q = log_q + _summed(approximate, num_draws, nesting, structure, indices, counted) if sampled <= {*shaped, *condition.conditioned} else None
     return log_p, log_q
 
 
-class _ConditionGuide(Messenger):
-    r"""Condition a guide on the draws. An autoguide that samples ``{site}_unconstrained`` and
-    maps it through a ``Delta`` (``AutoNormal``) is conditioned there, and its ``Delta`` left
-    to carry the Jacobian: conditioning the ``Delta`` itself would compare the draw with its
-    round trip through the transform, which floating point need not return exactly."""
+def _packed(guide: Callable, draws: dict[str, torch.Tensor], num_draws: int | None, nesting: int) -> torch.Tensor | None:
+    r"""For an ``AutoContinuous`` guide (``AutoMultivariateNormal``, ``AutoLowRankMultivariateNormal``,
+    the Laplace approximation): the draws mapped to the unconstrained space and packed into
+    its joint latent, in the order of its prototype trace; else ``None``."""
+    if not isinstance(guide, AutoContinuous) or not set(draws) >= set(guide.prototype_trace.stochastic_nodes):
+        return None
+    pieces = [
+        biject_to(site["fn"].support).inv(draws[name]).reshape(num_draws or 1, -1)
+        for name, site in guide.prototype_trace.iter_stochastic_nodes()
+    ]
+    joint = torch.cat(pieces, -1)
+    return joint[0] if num_draws is None else joint.reshape((num_draws,) + (1,) * nesting + joint.shape[-1:])
 
-    def __init__(self, draws: dict[str, torch.Tensor], auxiliary: dict[str, torch.Tensor]) -> None:
+
+class _ConditionGuide(Messenger):
+    r"""Condition a guide on the draws. An autoguide that samples an auxiliary site and maps it
+    through a ``Delta`` per model site (``AutoNormal``'s ``{site}_unconstrained``; an
+    ``AutoContinuous``'s joint latent, given ``joint``) is conditioned there, and its ``Delta``
+    left to carry the Jacobian: conditioning the ``Delta`` itself would compare the draw with its
+    round trip through the transform, which floating point need not return exactly.
+
+    Attributes:
+        conditioned: The auxiliary sites it set.
+    """
+
+    def __init__(self, draws: dict[str, torch.Tensor], auxiliary: dict[str, torch.Tensor], joint: torch.Tensor | None) -> None:
         super().__init__()
-        self.draws, self.auxiliary, self.covered = draws, auxiliary, set()
+        self.draws, self.auxiliary, self.joint = draws, auxiliary, joint
+        self.covered: set[str] = set()
+        self.conditioned: set[str] = set()
 
     def _pyro_sample(self, msg: dict) -> None:
         name = msg["name"]
         if name in self.auxiliary:
             self.covered.add(name.removesuffix("_unconstrained"))
             value = self.auxiliary[name]
+        elif self.joint is not None and msg["infer"].get("is_auxiliary"):
+            self.covered.update(self.draws)
+            value = self.joint
         elif name in self.draws and name not in self.covered:
             value = self.draws[name]
         else:
             return
+        if name not in self.draws:
+            self.conditioned.add(name)
         msg["value"], msg["is_observed"] = value, True
 
 

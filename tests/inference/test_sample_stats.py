@@ -107,10 +107,31 @@ def test_a_model_that_does_not_broadcast_gets_the_same_densities_one_draw_at_a_t
     assert az.loo(idata).elpd_loo < 0
 
 
-def test_a_joint_autoguide_gets_no_log_q_and_loo_falls_back_to_plain_psis():
-    r"""``AutoMultivariateNormal`` samples one joint latent, not the model's sites: its density
-    at a draw of them is not one trace, so no ``log_q``; LOO is then plain PSIS-LOO."""
+def test_a_joint_autoguide_gets_the_density_of_its_packed_latent():
+    r"""``AutoMultivariateNormal`` samples one joint latent ``u = (mu, log tau, eta)``:
+    :math:`\log q = \log \mathcal N(u) - \log\tau`."""
     post = aml.fit(schools, SCHOOLS_SIGMA, SCHOOLS_Y, engine=SVI(num_steps=100, guide="mvn", progress_bar=False), seed=0)
+    idata = post.to_arviz(num_samples=100)
+    mu, tau, eta = (flat(idata, name).double() for name in ("mu", "tau", "eta"))
+    with torch.no_grad():
+        joint = post.guide.get_posterior()
+        packed = torch.cat([mu[:, None], tau.log()[:, None], eta], -1).to(joint.loc.dtype)
+        expected = joint.log_prob(packed).double() - tau.log()
+    np.testing.assert_allclose(flat(idata, "log_q", "sample_stats").double(), expected, rtol=1e-5, atol=1e-3)
+
+
+def mixed_guide(sigma, y=None):
+    r"""A guide whose ``mu`` is a mixture over an auxiliary ``z`` it samples: its density at a
+    draw of ``mu`` is not one trace."""
+    z = pyro.sample("z", dist.Normal(pyro.param("z_loc", torch.tensor(0.0)), 1.0), infer={"is_auxiliary": True})
+    pyro.sample("mu", dist.Normal(z, 1.0))
+    pyro.sample("tau", dist.LogNormal(0.0, 1.0))
+    with pyro.plate("school", 8):
+        pyro.sample("eta", dist.Normal(0.0, 1.0))
+
+
+def test_a_guide_with_sites_of_its_own_gets_no_log_q_and_loo_falls_back_to_plain_psis():
+    post = aml.fit(schools, SCHOOLS_SIGMA, SCHOOLS_Y, engine=SVI(num_steps=20, guide=mixed_guide, progress_bar=False), seed=0)
     idata = post.to_arviz(num_samples=100)
     assert set(idata.sample_stats.data_vars) == {"lp"}
     with warnings.catch_warnings():  # eight points, each one sways the fit: Pareto k > 0.7 is expected
