@@ -429,6 +429,26 @@ class Posterior(ABC):
             raise InputDataError(f"`site` must be one of {self.observed_sites}; got {site!r}.")
         return site
 
+    def _likelihood_term(self, site: str | None) -> str:
+        r"""The log-likelihood term ``log_prob`` returns: an observed site, or the joint term
+        of observed sites that enumerated sites tie together (an HMM's, per sequence, named
+        ``"y_0..y_14"``); with ``None`` the only one."""
+        coupled = self.structure.coupled
+        tied = {name: group.name for group in coupled.values() for name in group.observed}
+        terms = [*(name for name in self.observed_sites if name not in tied), *coupled]
+        if site is None and len(terms) == 1:
+            return terms[0]
+        if site in coupled:
+            return site
+        if site in tied:
+            raise InputDataError(
+                f"site {site!r} is tied to other observed sites by enumerated sites, so its terms are not "
+                f"independent given the parameters; their joint term is site={tied[site]!r}."
+            )
+        if site is None:
+            raise InputDataError(f"the model has log-likelihood terms {terms}; name one with `site=`.")
+        return self._observed_site(site)
+
     def _arguments(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         r"""New arguments, converted and checked against the fitting data's (dimensions,
         column counts, finiteness); the fit's non-tensor keyword options carried over."""

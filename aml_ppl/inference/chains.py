@@ -30,6 +30,12 @@ import tqdm.std
 from aml_ppl.errors import AmlPplWarning, ModelFittingError
 
 
+def default_chains() -> int:
+    r"""How many chains a sampler runs unless told: the cores there are, at least 2 (r-hat needs
+    two) and at most 4 (PyMC's choice)."""
+    return max(2, min(4, os.cpu_count() or 1))
+
+
 def chain_executor(executor: str | Executor | None, num_chains: int, model: Callable) -> Executor | str | None:
     r"""Where chains run: the user's ``Executor``; ``"fork"`` (forked workers); ``"pool"``
     (a spawned process pool the run owns); or ``None`` (in turn, in this process).

@@ -18,19 +18,17 @@ A model or guide that does not broadcast over the draws plate is evaluated one d
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from typing import Any, Callable
 
 import pyro
 import torch
 from pyro import poutine
-from pyro.ops.contract import contract_to_tensor
 from pyro.poutine.messenger import Messenger
 from pyro.infer.autoguide import AutoContinuous
 from pyro.poutine.util import prune_subsample_sites, site_is_subsample
 from torch.distributions import biject_to
 
-from aml_ppl.inference.replay import DRAWS_PLATE, _batched, _padded, _subsample_chunks
+from aml_ppl.inference.replay import DRAWS_PLATE, _batched, _padded, _subsample_chunks, contracted
 from aml_ppl.inference.structure import Structure
 
 
@@ -194,20 +192,6 @@ def _per_draw_sum(log_prob: torch.Tensor, num_draws: int | None, nesting: int) -
 
 def _contracted(trace: Any, num_draws: int | None) -> torch.Tensor:
     r"""Enumerated dimensions summed out and plates multiplied out down to the draws plate
-    (``pyro.ops.contract.contract_to_tensor`` on the packed terms, as ``TraceEnum_ELBO``)."""
-    trace.pack_tensors()
-    symbols = trace.plate_to_symbol
-    terms: OrderedDict = OrderedDict()
-    sum_dims: set = set()
-    for site in trace.nodes.values():
-        if site["type"] != "sample":
-            continue
-        ordinal = frozenset(symbols[frame.name] for frame in site["cond_indep_stack"] if frame.vectorized and frame.size > 1)
-        log_prob = site["packed"]["log_prob"]
-        if not hasattr(log_prob, "_pyro_dims"):  # a constant term (a number, not a tensor)
-            log_prob = torch.as_tensor(log_prob, dtype=torch.get_default_dtype())
-            log_prob._pyro_dims = ""
-        sum_dims.update(frozenset(log_prob._pyro_dims) - ordinal)
-        terms.setdefault(ordinal, []).append(log_prob)
-    target = frozenset({symbols[DRAWS_PLATE]}) if DRAWS_PLATE in symbols and num_draws and num_draws > 1 else frozenset()
-    return contract_to_tensor(terms, sum_dims, target_ordinal=target).reshape(-1).expand(num_draws or 1).clone()
+    (:func:`~aml_ppl.inference.replay.contracted`)."""
+    names = tuple(name for name, site in trace.nodes.items() if site["type"] == "sample")
+    return contracted(trace, names, (DRAWS_PLATE,)).reshape(-1).expand(num_draws or 1).clone()

@@ -136,12 +136,14 @@ def site_dims(posterior: "Posterior", structure: Structure, given: dict | None) 
 def plate_dims(structure: Structure) -> dict[str, list[str]]:
     r"""Each site's dimension names (draws excluded): a dimension that a plate covers takes
     the plate's name (the plate's ``dim`` counts from the right of the batch shape, so nested
-    plates come out in order); any other is ``{site}_dim_{k}``, as ArviZ names it."""
+    plates come out in order); any other is ``{site}_dim_{k}``, as ArviZ names it. The joint
+    term of coupled observed sites (an HMM's) has the plates they share."""
     named = {}
     for name, site in structure.sites.items():
         depth = len(site.batch_shape)
         plates = {depth + dim: plate for plate, dim in site.plates if -depth <= dim < 0}
         named[name] = [plates.get(index, f"{name}_dim_{index}") for index in range(len(site.shape))]
+    named.update({name: [plate for plate, _ in group.plates] for name, group in structure.coupled.items()})
     return named
 
 

@@ -19,7 +19,7 @@ from aml_ppl._core.randomness import local_seed
 from aml_ppl._data import check_count, check_positive
 from aml_ppl.errors import InputDataError, JitFallbackWarning
 from aml_ppl.inference.base import Engine, Posterior, register_engine
-from aml_ppl.inference.chains import chain_executor, run_chains
+from aml_ppl.inference.chains import chain_executor, default_chains, run_chains
 from aml_ppl.inference.context import isolated_param_store
 from aml_ppl.inference.io import recorded, register_posterior, stored
 from aml_ppl.inference.structure import inspect_model
@@ -167,7 +167,9 @@ class NUTS(Engine):
     Args:
         num_samples: Draws kept per chain.
         warmup_steps: Adaptation steps per chain.
-        num_chains: Independent chains.
+        num_chains: Independent chains. ``None`` (the default): as many as there are cores,
+            at least 2 (so that ArviZ has an r-hat) and at most 4, as PyMC chooses; they run
+            in worker processes where there are cores (``executor``).
         target_accept_prob: Step-size adaptation target.
         max_tree_depth: NUTS tree depth at most.
         full_mass: Adapt a dense mass matrix.
@@ -184,10 +186,10 @@ class NUTS(Engine):
     Example:
         >>> import torch, aml_ppl as aml
         >>> X = torch.randn(30, 2, dtype=torch.float64); y = X.sum(-1)
-        >>> engine = aml.inference.NUTS(num_samples=20, warmup_steps=20, progress_bar=False)
+        >>> engine = aml.inference.NUTS(num_samples=20, warmup_steps=20, num_chains=2, progress_bar=False)
         >>> post = aml.fit(aml.models.BayesianLinearRegression(), X, y, engine=engine)
         >>> post.samples["beta"].shape
-        torch.Size([1, 20, 2])
+        torch.Size([2, 20, 2])
     """
 
     name: ClassVar[str] = "nuts"
@@ -197,7 +199,7 @@ class NUTS(Engine):
         *,
         num_samples: int = 500,
         warmup_steps: int = 500,
-        num_chains: int = 1,
+        num_chains: int | None = None,
         target_accept_prob: float = 0.8,
         max_tree_depth: int = 10,
         full_mass: bool = False,
@@ -214,7 +216,7 @@ class NUTS(Engine):
         self.timeout = timeout
         self.num_samples = check_count("num_samples", num_samples)
         self.warmup_steps = check_count("warmup_steps", warmup_steps, minimum=0)
-        self.num_chains = check_count("num_chains", num_chains)
+        self.num_chains = default_chains() if num_chains is None else check_count("num_chains", num_chains)
         if not 0 < check_positive("target_accept_prob", target_accept_prob) < 1:
             raise InputDataError(f"`target_accept_prob` must lie in (0, 1); got {target_accept_prob}.")
         self.jit_compile = jit_compile

@@ -73,7 +73,7 @@ def log_predictive_density(
     args, kwargs = posterior._arguments(args, kwargs)
     if isinstance(posterior.model, VariationalBound):
         return posterior._with_learned_params(posterior.model.log_prob_bound, *args, **kwargs)
-    site = posterior._observed_site(site)
+    site = posterior._likelihood_term(site)
     if posterior.is_point_estimate:
         num_samples = 1
     if isinstance(posterior.model, ConditionalPredictive):
@@ -95,7 +95,7 @@ def log_mean_likelihood(
     terms combined by ``logaddexp`` as they are replayed: memory stays flat in ``S``."""
     count = next(iter(draws.values())).shape[0] if draws else 1
     total = None
-    for _, replayed in replayed_chunks(posterior, draws, count, args, kwargs):
+    for _, replayed in replayed_chunks(posterior, draws, count, args, kwargs, draw_discrete=False):
         if site not in replayed.log_likelihood:
             raise InputDataError(f"the arguments hold no observations for site {site!r}.")
         partial = torch.logsumexp(replayed.log_likelihood[site], 0)
@@ -132,12 +132,13 @@ def allocated(values: dict[str, torch.Tensor], num_draws: int) -> dict[str, torc
 
 
 def replayed_chunks(
-    posterior: "Posterior", draws: dict, num_draws: int, args: tuple, kwargs: dict
+    posterior: "Posterior", draws: dict, num_draws: int, args: tuple, kwargs: dict, draw_discrete: bool = True
 ) -> Iterator[tuple[slice, Replayed]]:
     r"""The Pyro program replayed under successive chunks of ``draws``, each with the rows it
     covers: the first chunk is one draw, and its replay sizes the rest so that no tensor it
     returns holds more than about :data:`REPLAY_ELEMENTS` values (1 000 draws of a model with
-    10⁵ observations replay 10 at a time). The model is inspected once for all chunks."""
+    10⁵ observations replay 10 at a time). The model is inspected once for all chunks;
+    ``draw_discrete`` as in :func:`~aml_ppl.inference.replay.replay`."""
     structure = posterior._inspect(args, kwargs)
     check_same_latents(posterior.structure, structure)
     model = posterior._evaluation_model()
@@ -146,7 +147,7 @@ def replayed_chunks(
         while start < num_draws:
             rows = slice(start, min(start + chunk, num_draws))
             part = {name: value[rows] for name, value in draws.items()}
-            replayed = replay(model, part, rows.stop - rows.start, args, kwargs, structure)
+            replayed = replay(model, part, rows.stop - rows.start, args, kwargs, structure, draw_discrete)
             yield rows, replayed
             sizes = [value[0].numel() for group in PER_DRAW_GROUPS for value in getattr(replayed, group).values()]
             start, chunk = rows.stop, max(1, REPLAY_ELEMENTS // max([1, *sizes]))

@@ -20,17 +20,20 @@ model that does not broadcast over that plate. Every kind of site is handled:
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 import pyro
+import pyro.ops.packed as packed
 import torch
 from pyro import poutine
 from pyro.infer import infer_discrete
+from pyro.ops.contract import contract_to_tensor
 from pyro.poutine.messenger import Messenger
 from torch.distributions import MultivariateNormal
 
-from aml_ppl.inference.structure import SiteShape, Structure, inspect_model
+from aml_ppl.inference.structure import CoupledObservations, SiteShape, Structure, inspect_model
 
 DRAWS_PLATE = "_aml_draws"
 # The groups of a replay that hold one value per draw, and whether their values carry the
@@ -64,6 +67,7 @@ def replay(
     args: tuple,
     kwargs: dict,
     structure: Structure | None = None,
+    draw_discrete: bool = True,
 ) -> Replayed:
     r"""Run ``model`` under ``num_draws`` joint draws of its latent sites.
 
@@ -75,6 +79,9 @@ def replay(
         args: The model's arguments (observations present or not).
         kwargs: Its keyword arguments.
         structure: The model's :class:`Structure` for these arguments, if known.
+        draw_discrete: Whether to draw the enumerated sites from their posterior; without
+            (only the log-likelihood is wanted, which sums the plate-local ones out) the
+            replicates and deterministic sites are not those of the posterior.
 
     Returns:
         The :class:`Replayed` values on all the data.
@@ -85,10 +92,10 @@ def replay(
     with torch.no_grad(), pyro.get_param_store().scope():
         for indices in chunks:
             try:
-                pieces.append(_run(model, draws, num_draws, args, kwargs, structure, indices))
+                pieces.append(_run(model, draws, num_draws, args, kwargs, structure, indices, draw_discrete))
             except Exception:  # the model does not broadcast over a draws plate
                 single = [
-                    _run(model, {k: v[s] for k, v in draws.items()}, None, args, kwargs, structure, indices)
+                    _run(model, {k: v[s] for k, v in draws.items()}, None, args, kwargs, structure, indices, draw_discrete)
                     for s in range(num_draws)
                 ]
                 pieces.append(_stack(single))
@@ -179,6 +186,7 @@ def _run(
     kwargs: dict,
     structure: Structure,
     indices: dict[str, torch.Tensor],
+    draw_discrete: bool = True,
 ) -> Replayed:
     r"""One pass: all draws on a plate (``num_draws``) or a single unbatched draw (``None``)."""
     nesting = structure.max_plate_nesting
@@ -187,7 +195,8 @@ def _run(
     enum_dim = -nesting - (2 if num_draws else 1)
     result = Replayed()
     discrete: dict[str, torch.Tensor] = {}
-    if structure.enumerated:  # z ~ p(z | θ_s, y), then y_rep | θ_s, z
+    global_enumerated = set(structure.enumerated) - set(structure.local_enumerated)
+    if structure.enumerated and (draw_discrete or global_enumerated):  # z ~ p(z | θ_s, y), then y_rep | θ_s, z
         conditioned = poutine.condition(batched, {**shaped, **indices})
         sampler = infer_discrete(conditioned, first_available_dim=enum_dim, strict_enumeration_warning=False)
         trace = poutine.trace(sampler).get_trace(*args, **kwargs)
@@ -217,7 +226,7 @@ def _run(
     if structure.local_enumerated and observations:
         global_discrete = {k: v for k, v in discrete.items() if k not in structure.local_enumerated}
         log_likelihood = _marginal_log_likelihood(
-            batched, {**shaped, **global_discrete, **indices}, observations, structure, enum_dim, args, kwargs
+            batched, {**shaped, **global_discrete, **indices}, observations, structure, enum_dim, num_draws, args, kwargs
         )
     else:
         joint = {name for name in observations if is_joint_normal(trace.nodes[name]["fn"], structure.sites[name])}
@@ -225,9 +234,11 @@ def _run(
             name: leave_one_out_normal(trace.nodes[name]["fn"], obs) if name in joint else trace.nodes[name]["fn"].log_prob(obs)
             for name, obs in observations.items()
         }
+    single = {name: value for name, value in log_likelihood.items() if name not in structure.coupled}
     result.log_likelihood = {
-        **_per_draw({name: value for name, value in log_likelihood.items() if name not in joint}, structure, num_draws, nesting, event=False),
-        **_per_draw({name: value for name, value in log_likelihood.items() if name in joint}, structure, num_draws, nesting),
+        **_per_draw({name: value for name, value in single.items() if name not in joint}, structure, num_draws, nesting, event=False),
+        **_per_draw({name: value for name, value in single.items() if name in joint}, structure, num_draws, nesting),
+        **{name: value for name, value in log_likelihood.items() if name in structure.coupled},
     }
     return result
 
@@ -259,17 +270,26 @@ def _marginal_log_likelihood(
     observations: dict[str, torch.Tensor],
     structure: Structure,
     enum_dim: int,
+    num_draws: int | None,
     args: tuple,
     kwargs: dict,
 ) -> dict[str, torch.Tensor]:
     r""":math:`\log \sum_z p(z)\, p(y_i \mid z)` per observation, the plate-local
-    enumerated sites summed out (their enumeration dims are left of ``enum_dim + 1``)."""
+    enumerated sites summed out (their enumeration dims are left of ``enum_dim + 1``); for
+    observed sites that those sites tie together (``structure.coupled``, an HMM's), one
+    term per member of the plates they share (``S x`` their sizes), their joint marginal."""
     trace = poutine.trace(
         poutine.enum(poutine.condition(batched, data), first_available_dim=enum_dim)
     ).get_trace(*args, **kwargs)
     enumerated = [trace.nodes[name] for name in structure.local_enumerated]
     results = {}
+    for group in structure.coupled.values():  # one term per member of the plates they share
+        term = contracted(trace, (*group.enumerated, *group.observed), (DRAWS_PLATE, *(plate for plate, _ in group.plates)))
+        results[group.name] = _shared_plates(term, group, structure, num_draws)
+    coupled = {name for group in structure.coupled.values() for name in group.observed}
     for name, obs in observations.items():
+        if name in coupled:
+            continue
         site = trace.nodes[name]
         plates = {frame.name for frame in site["cond_indep_stack"]}
         joint = site["fn"].log_prob(obs)
@@ -280,6 +300,55 @@ def _marginal_log_likelihood(
         leading = tuple(range(joint.dim() - kept))
         results[name] = torch.logsumexp(joint, dim=leading) if leading else joint
     return results
+
+
+def _shared_plates(term: torch.Tensor, group: CoupledObservations, structure: Structure, num_draws: int | None) -> torch.Tensor:
+    r"""A contracted term (the draws plate at ``-nesting - 1``, the group's plates at their
+    dims, every other dim 1) as ``S x`` the sizes of the plates the group shares."""
+    site = structure.sites[group.observed[0]]
+    sizes = [site.batch_shape[dim] for _, dim in group.plates]
+    target = [1] * structure.max_plate_nesting
+    for (_, dim), size in zip(group.plates, sizes):
+        target[dim] = size
+    target = [num_draws, *target] if num_draws else target
+    term = term.reshape((1,) * max(0, len(target) - term.dim()) + term.shape).expand(target)
+    return term.reshape(num_draws or 1, *sizes)
+
+
+def contracted(trace: Any, names: tuple[str, ...], plates: tuple[str, ...]) -> torch.Tensor:
+    r""":math:`\log \sum_z \prod_{\text{site}} p` over the named sample sites of a trace run
+    under ``poutine.enum``: every enumerated dimension summed out and every plate not in
+    ``plates`` multiplied out, by the tensor contraction ``TraceEnum_ELBO`` runs (the forward
+    algorithm on an HMM). A masked-out entry of an enumerated site counts as the uniform
+    :math:`1/K`, not as Pyro's factor 1, so that it sums to 1 rather than adding
+    :math:`\log K` (a sequence padded past its length).
+
+    Returns:
+        A tensor with the kept plates (``plates`` found in the trace) at their dims.
+    """
+    trace.compute_log_prob()
+    for name in names:
+        site = trace.nodes[name]
+        if site["infer"].get("_enumerate_dim") is not None and isinstance(site["mask"], torch.Tensor):
+            uniform = -math.log(site["fn"].enumerate_support(expand=False).shape[0])
+            site["log_prob"] = torch.where(site["mask"], site["log_prob"], site["log_prob"].new_tensor(uniform))
+    trace.pack_tensors()
+    symbols = trace.plate_to_symbol
+    terms: OrderedDict = OrderedDict()
+    sum_dims: set = set()
+    for name in names:
+        site = trace.nodes[name]
+        ordinal = frozenset(symbols[frame.name] for frame in site["cond_indep_stack"] if frame.vectorized and frame.size > 1)
+        log_prob = site["packed"]["log_prob"]
+        if not hasattr(log_prob, "_pyro_dims"):  # a constant term (a number, not a tensor)
+            log_prob = torch.as_tensor(log_prob, dtype=torch.get_default_dtype())
+            log_prob._pyro_dims = ""
+        sum_dims.update(frozenset(log_prob._pyro_dims) - ordinal)
+        terms.setdefault(ordinal, []).append(log_prob)
+    target = frozenset(symbols[plate] for plate in plates if plate in symbols)
+    if not terms:
+        return torch.zeros(())
+    return packed.unpack(contract_to_tensor(terms, sum_dims, target_ordinal=target), trace.symbol_to_dim)
 
 
 def _batched(model: Callable, num_draws: int | None, nesting: int) -> Callable:

@@ -41,6 +41,28 @@ class SiteShape:
 
 
 @dataclass(frozen=True)
+class CoupledObservations:
+    r"""Observed sites that plate-local enumerated sites tie together (an HMM's ``y_t``
+    through its chain of ``x_t``): not independent given the parameters, so their
+    log-likelihood is one term per member of the plates they all share (per sequence).
+
+    Attributes:
+        observed: The observed sites.
+        enumerated: The enumerated sites summed out with them.
+        plates: ``(plate name, dim)`` of the plates every one of them sits in.
+    """
+
+    observed: tuple[str, ...]
+    enumerated: tuple[str, ...]
+    plates: tuple[tuple[str, int], ...]
+
+    @property
+    def name(self) -> str:
+        r"""The name of their joint term: ``"y_0..y_14"``, the first and last observed site."""
+        return f"{self.observed[0]}..{self.observed[-1]}"
+
+
+@dataclass(frozen=True)
 class Structure:
     r"""What one run of a model under its prior shows about its sites.
 
@@ -57,6 +79,8 @@ class Structure:
         subsampled: Plate name to ``(size, subsample_size)`` for plates that subsample.
         max_plate_nesting: The depth of the deepest plate.
         observations: The values observed at the observed sites in this run.
+        coupled: Groups of observed sites tied by plate-local enumerated sites
+            (:class:`CoupledObservations`), by the name of their joint term.
     """
 
     sites: dict[str, SiteShape]
@@ -70,6 +94,7 @@ class Structure:
     subsampled: dict[str, tuple[int, int]]
     max_plate_nesting: int
     observations: dict[str, torch.Tensor] = field(default_factory=dict)
+    coupled: dict[str, CoupledObservations] = field(default_factory=dict)
 
     @property
     def latent_shapes(self) -> dict[str, torch.Size]:
@@ -153,7 +178,44 @@ def inspect_model(model: Callable, args: tuple, kwargs: dict) -> Structure:
         subsampled=subsampled,
         max_plate_nesting=max((-dim for site in sites.values() for _, dim in site.plates), default=0),
         observations={name: trace.nodes[name]["value"] for name in kinds["observed"]},
+        coupled=_coupled(trace, sites, tuple(kinds["observed"]), tuple(kinds["local"])),
     )
+
+
+def _coupled(
+    trace: Any, sites: dict[str, SiteShape], observed: tuple[str, ...], local: tuple[str, ...]
+) -> dict[str, CoupledObservations]:
+    r"""Connected groups of observed and plate-local enumerated sites (a site is tied to every
+    enumerated variable whose enumeration dimension its distribution varies along; Pyro's
+    ``_dim_to_id`` names the variable behind each dimension, also where ``pyro.markov``
+    reuses dimensions); the groups with two or more observed sites."""
+    parent: dict[Any, Any] = {}
+
+    def root(key: Any) -> Any:
+        while parent.setdefault(key, key) != key:
+            key = parent[key]
+        return key
+
+    for name in (*observed, *local):
+        site = trace.nodes[name]
+        shape = site["fn"].batch_shape
+        ids = [ident for dim, ident in site["infer"].get("_dim_to_id", {}).items() if -dim <= len(shape) and shape[dim] > 1]
+        if name in local:
+            ids.append(site["infer"]["_dim_to_id"][site["infer"]["_enumerate_dim"]])
+        for ident in ids:
+            parent[root(("id", ident))] = root(("site", name))
+    members: dict[Any, list[str]] = {}
+    for name in (*observed, *local):
+        members.setdefault(root(("site", name)), []).append(name)
+    groups = {}
+    for names in members.values():
+        seen = [name for name in names if name in observed]
+        if len(seen) < 2:
+            continue
+        shared = set.intersection(*(set(sites[name].plates) for name in names))
+        group = CoupledObservations(tuple(seen), tuple(name for name in names if name in local), tuple(sorted(shared, key=lambda plate: plate[1])))
+        groups[group.name] = group
+    return groups
 
 
 def _site_shape(site: dict, plates: tuple[tuple[str, int], ...]) -> SiteShape:

@@ -167,7 +167,7 @@ def test_nuts_exports_arvizs_sample_stats():
     post = aml.fit(conjugate_normal, SUB_Y[:10], engine=NUTS(num_samples=60, warmup_steps=60, progress_bar=False), seed=0)
     stats = post.to_arviz().sample_stats
     assert {"diverging", "energy", "lp", "step_size", "tree_depth", "acceptance_rate", "n_steps"} <= set(stats.data_vars)
-    assert az.bfmi(post.to_arviz()).shape == (1,)
+    assert az.bfmi(post.to_arviz()).shape == (stats.sizes["chain"],)  # one per chain
     assert ((stats["acceptance_rate"] >= 0) & (stats["acceptance_rate"] <= 1)).all()
     assert (stats["n_steps"] <= 2 ** stats["tree_depth"]).all() and (stats["tree_depth"] >= 1).all()
     # lp is the log density in the sampler's space; mu is unconstrained, so it is the log joint.

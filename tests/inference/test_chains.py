@@ -149,7 +149,7 @@ def test_nuts_traces_by_default_and_draws_what_it_draws_without_the_jit(model) -
 def test_a_model_that_does_not_trace_runs_without_the_jit_and_says_why() -> None:
     X, y = data()
     with pytest.warns(aml.errors.JitFallbackWarning, match="test_chains.py, line .*Converting a tensor to a Python boolean"):
-        posterior = aml.fit(branches_on_a_latent, X, y, engine=NUTS(num_samples=20, warmup_steps=20, progress_bar=False), seed=0)
+        posterior = aml.fit(branches_on_a_latent, X, y, engine=NUTS(num_samples=20, warmup_steps=20, num_chains=1, progress_bar=False), seed=0)
     assert posterior.samples["beta"].shape == (1, 20, 2)
 
 
@@ -166,3 +166,12 @@ def test_a_worker_killed_holding_tqdms_lock_leaves_the_parents_lock_free():
     shared = tqdm.std.TqdmDefaultWriteLock.mp_lock  # the multiprocessing part of the parent's lock
     assert shared.acquire(timeout=5)
     shared.release()
+
+
+def test_the_default_runs_enough_chains_for_r_hat():
+    r"""Issue 28, item 5: ``NUTS()`` runs as many chains as cores, at least 2 and at most 4
+    (PyMC's rule), so ArviZ's summary has an r-hat (and no one-chain shape warning)."""
+    X, y = data()
+    posterior = aml.fit(regression, X, y, engine=NUTS(num_samples=50, warmup_steps=50, progress_bar=False), seed=0)
+    assert posterior.samples["beta"].shape[0] == max(2, min(4, os.cpu_count())) >= 2
+    assert aml.analysis.summary(posterior)["r_hat"].notna().all()  # filterwarnings = error: silent

@@ -59,7 +59,7 @@ def test_default_svi_on_the_baseball_model_matches_plain_pyro_and_does_not_colla
     assert draws["scale"].mean() > 0.1 and draws["alpha"].std(0).min() > 0.1
     reference = aml.fit(
         partially_pooled_with_logit, AT_BATS, HITS, seed=0,
-        engine=aml.inference.NUTS(num_samples=1000, warmup_steps=500, executor=None, progress_bar=False),
+        engine=aml.inference.NUTS(num_samples=1000, warmup_steps=500, num_chains=1, executor=None, progress_bar=False),
     ).sample(1000)
     assert (draws["alpha"].mean(0) - reference["alpha"].mean(0)).abs().max() < 0.2
 
