@@ -140,10 +140,12 @@ def build_model(options: argparse.Namespace, X: torch.Tensor, y: torch.Tensor | 
 
     if options.model == "blr":
         design = X if options.no_intercept else torch.cat([X, torch.ones_like(X[:, :1])], dim=1)
-        return models.BayesianLinearRegression(noise_scale=None), (design, y)
+        return models.BayesianLinearRegression.scaled_to(design, y), (design, y)
     if options.model == "logistic":
         classes = int(y.max().item()) + 1 if y.numel() else 2
-        return models.BayesianLogisticRegression(num_classes=max(classes, 2), intercept=not options.no_intercept), (X, y)
+        if options.no_intercept:
+            return models.BayesianLogisticRegression(num_classes=max(classes, 2)), (X, y)
+        return models.BayesianLogisticRegression.scaled_to(X, num_classes=max(classes, 2)), (X, y)
     if options.model == "gp":
         return models.GaussianProcess(), (X, y)
     if options.model == "bnn":
@@ -236,6 +238,12 @@ def fit_command(options: argparse.Namespace) -> None:
     idata = posterior.to_arviz()
     figure = predictive_figure(options, posterior, args)
     print(f"{options.model} by {posterior.engine} on {X.shape[0]} rows; features: {', '.join(features)}")
+    if options.model == "blr":
+        print("prior scaled to the data (rstanarm's): slopes N(0, (2.5 sd(y) / sd(x))^2), the line at the "
+              "features' means N(mean(y), (2.5 sd(y))^2), noise learned")
+    if options.model == "logistic" and not options.no_intercept:
+        print("prior scaled to the features (rstanarm's): weights N(0, (2.5 / sd(x))^2), the logit at the "
+              "features' means N(0, 2.5^2)")
     print(summary(posterior).to_string())
     options.out.mkdir(parents=True, exist_ok=True)
     posterior.save(options.out / "posterior.pt")

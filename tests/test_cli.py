@@ -119,3 +119,31 @@ def test_dropna_drops_the_rows_and_says_so(tmp_path, capsys):
     assert main(["fit", "blr", str(data), "--target", "y", "--dropna", "--out", str(tmp_path / "fit")]) == 0
     assert "dropped 1 row(s)" in capsys.readouterr().out
     assert az.from_netcdf(tmp_path / "fit" / "inference_data.nc").observed_data["obs"].shape == (4,)
+
+
+def test_raw_unit_data_predict_as_well_as_least_squares_and_maximum_likelihood(tmp_path, capsys):
+    r"""Issue 28, item 6: scikit-learn's diabetes data as shipped (outcome 25-346, ages, blood
+    pressures) and the breast-cancer data (areas in the thousands, ratios near 0.01). Under
+    N(0, 1) priors the BLR's in-sample R^2 was 0.46 against least squares' 0.518 (the
+    intercept shrunk from -335 to about 0) and logistic accuracy 0.958 against maximum
+    likelihood's 0.986; the CLI's data-scaled priors reach both."""
+    import numpy as np
+    import pandas as pd
+    from sklearn.datasets import load_breast_cancer, load_diabetes
+    from sklearn.linear_model import LinearRegression
+
+    for name, (X, y) in {"diabetes": load_diabetes(return_X_y=True, scaled=False), "cancer": load_breast_cancer(return_X_y=True)}.items():
+        frame = pd.DataFrame(X, columns=[f"x{index}" for index in range(X.shape[1])]).assign(target=y)
+        frame.to_csv(tmp_path / f"{name}.csv", index=False)
+    assert main(["fit", "blr", str(tmp_path / "diabetes.csv"), "--target", "target", "--out", str(tmp_path / "blr")]) == 0
+    assert "prior scaled to the data" in capsys.readouterr().out
+    X, y = load_diabetes(return_X_y=True, scaled=False)
+    design = torch.tensor(np.column_stack([X, np.ones(len(X))]))
+    predicted = aml.load(tmp_path / "blr" / "posterior.pt").predict(design).mean.numpy()
+    ours = 1 - ((predicted - y) ** 2).sum() / ((y - y.mean()) ** 2).sum()
+    assert ours > LinearRegression().fit(X, y).score(X, y) - 1e-3  # 0.5177 both: the prior is weak on this scale
+    assert main(["fit", "logistic", str(tmp_path / "cancer.csv"), "--target", "target", "--out", str(tmp_path / "logistic")]) == 0
+    X, y = load_breast_cancer(return_X_y=True)
+    probability = aml.load(tmp_path / "logistic" / "posterior.pt").predict(torch.tensor(X), site="probs").mean.numpy()
+    # maximum likelihood (scikit-learn unpenalised, run to convergence): 0.986 in-sample; here 0.988
+    assert ((probability > 0.5) == y).mean() >= 0.98

@@ -24,19 +24,21 @@ class BayesianLinearRegression(Model):
 
     .. math::
 
-        \beta \sim \mathcal{N}(0, \Lambda^{-1}), \qquad
+        \beta \sim \mathcal{N}(m_0, \Lambda^{-1}), \qquad
         y \mid X, \beta \sim \mathcal{N}(X\beta, \sigma^2 I).
 
-    The posterior is Gaussian (notes AML §6):
+    The posterior is Gaussian (notes AML §6, there with :math:`m_0 = 0`):
 
     .. math::
 
         \Sigma = \sigma^2 (X^\top X + \sigma^2 \Lambda)^{-1}, \qquad
-        \mu = \sigma^{-2} \Sigma X^\top y,
+        \mu = \Sigma (\sigma^{-2} X^\top y + \Lambda m_0),
 
     and its mode is ridge regression with :math:`\lambda = \sigma^2 \Lambda`
     (notes IML §11.2, where :math:`\Lambda = I/\beta^2`). There is no intercept:
-    append a column of ones to ``X`` for one.
+    append a column of ones to ``X`` for one. On data in its own units (an outcome of
+    25-346, not of about 1), build the model with :meth:`scaled_to`, whose prior is scaled to
+    the data as rstanarm and Bambi scale theirs.
 
     A precision given as ``None`` is learned. Under the ``"exact"`` engine it is
     found by evidence maximisation (type-II MAP with a Gamma hyperprior, the
@@ -51,6 +53,8 @@ class BayesianLinearRegression(Model):
         prior_precision: :math:`\Lambda`: a number (:math:`\lambda I`), a ``d``
             tensor (diagonal), a ``d x d`` matrix, or ``None`` to learn :math:`\lambda`.
         noise_scale: :math:`\sigma`, or ``None`` to learn it.
+        prior_mean: :math:`m_0`: a number or a ``d`` tensor (not with a learned
+            :math:`\lambda`, whose prior is centred on 0).
         hyperprior: ``(concentration, rate)`` of the Gamma prior on a learned precision.
 
     Example:
@@ -69,9 +73,15 @@ class BayesianLinearRegression(Model):
         prior_precision: float | torch.Tensor | None = 1.0,
         *,
         noise_scale: float | None = 1.0,
+        prior_mean: float | torch.Tensor = 0.0,
         hyperprior: tuple[float, float] = (1.0, 1e-3),
     ) -> None:
         super().__init__()
+        prior_mean = torch.as_tensor(prior_mean, dtype=torch.float64)
+        if prior_mean.ndim > 1 or not torch.isfinite(prior_mean).all():
+            raise InputDataError(f"`prior_mean` must be a finite number or vector; got shape {tuple(prior_mean.shape)}.")
+        if prior_precision is None and prior_mean.any():
+            raise InputDataError("`prior_mean` needs a given `prior_precision`: a learned precision's prior is centred on 0.")
         if prior_precision is not None:
             prior_precision = torch.as_tensor(prior_precision, dtype=torch.float64)
             if prior_precision.ndim > 2 or not torch.isfinite(prior_precision).all():
@@ -88,6 +98,7 @@ class BayesianLinearRegression(Model):
                 f"`hyperprior` must be (concentration, rate), both positive; got {hyperprior}."
             )
         self.prior_precision = prior_precision
+        self.prior_mean = prior_mean
         self.noise_scale = noise_scale
         self.hyperprior = (float(hyperprior[0]), float(hyperprior[1]))
 
@@ -99,8 +110,44 @@ class BayesianLinearRegression(Model):
         return {
             "prior_precision": None if precision is None else precision.tolist(),
             "noise_scale": self.noise_scale,
+            "prior_mean": self.prior_mean.tolist(),
             "hyperprior": list(self.hyperprior),
         }
+
+    @classmethod
+    def scaled_to(cls, X: Any, y: Any, scale: float = 2.5) -> "BayesianLinearRegression":
+        r"""A model whose prior is scaled to the data (rstanarm's and Bambi's default priors),
+        with a learned noise.
+
+        Each slope :math:`\beta_j \sim \mathcal{N}(0, (c\, s_y / s_j)^2)` (``c = scale``,
+        :math:`s` the standard deviations), and a constant column of ``X`` (the intercept)
+        such that the line at the predictors' means, :math:`\beta_0 + \sum_j \beta_j \bar x_j
+        \sim \mathcal{N}(\bar y, (c\, s_y)^2)`: the intercept's prior has mean
+        :math:`\bar y`, variance :math:`(c s_y)^2 + \sum_j \bar x_j^2 (c s_y / s_j)^2` and
+        covariance :math:`-\bar x_j (c s_y / s_j)^2` with slope ``j``. A prior of
+        :math:`\mathcal N(0, 1)` on data of another scale (an outcome of 25-346) would
+        shrink every coefficient to nothing.
+
+        Args:
+            X: The ``n x d`` design, with a column of ones for an intercept.
+            y: The ``n`` outcomes.
+            scale: ``c``, prior standard deviations in units of the data's (2.5 as rstanarm).
+        """
+        X, y = check_regression_data(X, y)
+        X, y = X.double(), y.double()
+        spread, centre, outcome_sd = X.std(0), X.mean(0), scale * y.std()
+        constant = (spread == 0).nonzero()[:, 0].tolist()
+        if len(constant) > 1:
+            raise InputDataError(f"`X` has constant columns {constant}; keep one intercept column.")
+        slope_variance = torch.where(spread > 0, outcome_sd.square() / spread.square(), torch.zeros_like(spread))
+        covariance = torch.diag(slope_variance)
+        mean = torch.zeros_like(spread)
+        if constant:  # beta_j = (line at the means - sum_k beta_k mean_k) / c, c the column's value
+            (column,), value = constant, X[0, constant[0]]
+            covariance[column] = covariance[:, column] = -centre * slope_variance / value
+            covariance[column, column] = (outcome_sd.square() + (centre.square() * slope_variance).sum()) / value**2
+            mean[column] = y.mean() / value
+        return cls(torch.linalg.inv(covariance), noise_scale=None, prior_mean=mean)
 
     def validate(self, X: Any, y: Any = None) -> tuple[tuple, dict]:
         r"""Check ``X`` (an ``n x d`` float tensor) and ``y`` (an ``n`` tensor).
@@ -115,6 +162,8 @@ class BayesianLinearRegression(Model):
                 f"`prior_precision` has size {precision.shape[0]} but `X` has "
                 f"{X.shape[1]} columns."
             )
+        if self.prior_mean.ndim > 0 and self.prior_mean.shape[0] != X.shape[1]:
+            raise InputDataError(f"`prior_mean` has size {self.prior_mean.shape[0]} but `X` has {X.shape[1]} columns.")
         return (X, y), {}
 
     # -- the generative program ------------------------------------------------
@@ -131,7 +180,7 @@ class BayesianLinearRegression(Model):
 
     def model(self, X: torch.Tensor, y: torch.Tensor | None = None) -> None:
         n, d = X.shape
-        zeros = X.new_zeros(d)
+        zeros = self.prior_mean.to(X).expand(d)
         if self.prior_precision is None:
             weight_precision = pyro.sample("weight_precision", self._gamma(X))
             prior = dist.Normal(zeros, weight_precision.rsqrt()).to_event(1)
@@ -151,7 +200,7 @@ class BayesianLinearRegression(Model):
         r"""A full-rank Gaussian over ``beta``, log-normals over learned precisions."""
         d = X.shape[1]
         prefix = type(self).__name__
-        loc = pyro.param(f"{prefix}.beta_loc", lambda: X.new_zeros(d))
+        loc = pyro.param(f"{prefix}.beta_loc", lambda: self.prior_mean.to(X).expand(d).clone())
         scale_tril = pyro.param(
             f"{prefix}.beta_scale_tril",
             lambda: 0.1 * torch.eye(d, dtype=X.dtype, device=X.device),
@@ -183,8 +232,9 @@ class BayesianLinearRegression(Model):
         r"""The Gaussian posterior of ``beta`` in float64 (notes AML §6).
 
         With :math:`\tau = \sigma^{-2}` and :math:`A = \tau X^\top X + \Lambda`,
-        :math:`\Sigma = A^{-1}` and :math:`\mu = \tau \Sigma X^\top y`, which is the
-        notes' :math:`\Sigma = \sigma^2(X^\top X + \sigma^2\Lambda)^{-1}`.
+        :math:`\Sigma = A^{-1}` and :math:`\mu = \Sigma(\tau X^\top y + \Lambda m_0)`, which is
+        the notes' :math:`\Sigma = \sigma^2(X^\top X + \sigma^2\Lambda)^{-1}` (with
+        :math:`m_0 = 0`).
 
         Learned precisions follow MacKay's fixed point (Bishop §3.5.2) with the
         Gamma hyperprior :math:`(a, b)`: with :math:`\gamma = d - \mathrm{tr}(\Lambda\Sigma)`,
@@ -210,6 +260,7 @@ class BayesianLinearRegression(Model):
         gram = X.T @ X
         Xty = X.T @ y
         yty = y @ y
+        prior_mean = self.prior_mean.to(X).expand(d)
         a, b = self.hyperprior
         learn_noise = self.noise_scale is None
         learn_weight = self.prior_precision is None
@@ -224,14 +275,14 @@ class BayesianLinearRegression(Model):
             )
             chol = _cholesky(noise_precision * gram + precision)
             covariance = torch.cholesky_inverse(chol)
-            loc = noise_precision * torch.cholesky_solve(Xty[:, None], chol)[:, 0]
+            loc = torch.cholesky_solve((noise_precision * Xty + precision @ prior_mean)[:, None], chol)[:, 0]
             rss = (yty - 2 * loc @ Xty + loc @ gram @ loc).clamp_min(0)
             log_evidence = 0.5 * (
                 n * torch.log(noise_precision / (2 * math.pi))
                 + torch.logdet(precision)
                 - 2 * torch.log(torch.diagonal(chol)).sum()
                 - noise_precision * rss
-                - loc @ precision @ loc
+                - (loc - prior_mean) @ precision @ (loc - prior_mean)
             )
             history.append(float(log_evidence))
             effective = d - (precision * covariance).sum()
@@ -298,7 +349,8 @@ class BayesianLogisticRegression(Model):
 
     Args:
         num_classes: ``K``, at least 2.
-        prior_scale: :math:`\sigma_p`.
+        prior_scale: :math:`\sigma_p`: a number, or a ``d`` tensor (one per feature; see
+            :meth:`scaled_to` for data in its own units).
         intercept: Add a bias with prior :math:`\mathcal{N}(0, \text{intercept\_scale}^2)`.
         intercept_scale: Its prior scale.
 
@@ -316,17 +368,19 @@ class BayesianLogisticRegression(Model):
         self,
         num_classes: int = 2,
         *,
-        prior_scale: float = 1.0,
+        prior_scale: float | torch.Tensor = 1.0,
         intercept: bool = False,
         intercept_scale: float = 10.0,
     ) -> None:
         super().__init__()
         check_arguments(type(self).__name__, {"num_classes": Integer(2)}, {"num_classes": num_classes})
-        for name, value in (("prior_scale", prior_scale), ("intercept_scale", intercept_scale)):
-            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
-                raise InputDataError(f"`{name}` must be a positive number; got {value!r}.")
+        if not (isinstance(intercept_scale, (int, float)) and math.isfinite(intercept_scale) and intercept_scale > 0):
+            raise InputDataError(f"`intercept_scale` must be a positive number; got {intercept_scale!r}.")
+        scale = torch.as_tensor(prior_scale, dtype=torch.float64)
+        if scale.ndim > 1 or not (torch.isfinite(scale).all() and (scale > 0).all()):
+            raise InputDataError(f"`prior_scale` must be a positive number or a vector of them; got {prior_scale!r}.")
         self.num_classes = num_classes
-        self.prior_scale = float(prior_scale)
+        self.prior_scale = float(scale) if scale.ndim == 0 else scale
         self.intercept = bool(intercept)
         self.intercept_scale = float(intercept_scale)
 
@@ -338,14 +392,38 @@ class BayesianLogisticRegression(Model):
     def get_config(self) -> dict[str, Any]:
         return {
             "num_classes": self.num_classes,
-            "prior_scale": self.prior_scale,
+            "prior_scale": self.prior_scale if isinstance(self.prior_scale, float) else self.prior_scale.tolist(),
             "intercept": self.intercept,
             "intercept_scale": self.intercept_scale,
         }
 
+    @classmethod
+    def scaled_to(cls, X: Any, num_classes: int = 2, scale: float = 2.5) -> "BayesianLogisticRegression":
+        r"""A model with an intercept whose prior is scaled to the features (rstanarm's default
+        for logistic regression): :math:`w_j \sim \mathcal{N}(0, (c / s_j)^2)`, ``c = scale``,
+        :math:`s_j` the feature's standard deviation, so that a feature of another unit (an
+        area in the thousands, a ratio near 0.01) is neither pinned nor left unbounded; the
+        bias :math:`\mathcal N(0, c^2 + \sum_j \bar x_j^2 (c / s_j)^2)`, the spread of the
+        logit at the origin when the one at the features' means is :math:`\mathcal N(0, c^2)`.
+
+        Args:
+            X: The ``n x d`` features (no column of ones: the model adds its bias).
+            num_classes: ``K``.
+            scale: ``c``, in logit units (2.5 as rstanarm).
+        """
+        X, _ = check_regression_data(X, None)
+        spread, centre = X.double().std(0), X.double().mean(0)
+        if (spread == 0).any():
+            raise InputDataError(f"`X` has constant columns {(spread == 0).nonzero()[:, 0].tolist()}; the model adds its own bias.")
+        prior_scale = scale / spread
+        bias_scale = float((scale**2 + (centre * prior_scale).square().sum()).sqrt())
+        return cls(num_classes, prior_scale=prior_scale, intercept=True, intercept_scale=bias_scale)
+
     def validate(self, X: Any, y: Any = None) -> tuple[tuple, dict]:
         r"""Check ``X`` (``n x d``) and the labels ``y`` (``n`` integers in ``0 … K-1``)."""
         X, labels = check_regression_data(X, None if y is None else torch.as_tensor(y).to(torch.float64))
+        if isinstance(self.prior_scale, torch.Tensor) and self.prior_scale.shape[0] != X.shape[1]:
+            raise InputDataError(f"`prior_scale` has size {self.prior_scale.shape[0]} but `X` has {X.shape[1]} columns.")
         if labels is None:
             return (X, None), {}
         if labels.shape[0] != X.shape[0]:
@@ -358,9 +436,8 @@ class BayesianLogisticRegression(Model):
     def model(self, X: torch.Tensor, y: torch.Tensor | None = None) -> None:
         d, classes = X.shape[1], self.num_classes
         shape = (d,) if classes == 2 else (d, classes)
-        weights = pyro.sample(
-            "weights", dist.Normal(X.new_zeros(shape), self.prior_scale).to_event(len(shape))
-        )
+        scale = self.prior_scale if isinstance(self.prior_scale, float) else self.prior_scale.to(X).reshape((d,) + (1,) * (len(shape) - 1))
+        weights = pyro.sample("weights", dist.Normal(X.new_zeros(shape), scale).to_event(len(shape)))
         logits = linear_predictor(X, weights, matrix=classes > 2)
         if self.intercept:
             bias_shape = () if classes == 2 else (classes,)

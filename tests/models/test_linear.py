@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import aml_ppl as aml
+from aml_ppl.errors import InputDataError
 from aml_ppl.models import BayesianLinearRegression
 
 
@@ -129,3 +130,34 @@ def test_numpy_and_pandas_inputs_are_accepted(regression_data):
     from_torch = aml.fit(BayesianLinearRegression(), X, y)
     from_pandas = aml.fit(BayesianLinearRegression(), pd.DataFrame(X.numpy()), pd.Series(y.numpy()))
     torch.testing.assert_close(from_pandas.latents.loc["beta"], from_torch.latents.loc["beta"])
+
+
+def test_a_prior_mean_gives_the_closed_form_posterior_and_evidence():
+    r""":math:`\mu = \Sigma(\tau X^\top y + \Lambda m_0)`, and the evidence is the density of
+    :math:`y \sim \mathcal N(X m_0, X \Lambda^{-1} X^\top + \sigma^2 I)`."""
+    generator = torch.Generator().manual_seed(3)
+    X = torch.randn(30, 3, dtype=torch.float64, generator=generator)
+    y = X @ torch.tensor([1.0, 2.0, -1.0], dtype=torch.float64) + 0.5 * torch.randn(30, dtype=torch.float64, generator=generator)
+    precision, mean = torch.diag(torch.tensor([4.0, 1.0, 0.25], dtype=torch.float64)), torch.tensor([1.0, -1.0, 0.5], dtype=torch.float64)
+    latents = BayesianLinearRegression(precision, noise_scale=0.5, prior_mean=mean).exact_posterior(X, y)
+    covariance = torch.linalg.inv(X.T @ X / 0.25 + precision)
+    torch.testing.assert_close(latents.loc["beta"], covariance @ (X.T @ y / 0.25 + precision @ mean))
+    marginal = torch.distributions.MultivariateNormal(X @ mean, X @ torch.linalg.inv(precision) @ X.T + 0.25 * torch.eye(30, dtype=torch.float64))
+    torch.testing.assert_close(latents.log_marginal_likelihood, marginal.log_prob(y))
+
+
+def test_the_data_scaled_prior_puts_the_line_at_the_means_at_the_outcome_mean():
+    r"""rstanarm's scaling: slopes with sd 2.5 sd(y)/sd(x_j), and the line at the predictors'
+    means :math:`a^\top\beta` (``a`` the means, 1 for the intercept column) with mean
+    :math:`\bar y` and sd 2.5 sd(y), exactly."""
+    generator = torch.Generator().manual_seed(4)
+    X = torch.cat([50 + 10 * torch.randn(40, 2, dtype=torch.float64, generator=generator), torch.ones(40, 1, dtype=torch.float64)], 1)
+    y = 150 + 80 * torch.randn(40, dtype=torch.float64, generator=generator)
+    model = BayesianLinearRegression.scaled_to(X, y)
+    covariance = torch.linalg.inv(model.prior_precision)
+    torch.testing.assert_close(covariance.diagonal()[:2].sqrt(), 2.5 * y.std() / X[:, :2].std(0))
+    at_means = X.mean(0)
+    assert float(at_means @ model.prior_mean) == pytest.approx(float(y.mean()))
+    assert float(at_means @ covariance @ at_means) == pytest.approx(float((2.5 * y.std()) ** 2))
+    with pytest.raises(InputDataError, match="constant columns"):
+        BayesianLinearRegression.scaled_to(torch.ones(5, 2, dtype=torch.float64), torch.arange(5.0, dtype=torch.float64))
