@@ -78,8 +78,9 @@ class SVI(Engine):
             means: ``"map"``, at the MAP estimate from up to 100 L-BFGS iterations (on the
             full data; a model with subsampled plates, enumerated sites, or latent sites in
             a plate over the data (a hierarchical model's group effects, whose joint mode
-            collapses the group scale to 0), or a MAP run that fails, falls back to the
-            prior median), or ``"median"``, Pyro's default. Pyro's
+            collapses the group scale to 0), or a MAP run that fails, falls back to Pyro's
+            own start), or ``"median"``, Pyro's default (``AutoNormal``: 0 in the
+            unconstrained space; the others: the prior median). Pyro's
             start at the prior median with Adam moving about ``lr`` per step cannot reach
             an intercept of 25 in 2 000 steps; from the MAP start SVI only has to fit the
             spread. A model's own ``init_values`` takes precedence.
