@@ -11,6 +11,7 @@ import pyro.distributions as dist
 import torch
 from pyro import poutine
 from pyro.infer import Trace_ELBO
+from pyro.infer.inspect import get_dependencies
 from pyro.poutine.util import site_is_subsample
 from pyro.infer.autoguide import (
     AutoDelta,
@@ -26,7 +27,7 @@ from aml_ppl.inference.context import isolated_param_store
 from aml_ppl.inference.distributed import RankFailureError, Ranks
 from aml_ppl.inference.losses import finite_or_nan
 from aml_ppl.inference.optimise import OptimisationResult, minimise_lbfgs
-from aml_ppl.inference.structure import inspect_model, is_enumerated
+from aml_ppl.inference.structure import Structure, inspect_model, is_enumerated
 from aml_ppl.models.protocols import InitialValues
 
 
@@ -78,20 +79,41 @@ def minimise_elbo_lbfgs(
     return minimise_lbfgs(params, objective, max_iter, **options)
 
 
+def group_effects(model: Callable, args: tuple, kwargs: dict, structure: Structure) -> list[str]:
+    r"""Latent sites whose joint mode is no centre for a posterior: those in a plate that holds
+    observations (per-point latents), and those in any plate whose prior depends on another
+    latent site (a hierarchy's group effects, ``a_g ~ N(mu, sigma)`` in ``plate("groups")``
+    while the data sit in ``plate("data")``: the joint density grows without bound as the
+    effects shrink to ``mu`` and ``sigma`` to 0). Pyro's ``get_dependencies`` reads the
+    prior's dependencies; a model it cannot read counts as hierarchical."""
+    data_plates = {plate for name in structure.observed for plate, _ in structure.sites[name].plates}
+    plated = [name for name in structure.latent if structure.sites[name].plates]
+    if not plated:
+        return []
+    try:
+        with isolated_param_store(), torch.no_grad():
+            depends = get_dependencies(model, args, kwargs)["prior_dependencies"]
+    except Exception:  # a model the dependency tracer cannot run: take the safe start
+        return plated
+    latent = set(structure.latent)
+    return [
+        name for name in plated
+        if any(plate in data_plates for plate, _ in structure.sites[name].plates) or (set(depends.get(name, ())) - {name}) & latent
+    ]
+
+
 def map_start(
     model: Callable, args: tuple, kwargs: dict, max_iter: int = 100, ranks: Ranks = Ranks()
 ) -> dict[str, torch.Tensor] | None:
     r"""The MAP estimate of every latent site after at most ``max_iter`` L-BFGS iterations
     (an ``AutoDelta`` on ``Trace_ELBO``, in a private parameter store, losses and gradients
-    averaged over ``ranks``); ``None`` (the prior-median start) for a model with subsampled
-    plates or enumerated sites (no deterministic joint to climb), for a model with latent
-    sites local to a data plate (a plate that holds observations: a hierarchical model's
-    per-group effects, whose joint mode sits where the group scale collapses to 0, a
-    centre no posterior has), or when the run fails or ends at a non-finite point."""
+    averaged over ``ranks``); ``None`` (Pyro's own start) for a model with subsampled
+    plates or enumerated sites (no deterministic joint to climb), for a model with
+    :func:`group_effects` (a hierarchical model, whose joint mode sits where the group
+    scale collapses to 0, a centre no posterior has), or when the run fails or ends at a
+    non-finite point."""
     structure = inspect_model(model, args, kwargs)
-    data_plates = {plate for name in structure.observed for plate, _ in structure.sites[name].plates}
-    local = [name for name in structure.latent if any(plate in data_plates for plate, _ in structure.sites[name].plates)]
-    if structure.subsampled or structure.enumerated or local:
+    if structure.subsampled or structure.enumerated or group_effects(model, args, kwargs, structure):
         return None
     with isolated_param_store():
         guide, elbo = AutoDelta(model), Trace_ELBO()
