@@ -13,8 +13,10 @@ from pyro import poutine
 from pyro.infer import Trace_ELBO
 from pyro.infer.inspect import get_dependencies
 from pyro.poutine.util import site_is_subsample
+from torch.distributions import biject_to
 from pyro.infer.autoguide import (
     AutoDelta,
+    AutoGuide,
     AutoLaplaceApproximation,
     AutoLowRankMultivariateNormal,
     AutoMultivariateNormal,
@@ -33,6 +35,10 @@ from aml_ppl.models.protocols import InitialValues
 
 class BoundaryWarning(AmlPplWarning):
     r"""A Laplace approximation was taken at a mode on the boundary of a site's support."""
+
+
+class CollapseWarning(AmlPplWarning):
+    r"""A fitted guide put a hierarchy's group scale on the boundary of its support."""
 
 
 AUTOGUIDES: dict[str, type] = {
@@ -79,26 +85,31 @@ def minimise_elbo_lbfgs(
     return minimise_lbfgs(params, objective, max_iter, **options)
 
 
-def group_effects(model: Callable, args: tuple, kwargs: dict, structure: Structure) -> list[str]:
-    r"""Latent sites whose joint mode is no centre for a posterior: those in a plate that holds
-    observations (per-point latents), and those in any plate whose prior depends on another
-    latent site (a hierarchy's group effects, ``a_g ~ N(mu, sigma)`` in ``plate("groups")``
-    while the data sit in ``plate("data")``: the joint density grows without bound as the
-    effects shrink to ``mu`` and ``sigma`` to 0). Pyro's ``get_dependencies`` reads the
-    prior's dependencies; a model it cannot read counts as hierarchical."""
-    data_plates = {plate for name in structure.observed for plate, _ in structure.sites[name].plates}
-    plated = [name for name in structure.latent if structure.sites[name].plates]
-    if not plated:
-        return []
+def prior_parents(model: Callable, args: tuple, kwargs: dict) -> dict[str, set[str]] | None:
+    r"""Each sample site's parents in the prior (Pyro's ``get_dependencies``); ``None`` for a
+    model the dependency tracer cannot run."""
     try:
         with isolated_param_store(), torch.no_grad():
             depends = get_dependencies(model, args, kwargs)["prior_dependencies"]
-    except Exception:  # a model the dependency tracer cannot run: take the safe start
+    except Exception:
+        return None
+    return {name: set(parents) - {name} for name, parents in depends.items()}
+
+
+def group_effects(structure: Structure, parents: dict[str, set[str]] | None) -> list[str]:
+    r"""Latent sites whose joint mode is no centre for a posterior: those in a plate that holds
+    observations (per-point latents), and those in any plate whose prior depends on another
+    latent site (``parents``: a hierarchy's group effects, ``a_g ~ N(mu, sigma)`` in
+    ``plate("groups")`` while the data sit in ``plate("data")``; the joint density grows
+    without bound as the effects shrink to ``mu`` and ``sigma`` to 0). Without ``parents``
+    every latent in a plate counts."""
+    data_plates = {plate for name in structure.observed for plate, _ in structure.sites[name].plates}
+    plated = [name for name in structure.latent if structure.sites[name].plates]
+    if parents is None:
         return plated
-    latent = set(structure.latent)
     return [
         name for name in plated
-        if any(plate in data_plates for plate, _ in structure.sites[name].plates) or (set(depends.get(name, ())) - {name}) & latent
+        if any(plate in data_plates for plate, _ in structure.sites[name].plates) or parents.get(name, set()) & set(structure.latent)
     ]
 
 
@@ -113,7 +124,7 @@ def map_start(
     scale collapses to 0, a centre no posterior has), or when the run fails or ends at a
     non-finite point."""
     structure = inspect_model(model, args, kwargs)
-    if structure.subsampled or structure.enumerated or group_effects(model, args, kwargs, structure):
+    if structure.subsampled or structure.enumerated or group_effects(structure, prior_parents(model, args, kwargs)):
         return None
     with isolated_param_store():
         guide, elbo = AutoDelta(model), Trace_ELBO()
@@ -150,6 +161,40 @@ def warn_if_on_boundary(guide: AutoLaplaceApproximation) -> None:
             f"the mode lies on the boundary of the support of {on_boundary}, where a Laplace "
             "approximation is unreliable; use NUTS or SVI for these sites.",
             BoundaryWarning,
+            stacklevel=5,  # the caller of aml_ppl.fit
+        )
+
+
+def warn_if_collapsed(model: Callable, guide: Callable, args: tuple, kwargs: dict) -> None:
+    r"""Warn, naming the sites, where a fitted autoguide's median puts a latent that the prior
+    of :func:`group_effects` depends on (a group scale) within :math:`e^{-10}` of its support's
+    boundary in the unconstrained space: the hierarchy collapsed onto its joint mode (the
+    effects pooled to one value, their sds near 0), which no posterior is centred on. A
+    point-mass guide (MAP) and a Laplace approximation are left alone: a mode is what was
+    asked for (the latter warns of a boundary mode itself)."""
+    if not isinstance(guide, AutoGuide) or isinstance(guide, (AutoDelta, AutoLaplaceApproximation)):
+        return
+    parents = prior_parents(model, args, kwargs)
+    effects = group_effects(inspect_model(model, args, kwargs), parents) if parents else []
+    if not effects:
+        return
+    with isolated_param_store(), torch.no_grad():
+        median = guide.median(*args, **kwargs)
+        trace = poutine.trace(model).get_trace(*args, **kwargs)
+        supports = {name: trace.nodes[name]["fn"].support for name in median if name in trace.nodes}
+    scales = sorted({parent for name in effects for parent in parents.get(name, ()) if parent in median})
+    collapsed = {
+        name: float(median[name].abs().min()) for name in scales
+        if supports.get(name, dist.constraints.real) is not dist.constraints.real
+        and bool((biject_to(supports[name]).inv(median[name]).abs() > BOUNDARY_UNCONSTRAINED).any())
+    }
+    if collapsed:
+        values = ", ".join(f"{name} = {value:.2g}" for name, value in collapsed.items())
+        warnings.warn(
+            f"the hierarchy collapsed: the guide puts {values} on the boundary of its support, so the group "
+            f"effects {effects} are pooled to one value (the joint mode, not a posterior's centre). Start the "
+            "guide where Pyro does (SVI(init='median'), or no start of your own), fit longer, or check with NUTS.",
+            CollapseWarning,
             stacklevel=5,  # the caller of aml_ppl.fit
         )
 

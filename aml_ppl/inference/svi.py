@@ -29,6 +29,7 @@ from aml_ppl.inference.guides import (
     make_autoguide,
     map_start,
     param_values,
+    warn_if_collapsed,
     warn_if_on_boundary,
 )
 from aml_ppl.inference.losses import JIT_LOSSES, CompiledModelLoss, finite_or_nan
@@ -357,6 +358,7 @@ class SVI(Engine):
     ) -> GuidePosterior:
         r"""Copy the trained guide and parameter values into an immutable posterior (held by
         process ``rank`` of a data-parallel fit)."""
+        warn_if_collapsed(model, guide, args, kwargs)
         if isinstance(guide, AutoLaplaceApproximation):
             warn_if_on_boundary(guide)
             try:
