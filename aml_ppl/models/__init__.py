@@ -6,7 +6,8 @@ from aml_ppl.models.bnn import BayesianNeuralNetwork
 from aml_ppl.models.ddpm import DDPM, DiffusionELBO, MLPDenoiser, NoiseSchedule, UNetDenoiser
 from aml_ppl.models.gp import GaussianProcess, SparseGaussianProcess
 from aml_ppl.models.kernels import SigmoidKernel
-from aml_ppl.models.linear import BayesianLinearRegression, BayesianLogisticRegression
+from aml_ppl.models.linear import BayesianLinearRegression
+from aml_ppl.models.logistic import BayesianLogisticRegression
 from aml_ppl.models.mixture import CollapsedComponentWarning, GaussianMixture
 
 __all__ = [

@@ -18,7 +18,7 @@ from aml_ppl._core.checks import Integer
 from aml_ppl._data import check_regression_data
 from aml_ppl.errors import InputDataError, ModelFittingError
 from aml_ppl.models.base import Model, ModelLoss, register_model
-from aml_ppl.models.linear import check_labels, warn_if_one_class
+from aml_ppl.models.logistic import check_labels, warn_if_one_class
 
 ACTIVATIONS = {"relu": torch.relu, "tanh": torch.tanh, "sigmoid": torch.sigmoid}
 GUIDES = ("meanfield", "isotropic")
