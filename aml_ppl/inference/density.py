@@ -54,7 +54,8 @@ def log_densities(
         ``log p`` (``S``) and ``log q`` (``S``), the latter ``None`` where there is no guide
         or its trace samples sites that are neither the model's nor an autoguide's auxiliary
         sites (whose density at a draw of the model's sites is then not one trace); both
-        ``None`` for a model with enumerated sites and a subsampled plate.
+        ``None`` for a model with enumerated sites and a subsampled plate, and for one that
+        cannot be traced under a draw.
     """
     if structure.enumerated and structure.subsampled:
         return None, None
@@ -63,10 +64,13 @@ def log_densities(
         try:
             return _pass(model, guide, draws, num_draws, args, kwargs, structure)
         except Exception:  # the model or guide does not broadcast over a draws plate
-            singles = [
-                _pass(model, guide, {name: value[index] for name, value in draws.items()}, None, args, kwargs, structure)
-                for index in range(num_draws)
-            ]
+            try:
+                singles = [
+                    _pass(model, guide, {name: value[index] for name, value in draws.items()}, None, args, kwargs, structure)
+                    for index in range(num_draws)
+                ]
+            except Exception:  # nor runs under one draw (a site without a density): no statistics
+                return None, None
     joint = torch.cat([single[0] for single in singles])
     return joint, None if any(single[1] is None for single in singles) else torch.cat([single[1] for single in singles])
 
@@ -96,7 +100,8 @@ def _pass(
             log_q = None
             continue
         unconstrained = {
-            f"{name}_unconstrained": biject_to(joint.nodes[name]["fn"].support).inv(value) for name, value in shaped.items()
+            f"{name}_unconstrained": biject_to(joint.nodes[name]["fn"].support).inv(value)
+            for name, value in shaped.items() if not joint.nodes[name]["fn"].support.is_discrete
         }
         condition = _ConditionGuide(shaped, {**unconstrained, **indices}, _packed(guide, draws, num_draws, nesting))
         approximate = poutine.trace(condition(_batched(guide, num_draws, nesting))).get_trace(*args, **kwargs)

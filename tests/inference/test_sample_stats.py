@@ -137,3 +137,26 @@ def test_a_guide_with_sites_of_its_own_gets_no_log_q_and_loo_falls_back_to_plain
     with warnings.catch_warnings():  # eight points, each one sways the fit: Pareto k > 0.7 is expected
         warnings.simplefilter("ignore", ParetoKWarning)
         assert aml.analysis.loo(post, num_samples=100).get("approximation_k") is None
+
+
+def poisson_count(y=None):
+    p = pyro.sample("p", dist.Beta(1.0, 1.0))
+    count = pyro.sample("count", dist.Poisson(3.0))
+    with pyro.plate("data", 10):
+        pyro.sample("obs", dist.Normal(count * p, 1.0), obs=y)
+
+
+def poisson_guide(y=None):
+    pyro.sample("p", dist.Beta(pyro.param("a", torch.tensor(1.0), constraint=dist.constraints.positive), 1.0))
+    pyro.sample("count", dist.Poisson(pyro.param("rate", torch.tensor(3.0), constraint=dist.constraints.positive)))
+
+
+def test_a_guide_that_samples_a_discrete_latent_gets_its_mass_in_log_q():
+    r"""A discrete latent that the guide samples (not enumerated) has no unconstrained space:
+    ``log_q`` is the guide's Beta density plus its Poisson mass at the draw."""
+    y = 1.0 + torch.randn(10, generator=torch.Generator().manual_seed(0))
+    post = aml.fit(poisson_count, y, engine=SVI(num_steps=20, guide=poisson_guide, progress_bar=False), seed=0)
+    idata = post.to_arviz(num_samples=20)
+    p, count = flat(idata, "p"), flat(idata, "count")
+    expected = dist.Beta(post.guide_params["a"], 1.0).log_prob(p) + dist.Poisson(post.guide_params["rate"]).log_prob(count)
+    np.testing.assert_allclose(flat(idata, "log_q", "sample_stats"), expected, rtol=1e-5, atol=1e-4)
