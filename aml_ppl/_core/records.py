@@ -30,6 +30,18 @@ class Prediction:
     def stddev(self) -> torch.Tensor:
         return self.variance.sqrt()
 
+    @property
+    def mode(self) -> torch.Tensor:
+        r"""Each point's most frequent draw: a classifier's predicted label, a count's most
+        likely value (ties to the smallest). For discrete predictions only.
+
+        Raises:
+            InputDataError: Where the draws are not whole numbers (or were not kept).
+        """
+        if self.samples is None or (self.samples.is_floating_point() and not torch.equal(self.samples, self.samples.round())):
+            raise InputDataError("`mode` is for discrete predictions (labels, counts); these draws are continuous: use `mean`.")
+        return torch.mode(self.samples, dim=0).values
+
     def interval(self, level: float = 0.95) -> tuple[torch.Tensor, torch.Tensor]:
         r"""Central predictive interval holding ``level`` of the mass: ``(lower, upper)``."""
         if not 0 < level < 1:

@@ -108,3 +108,18 @@ def test_predict_on_integer_observations_gives_floating_moments_and_keeps_the_dr
     torch.testing.assert_close(prediction.mean, prediction.samples.double().mean(0).to(prediction.mean))
     lower, upper = prediction.interval(0.9)
     assert ((lower >= 0) & (upper <= 1)).all()
+
+
+def test_a_discrete_prediction_has_its_probabilities_mode_and_draws():
+    r"""Issue 28, item 4: predicting labels gives the class frequencies as ``mean`` (for two
+    classes, the probability of 1), the most frequent label as ``mode`` and the integer draws;
+    a continuous prediction refuses ``mode``. The mode of 4000 draws is the more probable class
+    wherever the class probability is not within 0.05 of one half (its Monte Carlo sd is 0.008)."""
+    X, y = classification_data(n=200, seed=2)
+    post = aml.fit(BayesianLogisticRegression(), X, y, engine=SVI(num_steps=500, lr=0.05, progress_bar=False), seed=0)
+    prediction = post.predict(X[:40], num_samples=4000)
+    assert prediction.samples.shape == (4000, 40) and set(prediction.samples.unique().tolist()) <= {0.0, 1.0}
+    clear = (prediction.mean - 0.5).abs() > 0.05
+    assert torch.equal(prediction.mode[clear], (prediction.mean[clear] > 0.5).to(prediction.mode.dtype))
+    with pytest.raises(aml.InputDataError, match="continuous"):
+        post.predict(X[:5], site="probs", num_samples=10).mode
