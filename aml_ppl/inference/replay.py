@@ -27,6 +27,7 @@ from typing import Any, Callable
 import pyro
 import pyro.ops.packed as packed
 import torch
+from pyro.distributions.util import scale_and_mask
 from pyro import poutine
 from pyro.infer import infer_discrete
 from pyro.ops.contract import contract_to_tensor
@@ -284,7 +285,7 @@ def _marginal_log_likelihood(
     enumerated = [trace.nodes[name] for name in structure.local_enumerated]
     results = {}
     for group in structure.coupled.values():  # one term per member of the plates they share
-        term = contracted(trace, (*group.enumerated, *group.observed), (DRAWS_PLATE, *(plate for plate, _ in group.plates)))
+        term = contracted(trace, (*group.enumerated, *group.observed), (DRAWS_PLATE, *(plate for plate, _ in group.plates)), scaled=False)
         results[group.name] = _shared_plates(term, group, structure, num_draws)
     coupled = {name for group in structure.coupled.values() for name in group.observed}
     for name, obs in observations.items():
@@ -315,7 +316,7 @@ def _shared_plates(term: torch.Tensor, group: CoupledObservations, structure: St
     return term.reshape(num_draws or 1, *sizes)
 
 
-def contracted(trace: Any, names: tuple[str, ...], plates: tuple[str, ...]) -> torch.Tensor:
+def contracted(trace: Any, names: tuple[str, ...], plates: tuple[str, ...], scaled: bool = True) -> torch.Tensor:
     r""":math:`\log \sum_z \prod_{\text{site}} p` over the named sample sites of a trace run
     under ``poutine.enum``: every enumerated dimension summed out and every plate not in
     ``plates`` multiplied out, by the tensor contraction ``TraceEnum_ELBO`` runs (the forward
@@ -323,12 +324,17 @@ def contracted(trace: Any, names: tuple[str, ...], plates: tuple[str, ...]) -> t
     :math:`1/K`, not as Pyro's factor 1, so that it sums to 1 rather than adding
     :math:`\log K` (a sequence padded past its length).
 
+    Without ``scaled`` the terms are not scaled (by a subsampled plate, or ``poutine.scale``):
+    observations' own log-likelihoods.
+
     Returns:
         A tensor with the kept plates (``plates`` found in the trace) at their dims.
     """
     trace.compute_log_prob()
     for name in names:
         site = trace.nodes[name]
+        if not scaled:
+            site["log_prob"] = scale_and_mask(site["unscaled_log_prob"], mask=site["mask"])
         if site["infer"].get("_enumerate_dim") is not None and isinstance(site["mask"], torch.Tensor):
             uniform = -math.log(site["fn"].enumerate_support(expand=False).shape[0])
             site["log_prob"] = torch.where(site["mask"], site["log_prob"], site["log_prob"].new_tensor(uniform))
@@ -420,12 +426,17 @@ def _scatter(
     name: str,
     with_event: bool,
 ) -> torch.Tensor:
-    site = structure.sites[name]
-    plate = next(((p, dim) for p, dim in site.plates if p in structure.subsampled), None)
-    if plate is None:  # not in a subsampled plate: every pass gives the same value
+    if name in structure.coupled:  # a joint term: S x the sizes of its plates, in dim order
+        plates = structure.coupled[name].plates
+        axes = {plate: 1 + index for index, (plate, _) in enumerate(plates)}
+    else:
+        site = structure.sites[name]
+        tail = len(site.event_shape) if with_event else 0
+        axes = {plate: values[0].dim() + dim - tail for plate, dim in site.plates}
+    plate_name = next((plate for plate in axes if plate in structure.subsampled), None)
+    if plate_name is None:  # not in a subsampled plate: every pass gives the same value
         return values[0]
-    plate_name, dim = plate
-    axis = values[0].dim() + dim - (len(site.event_shape) if with_event else 0)
+    axis = axes[plate_name]
     shape = list(values[0].shape)
     shape[axis] = structure.subsampled[plate_name][0]
     whole = values[0].new_empty(shape)
