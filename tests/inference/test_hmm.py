@@ -19,15 +19,16 @@ from aml_ppl.inference import SVI, predictive
 HIDDEN = 2
 
 
-def hmm(sequences, lengths):
+def hmm(sequences, lengths, batch_size=None):
     r"""``model_1`` of Pyro's ``examples/hmm.py``: its priors (sticky Dirichlet transitions,
-    Beta(0.1, 0.9) tones), ``sequences`` at ``dim=-2`` around ``tones`` at ``dim=-1``, steps
-    past a sequence's length masked out, the hidden state enumerated under ``pyro.markov``."""
+    Beta(0.1, 0.9) tones), ``sequences`` at ``dim=-2`` (``batch_size`` of them at a time)
+    around ``tones`` at ``dim=-1``, steps past a sequence's length masked out, the hidden state
+    enumerated under ``pyro.markov``."""
     num_sequences, max_length, data_dim = sequences.shape
     probs_x = pyro.sample("probs_x", dist.Dirichlet(0.9 * torch.eye(HIDDEN) + 0.1).to_event(1))
     probs_y = pyro.sample("probs_y", dist.Beta(0.1, 0.9).expand([HIDDEN, data_dim]).to_event(2))
     tones = pyro.plate("tones", data_dim, dim=-1)
-    with pyro.plate("sequences", num_sequences, dim=-2) as batch:
+    with pyro.plate("sequences", num_sequences, batch_size, dim=-2) as batch:
         x = 0
         for t in pyro.markov(range(max_length)):
             with poutine.mask(mask=(t < lengths[batch]).unsqueeze(-1)):
@@ -90,27 +91,12 @@ def test_log_prob_returns_the_sequence_terms_and_refuses_one_step(fitted):
         post.log_prob(site="y_1")
 
 
-def subsampled_hmm(sequences, lengths, batch_size=2):
-    r"""The same HMM with ``pyro.plate("sequences", ..., batch_size)``, as ``hmm.py`` writes it."""
-    num_sequences, max_length, data_dim = sequences.shape
-    probs_x = pyro.sample("probs_x", dist.Dirichlet(0.9 * torch.eye(HIDDEN) + 0.1).to_event(1))
-    probs_y = pyro.sample("probs_y", dist.Beta(0.1, 0.9).expand([HIDDEN, data_dim]).to_event(2))
-    tones = pyro.plate("tones", data_dim, dim=-1)
-    with pyro.plate("sequences", num_sequences, batch_size, dim=-2) as batch:
-        x = 0
-        for t in pyro.markov(range(max_length)):
-            with poutine.mask(mask=(t < lengths[batch]).unsqueeze(-1)):
-                x = pyro.sample(f"x_{t}", dist.Categorical(probs_x[x]), infer={"enumerate": "parallel"})
-                with tones:
-                    pyro.sample(f"y_{t}", dist.Bernoulli(probs_y[x.squeeze(-1)]), obs=sequences[batch, t])
-
-
 def test_a_subsampled_sequences_plate_gives_every_sequence_its_term(fitted):
     r"""``hmm.py`` subsamples its sequences (``batch_size``): the replay covers them a batch at a
     time and puts each sequence's joint term in its place, as the model without subsampling."""
     post, sequences, lengths = fitted
     draws = post.sample(3)
     whole = predictive.log_mean_likelihood(post, draws, "y_0..y_3", (sequences, lengths), {})
-    batched = aml.fit(subsampled_hmm, sequences, lengths, engine=SVI(num_steps=5, progress_bar=False), seed=0)
-    pieces = predictive.log_mean_likelihood(batched, draws, "y_0..y_3", (sequences, lengths), {})
+    batched = aml.fit(hmm, sequences, lengths, batch_size=2, engine=SVI(num_steps=5, progress_bar=False), seed=0)
+    pieces = predictive.log_mean_likelihood(batched, draws, "y_0..y_3", (sequences, lengths), {"batch_size": 2})
     torch.testing.assert_close(pieces, whole, rtol=0, atol=1e-6)
