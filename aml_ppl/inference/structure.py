@@ -186,9 +186,10 @@ def _coupled(
     trace: Any, sites: dict[str, SiteShape], observed: tuple[str, ...], local: tuple[str, ...]
 ) -> dict[str, CoupledObservations]:
     r"""Connected groups of observed and plate-local enumerated sites (a site is tied to every
-    enumerated variable whose enumeration dimension its distribution varies along; Pyro's
-    ``_dim_to_id`` names the variable behind each dimension, also where ``pyro.markov``
-    reuses dimensions); the groups with two or more observed sites."""
+    plate-local enumerated variable whose enumeration dimension its distribution varies along;
+    Pyro's ``_dim_to_id`` names the variable behind each dimension, also where ``pyro.markov``
+    reuses dimensions; global ones are drawn and conditioned on, so they tie nothing); the
+    groups with two or more observed sites."""
     parent: dict[Any, Any] = {}
 
     def root(key: Any) -> Any:
@@ -196,13 +197,12 @@ def _coupled(
             key = parent[key]
         return key
 
+    variable = {name: trace.nodes[name]["infer"]["_dim_to_id"][trace.nodes[name]["infer"]["_enumerate_dim"]] for name in local}
     for name in (*observed, *local):
         site = trace.nodes[name]
         shape = site["fn"].batch_shape
-        ids = [ident for dim, ident in site["infer"].get("_dim_to_id", {}).items() if -dim <= len(shape) and shape[dim] > 1]
-        if name in local:
-            ids.append(site["infer"]["_dim_to_id"][site["infer"]["_enumerate_dim"]])
-        for ident in ids:
+        varies = {ident for dim, ident in site["infer"].get("_dim_to_id", {}).items() if -dim <= len(shape) and shape[dim] > 1}
+        for ident in (varies & set(variable.values())) | ({variable[name]} if name in variable else set()):
             parent[root(("id", ident))] = root(("site", name))
     members: dict[Any, list[str]] = {}
     for name in (*observed, *local):
