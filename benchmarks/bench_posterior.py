@@ -59,7 +59,7 @@ def main(repeats: int = 7) -> None:
     print(f"BLR n = 1000, d = 10, {NUM_DRAWS} draws, median of {repeats} interleaved runs")
     for name, post in fits.items():
         chains = 2 if name == "NUTS" else 1
-        draws = {site: value.flatten(0, 1) for site, value in post._draw_by_chain(NUM_DRAWS).items()}
+        draws = {site: value.flatten(0, 1) for site, value in post.draws_by_chain(NUM_DRAWS).items()}
         ours_export = post.to_arviz(num_samples=NUM_DRAWS)
         theirs_export = by_hand(model, draws, X, y, chains)
         assert ours_export.log_likelihood["obs"].shape == theirs_export.log_likelihood["obs"].shape

@@ -15,7 +15,8 @@ from __future__ import annotations
 import random
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Any, Iterator
+from functools import wraps
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
@@ -161,3 +162,16 @@ class RandomStream:
 
 
 _ACTIVE: ContextVar[RandomStream] = ContextVar("aml_ppl_random_stream", default=RandomStream(None))
+
+
+def on_own_stream(method: Callable) -> Callable:
+    r"""Run a posterior's method on the posterior's :class:`RandomStream` (its
+    ``random_stream``: the seeded fit's, continued; the caller's generators when the fit
+    was not seeded)."""
+
+    @wraps(method)
+    def drawing(self: Any, *args: Any, **kwargs: Any) -> Any:
+        with self.random_stream.active():
+            return method(self, *args, **kwargs)
+
+    return drawing

@@ -14,26 +14,22 @@ saving and loading :mod:`~aml_ppl.inference.io`.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from functools import cached_property, wraps
 from pathlib import Path
 from typing import Any, Callable, ClassVar
 
-import numpy as np
-import pyro
 import torch
 
-from aml_ppl._core.randomness import RandomStream
+from aml_ppl._core.randomness import RandomStream, on_own_stream
 from aml_ppl._core.records import Prediction
 from aml_ppl._core.registry import Registry
-from aml_ppl._data import check_count, check_finite_arguments, check_new_arguments, convert_arguments
+from aml_ppl._data import check_count
 from aml_ppl.errors import IncompatibleEngineError, InputDataError
 from aml_ppl.inference import predictive
-from aml_ppl.inference.context import evaluation_mode, isolated_param_store, module_parameters
-from aml_ppl.inference.density import log_densities
+from aml_ppl.inference.export import ArvizExport
+from aml_ppl.inference.fitted import Fitted
 from aml_ppl.inference.io import save
 from aml_ppl.inference.replay import Replayed
-from aml_ppl.inference.structure import Structure, inspect_model
-from aml_ppl.models.base import Model
+from aml_ppl.inference.structure import Structure
 
 ENGINES: Registry[type["Engine"]] = Registry("engine", lambda cls: cls.name)
 register_engine = ENGINES.register  # class decorator: reachable by its ``name`` in ``fit``
@@ -69,31 +65,15 @@ def capable_engines(model: Callable, args: tuple, kwargs: dict) -> list[str]:
     ]
 
 
-def on_own_stream(method: Callable) -> Callable:
-    r"""Run a posterior's method on the posterior's :class:`RandomStream` (the seeded fit's,
-    continued; the caller's generators when the fit was not seeded)."""
-
-    @wraps(method)
-    def drawing(self: "Posterior", *args: Any, **kwargs: Any) -> Any:
-        with self.random_stream.active():
-            return method(self, *args, **kwargs)
-
-    return drawing
-
-
-class Posterior(ABC):
+class Posterior(ArvizExport, ABC):
     r"""The result of ``aml_ppl.fit``: the same surface for every engine.
 
     Attributes:
-        model: The model that was fitted.
-        engine: The engine's name.
-        history: The objective per iteration (see ``objective``).
-        objective: What ``history`` holds, e.g. ``"elbo_loss"``.
+        fitted: What was fitted (:class:`~aml_ppl.inference.fitted.Fitted`): the model,
+            its data (``data_args``, ``data_kwargs``), the ``engine``'s name, its
+            ``objective`` and ``history``, the learned ``param_sites``, the ``rank``; each
+            also an attribute here.
         structure: The model's sites by kind (:class:`~aml_ppl.inference.structure.Structure`).
-        param_sites: Learned values of the model's ``pyro.param`` sites (exported to
-            ArviZ's ``constant_data`` group); empty when there are none.
-        rank: The rank of the process that holds this posterior in a data-parallel fit
-            (0 otherwise); only rank 0 writes it with :meth:`save`.
         random_stream: Where its draws come from: a fit with ``seed=`` continues its own
             seeded stream (the caller's generators are left alone, and two fits with one
             seed draw the same); otherwise the caller's generators, as in Pyro.
@@ -101,35 +81,17 @@ class Posterior(ABC):
 
     kind: ClassVar[str]
 
-    def __init__(
-        self,
-        model: Callable,
-        args: tuple,
-        kwargs: dict,
-        *,
-        engine: str,
-        history: list[float] | torch.Tensor,
-        objective: str,
-        rank: int = 0,
-    ) -> None:
-        self.model = model
-        self.rank = rank
-        self.data_args = args
-        self.data_kwargs = kwargs
-        self.engine = engine
-        self.history = torch.as_tensor(history, dtype=torch.float64)
-        self.objective = objective
+    def __init__(self, fitted: Fitted) -> None:
+        self.fitted = fitted
+        self.model, self.data_args, self.data_kwargs = fitted.model, fitted.args, fitted.kwargs
+        self.engine, self.objective, self.history = fitted.engine, fitted.objective, fitted.history
+        self.param_sites, self.rank = fitted.params, fitted.rank
         self.random_stream = RandomStream.current()
 
-    @cached_property
+    @property
     def structure(self) -> Structure:
-        r"""The model's sites by kind, traced on the fitting data when first asked for (the
-        random state is left as it was, so the first use draws what a later one would)."""
-        state = pyro.util.get_rng_state()
-        try:
-            return self._trace_structure(self.data_args, self.data_kwargs)
-        finally:
-            pyro.util.set_rng_state(state)
+        r"""The model's sites by kind on the fitting data (:attr:`Fitted.structure`)."""
+        return self.fitted.structure
 
     # -- what an engine provides -------------------------------------------------
 
@@ -144,19 +106,9 @@ class Posterior(ABC):
     @classmethod
     @abstractmethod
     def _from_state(
-        cls,
-        model: Callable,
-        args: tuple,
-        kwargs: dict,
-        tensors: dict[str, torch.Tensor],
-        meta: dict[str, Any],
-        guide: Callable | None,
+        cls, fitted: Fitted, tensors: dict[str, torch.Tensor], meta: dict[str, Any], guide: Callable | None
     ) -> "Posterior":
-        r"""Rebuild a posterior saved by :meth:`save`."""
-
-    @property
-    def param_sites(self) -> dict[str, torch.Tensor]:
-        return {}
+        r"""Rebuild a posterior saved by :meth:`save` (``guide``: a guide of the user's own)."""
 
     @property
     def is_point_estimate(self) -> bool:
@@ -164,46 +116,6 @@ class Posterior(ABC):
         ArviZ then gets one draw and ``attrs["point_estimate"] = 1``, and
         :func:`aml_ppl.analysis.loo` and ``compare`` refuse it."""
         return False
-
-    def _draw_by_chain(self, num_samples: int) -> dict[str, torch.Tensor]:
-        r"""Draws shaped ``chain x draw x ...``; one chain unless the engine has several."""
-        count = 1 if self.is_point_estimate else num_samples
-        return {name: value.unsqueeze(0) for name, value in self.sample(count).items()}
-
-    def _evaluation_model(self) -> Callable:
-        r"""The model as it is replayed: learned ``pyro.param`` values substituted (and loaded
-        into the model's own ``nn.Parameter`` s while it runs)."""
-        params = self.param_sites
-        if not params:
-            return self.model
-        substituted = pyro.poutine.substitute(self.model, data=params)
-
-        def evaluated(*args: Any, **kwargs: Any) -> Any:
-            with module_parameters(self.model, params):
-                return substituted(*args, **kwargs)
-
-        return evaluated
-
-    def _reported(self, draws: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        r"""The draws as the ArviZ export reports them (a hook: a fit on transformed data
-        reports them in the data's units); these by default."""
-        return draws
-
-    def _sample_stats(self, draws: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
-        r"""ArviZ ``sample_stats`` of the exported ``draws`` (``chain x draw x ...``), each
-        ``chain x draw``; none by default."""
-        return {}
-
-    def _log_density_stats(self, draws: dict[str, torch.Tensor], guide: Callable | None = None) -> dict[str, np.ndarray]:
-        r"""``lp`` (:math:`\log p(y, \theta)` on the fitting data, as NUTS reports it) and, with
-        a ``guide``, ``log_q`` (:math:`\log q(\theta)`) of each draw, ``chain x draw``: what
-        ``arviz_stats.loo_approximate_posterior`` takes (:mod:`~aml_ppl.inference.density`)."""
-        chains, count = next(iter(draws.values())).shape[:2] if draws else (1, 1)
-        flat = {name: value.flatten(0, 1) for name, value in draws.items()}
-        with isolated_param_store(), evaluation_mode(self.model):
-            log_p, log_q = log_densities(self._evaluation_model(), guide, flat, self.data_args, self.data_kwargs, self.structure)
-        stats = {name: value for name, value in (("lp", log_p), ("log_q", log_q)) if value is not None}
-        return {name: value.reshape(chains, count).cpu().numpy() for name, value in stats.items()}
 
     # -- the structure, for the surface ---------------------------------------------
 
@@ -260,8 +172,8 @@ class Posterior(ABC):
         r"""Every ``pyro.deterministic`` site at these arguments, for ``num_samples``
         posterior draws (one replay): site name to a ``num_samples x ...`` tensor."""
         check_count("num_samples", num_samples)
-        args, kwargs = self._arguments(args, kwargs)
-        return self._replay(num_samples, args, kwargs).deterministic
+        args, kwargs = self.fitted.arguments(args, kwargs)
+        return self.replay(num_samples, args, kwargs).deterministic
 
     @on_own_stream
     def log_prob(
@@ -310,70 +222,6 @@ class Posterior(ABC):
             raise InputDataError(f"`site` must be one of {self.latent_sites}; got {site!r}.")
         return Prediction.from_samples(self.sample(num_samples)[site]).interval(level)
 
-    @on_own_stream
-    def to_arviz(
-        self,
-        *args: Any,
-        num_samples: int = 1000,
-        coords: dict[str, Any] | None = None,
-        dims: dict[str, list[str]] | None = None,
-        predictions: tuple | dict | None = None,
-        pred_coords: dict[str, Any] | None = None,
-        pred_dims: dict[str, list[str]] | None = None,
-        prior: int | None = None,
-        **kwargs: Any,
-    ) -> Any:
-        r"""Export to ArviZ ``InferenceData``, for every engine, dimensions named by plates.
-
-        See :func:`aml_ppl.inference.export.to_inference_data` for the groups.
-
-        Args:
-            *args: The model's arguments; none means the fitting data.
-            num_samples: Draws per chain (MCMC exports the draws it kept; a point
-                estimate exports one draw, and ``num_samples`` predictive replicates).
-            coords: Labels of dimensions (``{"school": names}``), as ArviZ takes them.
-            dims: Dimension names of sites, overriding the plates' (``{"eta": ["campus"]}``).
-            predictions: The model's arguments at new inputs (a tuple, or a dict of keyword
-                arguments): adds the ``predictions`` and ``predictions_constant_data`` groups.
-            pred_coords: Labels of the predictions groups' dimensions (``coords`` otherwise).
-            pred_dims: Dimension names in the predictions groups (the plates' otherwise).
-            prior: Adds ``prior`` and ``prior_predictive`` groups of this many prior draws.
-            **kwargs: The model's keyword arguments.
-
-        Example:
-            >>> import pyro, pyro.distributions as dist, torch, aml_ppl as aml
-            >>> def schools(sigma, y=None):
-            ...     mu = pyro.sample("mu", dist.Normal(0.0, 5.0))
-            ...     with pyro.plate("school", 8):
-            ...         pyro.sample("y", dist.Normal(mu, sigma), obs=y)
-            >>> sigma, y = torch.full((8,), 10.0), torch.arange(8.0)
-            >>> post = aml.fit(schools, sigma, y, engine=aml.inference.MAP(progress_bar=False))
-            >>> post.to_arviz(num_samples=10, prior=5).prior_predictive["y"].dims
-            ('chain', 'draw', 'school')
-        """
-        from aml_ppl.inference.export import to_inference_data
-
-        check_count("num_samples", num_samples)
-        if prior is not None:
-            check_count("prior", prior)
-        if predictions is not None:
-            if not isinstance(predictions, (tuple, dict)):
-                raise InputDataError(
-                    f"`predictions` must be a tuple of the model's arguments or a dict of its keyword arguments; got {type(predictions).__name__}."
-                )
-            new = (predictions, {}) if isinstance(predictions, tuple) else ((), predictions)
-            predictions = self._arguments(*new)
-        args, kwargs = self._arguments(args, kwargs)
-        return to_inference_data(
-            self, args, kwargs, num_samples, coords=coords, dims=dims, predictions=predictions,
-            pred_coords=pred_coords, pred_dims=pred_dims, prior=prior,
-        )
-
-    def to_datatree(self, *args: Any, **kwargs: Any) -> Any:
-        r"""The export of :meth:`to_arviz` (same arguments) as an xarray ``DataTree``, one
-        child per group: the form ArviZ 1.x (``arviz_stats``, ``arviz_plots``) reads."""
-        return self.to_arviz(*args, **kwargs).to_datatree()
-
     def save(self, path: str | Path) -> None:
         r"""Write tensors and JSON metadata; :func:`aml_ppl.load` reads them back
         without unpickling arbitrary objects (``torch.load(weights_only=True)``). In a
@@ -383,26 +231,7 @@ class Posterior(ABC):
 
     # -- the shared machinery --------------------------------------------------------
 
-    def _with_learned_params(self, method: Callable, *args: Any, **kwargs: Any) -> Any:
-        r"""Call a method of the model with its learned ``pyro.param`` values, in ``eval()``
-        mode, leaving the caller's param store alone."""
-        params = self.param_sites
-        with isolated_param_store(), evaluation_mode(self.model), module_parameters(self.model, params), torch.no_grad():
-            return pyro.poutine.substitute(method, data=params)(*args, **kwargs)
-
-    def _trace_structure(self, args: tuple, kwargs: dict) -> Structure:
-        with evaluation_mode(self.model):
-            return inspect_model(self._evaluation_model(), args, kwargs)
-
-    def _inspect(self, args: tuple, kwargs: dict) -> Structure:
-        r"""The model's structure for these arguments; the observed sites are the fit's
-        (new inputs without observations leave them unobserved). The fitting data's is
-        traced once."""
-        if args is self.data_args and kwargs is self.data_kwargs:
-            return self.structure
-        return self._trace_structure(args, kwargs).with_observed(self.structure.observed)
-
-    def _replay(
+    def replay(
         self, num_draws: int, args: tuple, kwargs: dict, draws: dict | None = None, keep: tuple[str, str] | None = None
     ) -> Replayed:
         r"""The replay of ``num_draws`` posterior draws (or of ``draws``, if given); only the
@@ -417,47 +246,3 @@ class Posterior(ABC):
     def _predictive_samples(self, site: str, num_draws: int, args: tuple, kwargs: dict, draws: dict) -> torch.Tensor:
         r"""Replicates of ``site`` for a joint-likelihood model (a hook: a closed form draws its own)."""
         return predictive.predictive_samples(self, site, num_draws, args, kwargs, draws)
-
-    def _observed_site(self, site: str | None) -> str:
-        if site is None:
-            if len(self.observed_sites) != 1:
-                raise InputDataError(
-                    f"the model has observed sites {self.observed_sites}; name one with `site=`."
-                )
-            return self.observed_sites[0]
-        if site not in self.observed_sites:
-            raise InputDataError(f"`site` must be one of {self.observed_sites}; got {site!r}.")
-        return site
-
-    def _likelihood_term(self, site: str | None) -> str:
-        r"""The log-likelihood term ``log_prob`` returns: an observed site, or the joint term
-        of observed sites that enumerated sites tie together (an HMM's, per sequence, named
-        ``"y_0..y_14"``); with ``None`` the only one."""
-        coupled = self.structure.coupled
-        tied = {name: group.name for group in coupled.values() for name in group.observed}
-        terms = [*(name for name in self.observed_sites if name not in tied), *coupled]
-        if site is None and len(terms) == 1:
-            return terms[0]
-        if site in coupled:
-            return site
-        if site in tied:
-            raise InputDataError(
-                f"site {site!r} is tied to other observed sites by enumerated sites, so its terms are not "
-                f"independent given the parameters; their joint term is site={tied[site]!r}."
-            )
-        if site is None:
-            raise InputDataError(f"the model has log-likelihood terms {terms}; name one with `site=`.")
-        return self._observed_site(site)
-
-    def _arguments(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-        r"""New arguments, converted and checked against the fitting data's (dimensions,
-        column counts, finiteness); the fit's non-tensor keyword options carried over."""
-        if not args and not kwargs:
-            return self.data_args, self.data_kwargs
-        args, kwargs = convert_arguments(args, kwargs)
-        if isinstance(self.model, Model):
-            args, kwargs = self.model.validate(*args, **kwargs)
-        check_finite_arguments(args, kwargs)
-        check_new_arguments(args, kwargs, self.data_args, self.data_kwargs)
-        options = {k: v for k, v in self.data_kwargs.items() if not isinstance(v, torch.Tensor)}
-        return args, {**options, **kwargs}

@@ -16,14 +16,11 @@ from tqdm.auto import tqdm
 
 from aml_ppl._data import check_count
 from aml_ppl.errors import AmlPplError, AmlPplWarning, InputDataError, ModelFittingError
-from aml_ppl.inference.base import (
-    Engine,
-    Posterior,
-    isolated_param_store,
-    register_engine,
-)
+from aml_ppl.inference.base import Engine, Posterior, register_engine
+from aml_ppl.inference.context import isolated_param_store
 from aml_ppl.inference.distributed import Ranks
-from aml_ppl.inference.io import recorded, register_posterior, stored
+from aml_ppl.inference.fitted import Fitted
+from aml_ppl.inference.io import register_posterior, stored
 from aml_ppl.inference.optimise import Checkpoint, minimise_lbfgs
 from aml_ppl.inference.structure import inspect_model, is_enumerated, structure_trace
 from aml_ppl.models.protocols import CheckedOnce, ClosedFormEM, DataSampling, Relabelable
@@ -46,39 +43,29 @@ class MixturePosterior(Posterior):
 
     def __init__(
         self,
-        model: Callable,
-        args: tuple,
-        kwargs: dict,
+        fitted: Fitted,
         *,
         params: dict[str, torch.Tensor],
         replicates: dict[str, torch.Tensor] | None,
         converged: bool,
-        engine: str,
-        history: list[float] | torch.Tensor,
-        objective: str,
-        rank: int = 0,
     ) -> None:
         self.params = params
         self.replicates = replicates
         self.converged = converged
-        super().__init__(model, args, kwargs, engine=engine, history=history, objective=objective, rank=rank)
+        super().__init__(fitted)
 
     @property
     def _closed_form(self) -> bool:
         return isinstance(self.model, ClosedFormEM)
 
     @property
-    def param_sites(self) -> dict[str, torch.Tensor]:
-        return {} if self._closed_form else self.params
-
-    @property
     def is_point_estimate(self) -> bool:
         return self.replicates is None
 
-    def _sample_stats(self, draws: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
+    def sample_stats(self, draws: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
         r"""``lp`` at the estimate (each bootstrap replicate): the mean log-likelihood EM
         climbs, times the number of points, plus the log prior."""
-        return self._log_density_stats(draws)
+        return self.fitted.log_density_stats(draws)
 
     def _draw(self, num_samples: int) -> dict[str, torch.Tensor]:
         if not self._closed_form:
@@ -97,7 +84,7 @@ class MixturePosterior(Posterior):
             raise AmlPplError(f"`{what}` needs a model with closed-form EM steps, such as GaussianMixture.")
 
     def _data(self, X: Any) -> torch.Tensor:
-        X = self._arguments((X,), {})[0][0]
+        X = self.fitted.arguments((X,), {})[0][0]
         return X.to(self.data_args[0])
 
     def log_prob(self, *args: Any, num_samples: int = 1000, site: str | None = None, **kwargs: Any) -> torch.Tensor:
@@ -144,15 +131,9 @@ class MixturePosterior(Posterior):
         return tensors, {"converged": self.converged}
 
     @classmethod
-    def _from_state(cls, model, args, kwargs, tensors, meta, guide):
+    def _from_state(cls, fitted, tensors, meta, guide):
         return cls(
-            model,
-            args,
-            kwargs,
-            params=stored(tensors, "param"),
-            replicates=stored(tensors, "replicate") or None,
-            converged=meta["converged"],
-            **recorded(tensors, meta),
+            fitted, params=stored(tensors, "param"), replicates=stored(tensors, "replicate") or None, converged=meta["converged"]
         )
 
 
@@ -315,12 +296,9 @@ class EM(Engine):
             "fisher": lambda: self._fisher(model, X, params),
             "bootstrap": lambda: self._bootstrap(model, X, params),
         }[self.uncertainty]()
-        return MixturePosterior(
-            model, args, kwargs, params=params, replicates=replicates, converged=converged,
-            engine=self.name, history=history,
-            objective="mean_classification_log_likelihood" if self.hard else "mean_log_likelihood",
-            rank=ranks.rank,
-        )
+        objective = "mean_classification_log_likelihood" if self.hard else "mean_log_likelihood"
+        fitted = Fitted(model, args, kwargs, engine=self.name, objective=objective, history=history, rank=ranks.rank)
+        return MixturePosterior(fitted, params=params, replicates=replicates, converged=converged)
 
     def _run(
         self, model: Any, X: torch.Tensor, params: dict[str, torch.Tensor], restart: int = 0, ranks: Ranks = Ranks()
@@ -446,10 +424,8 @@ class EM(Engine):
             with poutine.trace(param_only=True) as capture:
                 model(*args, **kwargs)
             params = {name: site["value"].detach().clone() for name, site in capture.trace.nodes.items()}
-        return MixturePosterior(
-            model, args, kwargs, params=params, replicates=None, converged=converged,
-            engine=self.name, history=history, objective="mean_log_likelihood",
-        )
+        fitted = Fitted(model, args, kwargs, engine=self.name, objective="mean_log_likelihood", history=history, params=params)
+        return MixturePosterior(fitted, params=params, replicates=None, converged=converged)
 
 
 def enumerated_log_densities(

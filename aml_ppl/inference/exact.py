@@ -10,16 +10,17 @@ import torch
 from pyro.distributions import MultivariateNormal, Normal
 
 from aml_ppl._core.checks import changed_options
+from aml_ppl._core.randomness import on_own_stream
 from aml_ppl._data import check_count
 from aml_ppl.errors import ConvergenceWarning, InputDataError, ModelFittingError
 from aml_ppl.inference.base import (
     Engine,
     Posterior,
     Prediction,
-    on_own_stream,
     register_engine,
 )
-from aml_ppl.inference.io import recorded, register_posterior, stored
+from aml_ppl.inference.fitted import Fitted
+from aml_ppl.inference.io import register_posterior, stored
 from aml_ppl.inference.optimise import (
     BatchOptimisationResult,
     OptimisationResult,
@@ -48,24 +49,11 @@ class GaussianPosterior(Posterior):
 
     kind: ClassVar[str] = "gaussian"
 
-    def __init__(
-        self,
-        model: Callable,
-        args: tuple,
-        kwargs: dict,
-        *,
-        latents: GaussianLatents,
-        engine: str,
-        history: list[float] | torch.Tensor,
-        objective: str,
-        convergence: dict[str, Any] | None = None,
-    ) -> None:
+    def __init__(self, fitted: Fitted, *, latents: GaussianLatents, convergence: dict[str, Any] | None = None) -> None:
         self.latents = latents
         self.log_marginal_likelihood = latents.log_marginal_likelihood
         self.convergence = dict(convergence or {})
-        super().__init__(
-            model, args, kwargs, engine=engine, history=history, objective=objective
-        )
+        super().__init__(fitted)
 
     @property
     def is_point_estimate(self) -> bool:
@@ -82,7 +70,7 @@ class GaussianPosterior(Posterior):
         fixed = self.latents.fixed
         return convert(fixed, self.latents.statistics) if convert and fixed else dict(fixed)
 
-    def _reported(self, draws: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    def reported_draws(self, draws: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         convert = getattr(self.model, "in_data_units", None)
         return convert(draws, self.latents.statistics) if convert else draws
 
@@ -105,10 +93,10 @@ class GaussianPosterior(Posterior):
     def _predictive(
         self, site: str | None, args: tuple, kwargs: dict
     ) -> tuple[str, Normal, tuple, dict]:
-        args, kwargs = self._arguments(args, kwargs)
+        args, kwargs = self.fitted.arguments(args, kwargs)
         predictives = self.model.exact_predictive(self.latents, *args, **kwargs)
         if site is None or site not in predictives:  # other sites: the observed ones
-            site = self._observed_site(site)
+            site = self.fitted.observed_site(site)
         return site, predictives[site], args, kwargs
 
     @on_own_stream
@@ -133,7 +121,7 @@ class GaussianPosterior(Posterior):
     ) -> torch.Tensor:
         r"""The exact pointwise log predictive density :math:`\log \mathcal{N}(y_i; m_i, v_i)`."""
         site, predictive, args, kwargs = self._predictive(site, args, kwargs)
-        observed = self._inspect(args, kwargs).observations
+        observed = self.fitted.inspect(args, kwargs).observations
         if site not in observed:
             raise InputDataError(f"the arguments hold no observations for site {site!r}.")
         return predictive.log_prob(observed[site].to(predictive.mean))
@@ -163,18 +151,17 @@ class GaussianPosterior(Posterior):
         return tensors, {f"convergence:{k}": v for k, v in self.convergence.items()}
 
     @classmethod
-    def _from_state(cls, model, args, kwargs, tensors, meta, guide):
-        record = recorded(tensors, meta)
+    def _from_state(cls, fitted, tensors, meta, guide):
         latents = GaussianLatents(
             loc=stored(tensors, "loc"),
             covariance=stored(tensors, "covariance"),
             fixed=stored(tensors, "fixed"),
             log_marginal_likelihood=tensors.get("log_marginal_likelihood"),
-            history=record["history"].tolist(),
+            history=fitted.history.tolist(),
             statistics=stored(tensors, "statistic"),
         )
         convergence = {k.partition(":")[2]: v for k, v in meta.items() if k.startswith("convergence:")}
-        return cls(model, args, kwargs, latents=latents, convergence=convergence, **record)
+        return cls(fitted, latents=latents, convergence=convergence)
 
 
 @register_engine
@@ -274,16 +261,8 @@ class Exact(Engine):
         else:
             options = self.options if self.max_iter is None else {"max_iter": self.max_iter, **self.options}
             latents = model.exact_posterior(*args, **kwargs, **options)
-        return GaussianPosterior(
-            model,
-            args,
-            kwargs,
-            latents=latents,
-            engine=self.name,
-            history=latents.history,
-            objective="log_marginal_likelihood",
-            convergence=convergence,
-        )
+        fitted = Fitted(model, args, kwargs, engine=self.name, objective="log_marginal_likelihood", history=latents.history)
+        return GaussianPosterior(fitted, latents=latents, convergence=convergence)
 
     def _maximise_evidence(self, objective: EvidenceObjective) -> tuple[GaussianLatents, dict[str, Any]]:
         r"""All starts optimised together; the best optimum's posterior and report."""

@@ -8,7 +8,9 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 import torch
 
+from aml_ppl._core.randomness import on_own_stream
 from aml_ppl._core.version import __version__
+from aml_ppl._data import check_count
 from aml_ppl.errors import InputDataError
 from aml_ppl.inference import predictive
 from aml_ppl.inference.structure import Structure
@@ -19,6 +21,79 @@ if TYPE_CHECKING:
     from aml_ppl.inference.base import Posterior
 
 
+class ArvizExport:
+    r"""The ArviZ verbs of a :class:`~aml_ppl.inference.base.Posterior`, and the hooks that a
+    posterior kind overrides to say what they export (its draws by chain, their units, its
+    ``sample_stats``); :func:`to_inference_data` reads only these and the public surface."""
+
+    def draws_by_chain(self, num_samples: int) -> dict[str, torch.Tensor]:
+        r"""Draws shaped ``chain x draw x ...``; one chain unless the engine has several."""
+        count = 1 if self.is_point_estimate else num_samples
+        return {name: value.unsqueeze(0) for name, value in self.sample(count).items()}
+
+    def reported_draws(self, draws: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        r"""The draws as the ArviZ export reports them (a hook: a fit on transformed data
+        reports them in the data's units); these by default."""
+        return draws
+
+    def sample_stats(self, draws: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
+        r"""ArviZ ``sample_stats`` of the exported ``draws`` (``chain x draw x ...``), each
+        ``chain x draw``; none by default."""
+        return {}
+
+    @on_own_stream
+    def to_arviz(
+        self,
+        *args: Any,
+        num_samples: int = 1000,
+        coords: dict[str, Any] | None = None,
+        dims: dict[str, list[str]] | None = None,
+        predictions: tuple | dict | None = None,
+        pred_coords: dict[str, Any] | None = None,
+        pred_dims: dict[str, list[str]] | None = None,
+        prior: int | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        r"""Export to ArviZ ``InferenceData``, for every engine, dimensions named by plates.
+
+        See :func:`aml_ppl.inference.export.to_inference_data` for the groups.
+
+        Args:
+            *args: The model's arguments; none means the fitting data.
+            num_samples: Draws per chain (MCMC exports the draws it kept; a point
+                estimate exports one draw, and ``num_samples`` predictive replicates).
+            coords: Labels of dimensions (``{"school": names}``), as ArviZ takes them.
+            dims: Dimension names of sites, overriding the plates' (``{"eta": ["campus"]}``).
+            predictions: The model's arguments at new inputs (a tuple, or a dict of keyword
+                arguments): adds the ``predictions`` and ``predictions_constant_data`` groups.
+            pred_coords: Labels of the predictions groups' dimensions (``coords`` otherwise).
+            pred_dims: Dimension names in the predictions groups (the plates' otherwise).
+            prior: Adds ``prior`` and ``prior_predictive`` groups of this many prior draws.
+            **kwargs: The model's keyword arguments.
+
+        Example:
+            >>> import pyro, pyro.distributions as dist, torch, aml_ppl as aml
+            >>> def schools(sigma, y=None):
+            ...     mu = pyro.sample("mu", dist.Normal(0.0, 5.0))
+            ...     with pyro.plate("school", 8):
+            ...         pyro.sample("y", dist.Normal(mu, sigma), obs=y)
+            >>> sigma, y = torch.full((8,), 10.0), torch.arange(8.0)
+            >>> post = aml.fit(schools, sigma, y, engine=aml.inference.MAP(progress_bar=False))
+            >>> post.to_arviz(num_samples=10, prior=5).prior_predictive["y"].dims
+            ('chain', 'draw', 'school')
+        """
+        return to_inference_data(
+            self, args, kwargs, num_samples, coords=coords, dims=dims, predictions=predictions,
+            pred_coords=pred_coords, pred_dims=pred_dims, prior=prior,
+        )
+
+    def to_datatree(self, *args: Any, **kwargs: Any) -> Any:
+        r"""The export of :meth:`to_arviz` (same arguments) as an xarray ``DataTree``, one
+        child per group: the form ArviZ 1.x (``arviz_stats``, ``arviz_plots``) reads."""
+        return self.to_arviz(*args, **kwargs).to_datatree()
+
+
+
 def to_inference_data(
     posterior: "Posterior",
     args: tuple,
@@ -27,7 +102,7 @@ def to_inference_data(
     *,
     coords: dict | None = None,
     dims: dict | None = None,
-    predictions: tuple[tuple, dict] | None = None,
+    predictions: tuple | dict | None = None,
     pred_coords: dict | None = None,
     pred_dims: dict | None = None,
     prior: int | None = None,
@@ -66,18 +141,28 @@ def to_inference_data(
     """
     import arviz as az
 
+    check_count("num_samples", num_samples)
+    if prior is not None:
+        check_count("prior", prior)
+    if predictions is not None:
+        if not isinstance(predictions, (tuple, dict)):
+            raise InputDataError(
+                f"`predictions` must be a tuple of the model's arguments or a dict of its keyword arguments; got {type(predictions).__name__}."
+            )
+        predictions = posterior.fitted.arguments(*((predictions, {}) if isinstance(predictions, tuple) else ((), predictions)))
+    args, kwargs = posterior.fitted.arguments(args, kwargs)
     if isinstance(posterior.model, VariationalBound):
         if predictions is not None or prior is not None:
             raise InputDataError("this model is known through its bound: it has no predictions or prior groups to export.")
         return _bound_inference_data(posterior, args, num_samples)
     point = posterior.is_point_estimate
-    by_chain = posterior._draw_by_chain(num_samples)
+    by_chain = posterior.draws_by_chain(num_samples)
     chains, draws = next(iter(by_chain.values())).shape[:2] if by_chain else (1, 1 if point else num_samples)
     flat = {name: value.flatten(0, 1) for name, value in by_chain.items()}
     replicates = num_samples if point else chains * draws
     if point:
         flat = {name: value.expand(replicates, *value.shape[1:]) for name, value in flat.items()}
-    replayed = posterior._replay(replicates, args, kwargs, draws=flat)
+    replayed = posterior.replay(replicates, args, kwargs, draws=flat)
 
     def grouped(values: dict[str, torch.Tensor], count: int = draws) -> dict[str, np.ndarray]:
         return {
@@ -85,7 +170,7 @@ def to_inference_data(
             for name, value in values.items()
         }
 
-    latent = {name: value.cpu().numpy() for name, value in posterior._reported(by_chain).items()}
+    latent = {name: value.cpu().numpy() for name, value in posterior.reported_draws(by_chain).items()}
     latent.update(grouped({**replayed.deterministic, **replayed.discrete}))
     groups = {
         "posterior": latent,
@@ -93,7 +178,7 @@ def to_inference_data(
         "log_likelihood": grouped(replayed.log_likelihood),
         "observed_data": _numpy(replayed.observed),
         "constant_data": _numpy(posterior.param_sites),
-        "sample_stats": posterior._sample_stats(by_chain),
+        "sample_stats": posterior.sample_stats(by_chain),
     }
     if prior is not None:
         prior_latent, prior_replayed = predictive.prior_draws(posterior, prior, args, kwargs)
@@ -103,13 +188,13 @@ def to_inference_data(
     exported = az.from_dict(
         **{group: values or None for group, values in groups.items()},
         coords=coords,
-        dims=site_dims(posterior, posterior._inspect(args, kwargs), dims),
+        dims=site_dims(posterior, posterior.fitted.inspect(args, kwargs), dims),
         attrs=_attributes(posterior),
     )
     if predictions is not None:
         new_args, new_kwargs = predictions
-        predicted = posterior._replay(replicates, new_args, new_kwargs, draws=flat)
-        structure = posterior._inspect(new_args, new_kwargs)
+        predicted = posterior.replay(replicates, new_args, new_kwargs, draws=flat)
+        structure = posterior.fitted.inspect(new_args, new_kwargs)
         named = site_dims(posterior, structure, pred_dims)
         labels = {**(coords or {}), **(pred_coords or {})}
         values = grouped({**predicted.predictive, **predicted.deterministic}, replicates // chains)

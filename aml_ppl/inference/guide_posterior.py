@@ -14,7 +14,8 @@ from aml_ppl.errors import InputDataError
 from aml_ppl.inference.base import Posterior
 from aml_ppl.inference.context import isolated_param_store
 from aml_ppl.inference.guides import is_delta_guide, make_autoguide, substituted
-from aml_ppl.inference.io import recorded, register_posterior, stored
+from aml_ppl.inference.fitted import Fitted
+from aml_ppl.inference.io import register_posterior, stored
 from aml_ppl.models.protocols import VariationalBound
 
 
@@ -30,54 +31,34 @@ class GuidePosterior(Posterior):
             parameters are held in ``params``).
         guide_spec: How the guide was made: an autoguide name, ``"model"`` (the
             model's own guide) or ``"custom"``.
-        model_params: Values of the model's own ``pyro.param`` sites.
         guide_params: Values of a function guide's ``pyro.param`` sites (a module
             guide holds its own).
     """
 
     kind: ClassVar[str] = "guide"
 
-    def __init__(
-        self,
-        model: Callable,
-        args: tuple,
-        kwargs: dict,
-        *,
-        guide: Callable,
-        guide_spec: str,
-        model_params: dict[str, torch.Tensor],
-        guide_params: dict[str, torch.Tensor],
-        engine: str,
-        history: list[float] | torch.Tensor,
-        objective: str,
-        rank: int = 0,
-    ) -> None:
+    def __init__(self, fitted: Fitted, *, guide: Callable, guide_spec: str, guide_params: dict[str, torch.Tensor]) -> None:
         self.guide = guide
         self.guide_spec = guide_spec
-        self.model_params = model_params
         self.guide_params = guide_params
-        self._point_estimate = isinstance(model, VariationalBound) or is_delta_guide(
-            substituted(guide, guide_params), args, kwargs
+        self._point_estimate = isinstance(fitted.model, VariationalBound) or is_delta_guide(
+            substituted(guide, guide_params), fitted.args, fitted.kwargs
         )
-        super().__init__(model, args, kwargs, engine=engine, history=history, objective=objective, rank=rank)
-
-    @property
-    def param_sites(self) -> dict[str, torch.Tensor]:
-        return self.model_params
+        super().__init__(fitted)
 
     @property
     def is_point_estimate(self) -> bool:
         return self._point_estimate
 
-    def _sample_stats(self, draws: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
+    def sample_stats(self, draws: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
         r"""``lp`` and, unless this is a point estimate, ``log_q`` of each draw
-        (:meth:`~aml_ppl.inference.base.Posterior._log_density_stats`): what LOO for an
+        (:meth:`~aml_ppl.inference.fitted.Fitted.log_density_stats`): what LOO for an
         approximate posterior weights by (Magnusson et al. 2019). None for a model known
         through its bound."""
         if isinstance(self.model, VariationalBound):
             return {}
         guide = None if self.is_point_estimate else substituted(self.guide, self.guide_params)
-        return self._log_density_stats(draws, guide)
+        return self.fitted.log_density_stats(draws, guide)
 
     def _draw(self, num_samples: int) -> dict[str, torch.Tensor]:
         r"""Draw in one vectorised pass when the guide broadcasts (autoguides do),
@@ -104,8 +85,7 @@ class GuidePosterior(Posterior):
         return {name: torch.stack(values) for name, values in draws.items()}
 
     def _state(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-        tensors = {f"model_param:{name}": value for name, value in self.model_params.items()}
-        tensors.update({f"guide_param:{k}": v for k, v in self.guide_params.items()})
+        tensors = {f"guide_param:{k}": v for k, v in self.guide_params.items()}
         if isinstance(self.guide, torch.nn.Module):
             tensors.update(
                 {f"guide:{key}": value for key, value in self.guide.state_dict().items()}
@@ -113,7 +93,8 @@ class GuidePosterior(Posterior):
         return tensors, {"guide": self.guide_spec}
 
     @classmethod
-    def _from_state(cls, model, args, kwargs, tensors, meta, guide):
+    def _from_state(cls, fitted, tensors, meta, guide):
+        model, args, kwargs = fitted.model, fitted.args, fitted.kwargs
         spec = meta["guide"]
         if spec == "model":
             guide = model.guide
@@ -132,13 +113,4 @@ class GuidePosterior(Posterior):
                     guide.register_buffer(name, state[name])
             else:
                 guide.load_state_dict(state)
-        return cls(
-            model,
-            args,
-            kwargs,
-            guide=guide,
-            guide_spec=spec,
-            model_params=stored(tensors, "model_param"),
-            guide_params=stored(tensors, "guide_param"),
-            **recorded(tensors, meta),
-        )
+        return cls(fitted, guide=guide, guide_spec=spec, guide_params=stored(tensors, "guide_param"))

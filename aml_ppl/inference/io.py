@@ -16,6 +16,7 @@ from aml_ppl._core.files import atomic_write
 from aml_ppl._core.randomness import RandomStream
 from aml_ppl._core.registry import Registry
 from aml_ppl.errors import AmlPplError, InputDataError
+from aml_ppl.inference.fitted import Fitted
 from aml_ppl.models.base import Model, model_class
 
 if TYPE_CHECKING:
@@ -39,7 +40,11 @@ def save(posterior: "Posterior", path: str | Path) -> None:
         "kind": posterior.kind,
         "model": model_spec,
         "meta": {**meta, "engine": posterior.engine, "objective": posterior.objective},
-        "tensors": {**tensors, "_history": posterior.history},
+        "tensors": {
+            **tensors,
+            **{f"model_param:{name}": value for name, value in posterior.param_sites.items()},
+            "_history": posterior.history,
+        },
         "random_stream": posterior.random_stream.state_tensors(),
         "args": [_storable(f"argument {i}", arg) for i, arg in enumerate(posterior.data_args)],
         "kwargs": {k: _storable(f"argument {k!r}", v) for k, v in posterior.data_kwargs.items()},
@@ -78,22 +83,15 @@ def load(path: str | Path, model: Callable | None = None, guide: Callable | None
                 "function, or a model holding objects such as a GPyTorch kernel); pass it as `model=`."
             )
         model = model_class(spec["class"])(**spec["config"])
-    posterior = POSTERIORS[payload["kind"]]._from_state(
-        model,
-        tuple(payload["args"]),
-        dict(payload["kwargs"]),
-        payload["tensors"],
-        payload["meta"],
-        guide,
+    meta, tensors = payload["meta"], payload["tensors"]
+    fitted = Fitted(
+        model, tuple(payload["args"]), dict(payload["kwargs"]), engine=meta["engine"], objective=meta["objective"],
+        history=tensors["_history"], params=stored(tensors, "model_param"),
     )
+    posterior = POSTERIORS[payload["kind"]]._from_state(fitted, tensors, meta, guide)
     # A seeded fit's draws go on where the saved posterior's stopped.
     posterior.random_stream = RandomStream.from_state_tensors(payload.get("random_stream", {}))
     return posterior
-
-
-def recorded(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> dict[str, Any]:
-    r"""The keyword arguments every :class:`Posterior` takes, as :func:`save` stored them."""
-    return {"engine": meta["engine"], "objective": meta["objective"], "history": tensors["_history"]}
 
 
 def stored(tensors: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:

@@ -21,7 +21,8 @@ from aml_ppl.errors import InputDataError, JitFallbackWarning
 from aml_ppl.inference.base import Engine, Posterior, register_engine
 from aml_ppl.inference.chains import chain_executor, default_chains, run_chains
 from aml_ppl.inference.context import isolated_param_store
-from aml_ppl.inference.io import recorded, register_posterior, stored
+from aml_ppl.inference.fitted import Fitted
+from aml_ppl.inference.io import register_posterior, stored
 from aml_ppl.inference.structure import inspect_model
 
 # ArviZ's names for the per-draw statistics a NUTS chain records.
@@ -41,21 +42,10 @@ class SamplePosterior(Posterior):
 
     kind: ClassVar[str] = "samples"
 
-    def __init__(
-        self,
-        model: Callable,
-        args: tuple,
-        kwargs: dict,
-        *,
-        samples: dict[str, torch.Tensor],
-        stats: dict[str, torch.Tensor],
-        engine: str,
-        history: list[float] | torch.Tensor,
-        objective: str,
-    ) -> None:
+    def __init__(self, fitted: Fitted, *, samples: dict[str, torch.Tensor], stats: dict[str, torch.Tensor]) -> None:
         self.samples = samples
         self.stats = stats
-        super().__init__(model, args, kwargs, engine=engine, history=history, objective=objective)
+        super().__init__(fitted)
 
     @property
     def diverging(self) -> torch.Tensor:
@@ -72,10 +62,10 @@ class SamplePosterior(Posterior):
             index = torch.randint(total, (num_samples,))
         return {name: value[index] for name, value in flat.items()}
 
-    def _draw_by_chain(self, num_samples: int) -> dict[str, torch.Tensor]:
+    def draws_by_chain(self, num_samples: int) -> dict[str, torch.Tensor]:
         return self.samples
 
-    def _sample_stats(self, draws: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
+    def sample_stats(self, draws: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
         return {name: value.cpu().numpy() for name, value in self.stats.items()}
 
     def _state(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
@@ -84,15 +74,8 @@ class SamplePosterior(Posterior):
         return tensors, {}
 
     @classmethod
-    def _from_state(cls, model, args, kwargs, tensors, meta, guide):
-        return cls(
-            model,
-            args,
-            kwargs,
-            samples=stored(tensors, "sample"),
-            stats=stored(tensors, "stat"),
-            **recorded(tensors, meta),
-        )
+    def _from_state(cls, fitted, tensors, meta, guide):
+        return cls(fitted, samples=stored(tensors, "sample"), stats=stored(tensors, "stat"))
 
 
 class _RecordingNUTS(pyro.infer.NUTS):
@@ -260,16 +243,8 @@ class NUTS(Engine):
             name: torch.tensor([chain[name] for chain in stats], dtype=torch.bool if name == "diverging" else None)
             for name in SAMPLE_STATS
         }
-        return SamplePosterior(
-            model,
-            args,
-            kwargs,
-            samples=samples,
-            stats=stats,
-            engine=self.name,
-            history=stats["lp"].flatten(),
-            objective="lp",
-        )
+        fitted = Fitted(model, args, kwargs, engine=self.name, objective="lp", history=stats["lp"].flatten())
+        return SamplePosterior(fitted, samples=samples, stats=stats)
 
     def _use_jit(self, model: Callable, args: tuple, kwargs: dict) -> bool:
         if self.jit_compile is not None:

@@ -54,15 +54,15 @@ def predict(posterior: "Posterior", args: tuple, kwargs: dict, num_samples: int,
     if isinstance(model, VariationalBound):  # new data by the model's own sampler
         if args:
             raise InputDataError("predict on this model takes no data: new points are drawn from it.")
-        return Prediction.from_samples(posterior._with_learned_params(model.generate, num_samples, **kwargs))
-    args, kwargs = posterior._arguments(args, kwargs)
+        return Prediction.from_samples(posterior.fitted.with_learned_params(model.generate, num_samples, **kwargs))
+    args, kwargs = posterior.fitted.arguments(args, kwargs)
     if isinstance(model, ConditionalPredictive):  # a mixture of Gaussians, one per draw
         return mixture_prediction(posterior, num_samples, site, args, kwargs)
     if site is not None and site in posterior.structure.deterministic:
-        replayed = posterior._replay(num_samples, args, kwargs, keep=("deterministic", site))
+        replayed = posterior.replay(num_samples, args, kwargs, keep=("deterministic", site))
         return Prediction.from_samples(replayed.deterministic[site])
-    site = posterior._observed_site(site)
-    return Prediction.from_samples(posterior._replay(num_samples, args, kwargs, keep=("predictive", site)).predictive[site])
+    site = posterior.fitted.observed_site(site)
+    return Prediction.from_samples(posterior.replay(num_samples, args, kwargs, keep=("predictive", site)).predictive[site])
 
 
 def log_predictive_density(
@@ -70,10 +70,10 @@ def log_predictive_density(
 ) -> torch.Tensor:
     r"""``Posterior.log_prob``: :math:`\log \frac1S \sum_s p(y_i \mid \theta_s)` per observation
     (one draw for a point estimate); a bound model's bound."""
-    args, kwargs = posterior._arguments(args, kwargs)
+    args, kwargs = posterior.fitted.arguments(args, kwargs)
     if isinstance(posterior.model, VariationalBound):
-        return posterior._with_learned_params(posterior.model.log_prob_bound, *args, **kwargs)
-    site = posterior._likelihood_term(site)
+        return posterior.fitted.with_learned_params(posterior.model.log_prob_bound, *args, **kwargs)
+    site = posterior.fitted.likelihood_term(site)
     if posterior.is_point_estimate:
         num_samples = 1
     if isinstance(posterior.model, ConditionalPredictive):
@@ -139,9 +139,9 @@ def replayed_chunks(
     returns holds more than about :data:`REPLAY_ELEMENTS` values (1 000 draws of a model with
     10⁵ observations replay 10 at a time). The model is inspected once for all chunks;
     ``draw_discrete`` as in :func:`~aml_ppl.inference.replay.replay`."""
-    structure = posterior._inspect(args, kwargs)
+    structure = posterior.fitted.inspect(args, kwargs)
     check_same_latents(posterior.structure, structure)
-    model = posterior._evaluation_model()
+    model = posterior.fitted.evaluation_model()
     start, chunk = 0, 1
     with evaluation_mode(posterior.model):
         while start < num_draws:
@@ -156,9 +156,9 @@ def replayed_chunks(
 def prior_draws(posterior: "Posterior", num_samples: int, args: tuple, kwargs: dict) -> tuple[dict[str, torch.Tensor], Replayed]:
     r"""``num_samples`` draws of the latent sites from the model's prior (its learned
     ``pyro.param`` values substituted) and the replay under them (the prior predictive)."""
-    structure = posterior._inspect(args, kwargs)
+    structure = posterior.fitted.inspect(args, kwargs)
     with evaluation_mode(posterior.model):
-        return prior_replay(posterior._evaluation_model(), num_samples, args, kwargs, structure)
+        return prior_replay(posterior.fitted.evaluation_model(), num_samples, args, kwargs, structure)
 
 
 def check_same_latents(fitted: Structure, new: Structure) -> None:
@@ -197,7 +197,7 @@ def conditional_log_likelihood(
 ) -> torch.Tensor:
     r"""``num_samples x n`` terms :math:`\log p(y_i \mid \theta_s, \mathcal{D})` of the
     observations in ``args`` under each draw's conditional predictive."""
-    observed = posterior._inspect(args, kwargs)
+    observed = posterior.fitted.inspect(args, kwargs)
     if site not in observed.observations:
         raise InputDataError(f"the arguments hold no observations for site {site!r}.")
     conditionals = conditional_predictives(posterior, num_samples, site, args, kwargs)
@@ -210,7 +210,7 @@ def joint_replay(posterior: "Posterior", draws: dict, num_draws: int, args: tupl
     ``log_likelihood``: the non-factorised LOO of Bürkner et al. 2020, for which
     ``az.loo`` is valid) and the conditional predictive (its replicates). A point
     estimate computes both once."""
-    structure = posterior._inspect(args, kwargs)
+    structure = posterior.fitted.inspect(args, kwargs)
     distinct = 1 if posterior.is_point_estimate else num_draws
     terms: dict[str, list[torch.Tensor]] = {site: [] for site in structure.observations}
     with torch.no_grad():
@@ -250,6 +250,6 @@ def conditional_predictives(
         for index in range(num_samples):
             values = {name: value[index] for name, value in draws.items()}
             predictives = posterior.model.conditional_predictive(values, posterior.data_args, *args, **kwargs)
-            results.append(predictives[site if site in predictives else posterior._observed_site(site)])
+            results.append(predictives[site if site in predictives else posterior.fitted.observed_site(site)])
     return results
 

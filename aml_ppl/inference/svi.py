@@ -22,6 +22,7 @@ from aml_ppl.errors import InputDataError, JitFallbackWarning, ModelFittingError
 from aml_ppl.inference.base import Engine, register_engine
 from aml_ppl.inference.context import isolated_param_store
 from aml_ppl.inference.distributed import DataPlateScale, Ranks
+from aml_ppl.inference.fitted import Fitted
 from aml_ppl.inference.guide_posterior import GuidePosterior
 from aml_ppl.inference.guides import (
     AUTOGUIDES,
@@ -370,16 +371,13 @@ class SVI(Engine):
                     "a saddle or on a boundary. Run more steps, reparameterise, or use SVI."
                 ) from error
         module_guide = isinstance(guide, torch.nn.Module)
+        fitted = Fitted(
+            model, args, kwargs, engine=self.name, objective=self.objective, history=history,
+            params=param_values(model, args, kwargs), rank=rank,
+        )
         return GuidePosterior(
-            model,
-            args,
-            kwargs,
+            fitted,
             guide=frozen_copy(guide) if module_guide else guide,
             guide_spec=spec,
-            model_params=param_values(model, args, kwargs),
             guide_params={} if module_guide else param_values(guide, args, kwargs),
-            engine=self.name,
-            history=history,
-            objective=self.objective,
-            rank=rank,
         )

@@ -72,7 +72,7 @@ def learned(posterior: Any) -> dict[str, torch.Tensor]:
     r"""Every learned tensor of a guide posterior: model and guide ``pyro.param`` values
     and a module guide's state."""
     module = posterior.guide.state_dict() if isinstance(posterior.guide, torch.nn.Module) else {}
-    return {**posterior.model_params, **posterior.guide_params, **module}
+    return {**posterior.param_sites, **posterior.guide_params, **module}
 
 
 def fits(X: torch.Tensor, y: torch.Tensor, distributed: bool) -> dict[str, Any]:

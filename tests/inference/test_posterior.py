@@ -156,9 +156,9 @@ def test_predict_and_export_replay_the_draws_in_chunks_into_one_result(monkeypat
     y = X @ torch.tensor([1.0, -1.0], dtype=torch.float64) + 0.5 * torch.randn(40, dtype=torch.float64, generator=generator)
     post = aml.fit(regression, X, y, engine=aml.inference.NUTS(num_samples=50, warmup_steps=50, progress_bar=False), seed=0)
     draws = post.sample(50)
-    whole = post._replay(50, (X, y), {}, draws=draws)
+    whole = post.replay(50, (X, y), {}, draws=draws)
     monkeypatch.setattr(predictive, "REPLAY_ELEMENTS", 8 * X.shape[0])  # 8 draws a chunk
-    chunked = post._replay(50, (X, y), {}, draws=draws)
+    chunked = post.replay(50, (X, y), {}, draws=draws)
     torch.testing.assert_close(chunked.log_likelihood["obs"], whole.log_likelihood["obs"], rtol=0, atol=1e-12)
     torch.testing.assert_close(chunked.deterministic["mean"], draws["beta"] @ X.T, rtol=0, atol=1e-12)
     residuals = (chunked.predictive["obs"] - chunked.deterministic["mean"]) / 0.5  # N(0, 1): 2 000 values
