@@ -51,7 +51,7 @@ def _examples() -> dict[str, tuple[Callable, tuple]]:
 def capability_table() -> str:
     r"""A Markdown table: a row per model, a column per registered engine, "yes" where the
     engine's default configuration accepts the model (as ``aml_ppl.fit`` would)."""
-    engines = list(ENGINES)
+    engines = sorted(ENGINES)
     lines = ["| model | " + " | ".join(f"`{name}`" for name in engines) + " |", "|---" * (len(engines) + 1) + "|"]
     for name, (model, args) in _examples().items():
         capable = set(capable_engines(model, args, {}))

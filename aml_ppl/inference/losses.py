@@ -1,10 +1,11 @@
-r"""The ELBOs SVI runs: Pyro's compiled ELBOs traced once, a model's own loss compiled, and
-a non-finite loss read as NaN rather than raised."""
+r"""The ELBOs SVI runs: the default loss for a model, Pyro's compiled ELBOs traced once, a
+model's own loss compiled, and a non-finite loss read as NaN rather than raised."""
 
 from __future__ import annotations
 
 import functools
 import math
+import warnings
 from typing import Any, Callable
 
 import pyro
@@ -20,7 +21,10 @@ from pyro.infer import (
     TraceMeanField_ELBO,
 )
 
+from aml_ppl.errors import JitFallbackWarning
+from aml_ppl.inference.structure import inspect_model
 from aml_ppl.models.base import ModelLoss
+from aml_ppl.models.protocols import PreferredLoss
 
 
 class CompiledOnceMeanField_ELBO(JitTraceMeanField_ELBO):
@@ -39,7 +43,7 @@ class CompiledOnceMeanField_ELBO(JitTraceMeanField_ELBO):
         >>> X = torch.randn(64, 3); y = X.sum(-1)
         >>> bnn = aml.models.BayesianNeuralNetwork(3, hidden=(8,), noise_scale=0.1, subsample_size=16)
         >>> engine = aml.inference.SVI(num_steps=20, jit=True, progress_bar=False)
-        >>> type(engine._default_loss(bnn, (X, y), {}, jit=True)).__name__
+        >>> type(default_loss(bnn, (X, y), {}, jit=True)).__name__
         'CompiledOnceMeanField_ELBO'
         >>> post = aml.fit(bnn, X, y, engine=engine)
     """
@@ -112,3 +116,32 @@ def finite_or_nan(loss_fn: Callable, *args: Any, **kwargs: Any) -> Any:
         if "invalid values" not in str(error):
             raise
         return math.nan
+
+
+def default_loss(model: Callable, args: tuple, kwargs: dict, num_particles: int = 1, jit: bool = False) -> Any:
+    r"""The loss SVI runs when none is given: the model's own ``default_loss`` if it has one
+    (a BNN's ``TraceMeanField_ELBO``), ``TraceEnum_ELBO`` when the model marks discrete sites
+    for parallel enumeration, else ``Trace_ELBO``; with ``jit`` its compiled form (a model's
+    own loss without one runs plain, with a :class:`~aml_ppl.errors.JitFallbackWarning`)."""
+    if isinstance(model, PreferredLoss):
+        loss = model.default_loss(num_particles)
+        if not jit:
+            return loss
+        if type(loss) in JIT_LOSSES:
+            return JIT_LOSSES[type(loss)](num_particles=num_particles, ignore_jit_warnings=True)
+        if isinstance(loss, ModelLoss):
+            return CompiledModelLoss(loss)
+        warnings.warn(
+            f"jit=True: the model's own loss ({type(loss).__name__}) has no JIT form; running SVI without the JIT.",
+            JitFallbackWarning,
+            stacklevel=4,
+        )
+        return loss
+    structure = inspect_model(model, args, kwargs)
+    options: dict[str, Any] = {"num_particles": num_particles}
+    if structure.enumerated:
+        options["max_plate_nesting"] = structure.max_plate_nesting
+    loss_type = TraceEnum_ELBO if structure.enumerated else Trace_ELBO
+    if not jit:
+        return loss_type(**options)
+    return JIT_LOSSES[loss_type](**options, ignore_jit_warnings=True)

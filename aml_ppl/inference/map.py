@@ -4,18 +4,24 @@ from __future__ import annotations
 
 from typing import Any, Callable, ClassVar
 
+import pyro.optim
+
 from aml_ppl._core.checks import changed_options
+from aml_ppl._data import check_count, check_positive
 from aml_ppl.errors import InputDataError
-from aml_ppl.inference.base import register_engine
+from aml_ppl.inference.base import Engine, register_engine
 from aml_ppl.inference.distributed import Ranks
-from aml_ppl.inference.guides import minimise_elbo_lbfgs
+from aml_ppl.inference.guide_fit import Parallel, fit_guide, guide_incompatibility
+from aml_ppl.inference.guide_posterior import GuidePosterior
+from aml_ppl.inference.guides import make_autoguide, minimise_elbo_lbfgs
+from aml_ppl.inference.losses import default_loss
+from aml_ppl.inference.steps import StepLoop
 from aml_ppl.inference.structure import inspect_model
-from aml_ppl.inference.svi import SVI
 from aml_ppl.models.protocols import VariationalBound
 
 
 @register_engine
-class MAP(SVI):
+class MAP(Engine):
     r"""Maximum a posteriori point estimate of every latent site.
 
     .. math:: \hat\theta = \arg\max_\theta \log p(\theta) + \log p(\mathcal{D} \mid \theta)
@@ -37,6 +43,9 @@ class MAP(SVI):
         distributed, data_plate, timeout: Data-parallel over the ranks of a ``torchrun``
             launch, as :class:`~aml_ppl.inference.SVI`'s; with L-BFGS every evaluation's
             loss and gradient are averaged over the ranks, so all take the same steps.
+
+    MAP is SVI with a point-mass guide (or a Laplace one) and a deterministic loss, and shares
+    SVI's pipeline (:func:`~aml_ppl.inference.guide_fit.fit_guide`), not its options.
 
     Example:
         >>> import torch, aml_ppl as aml
@@ -73,19 +82,18 @@ class MAP(SVI):
                 f"`lr` = {lr} is Adam's learning rate, and L-BFGS (the default `optimizer`) takes its "
                 "steps by line search; drop `lr`, or pass optimizer='adam'."
             )
-        super().__init__(
-            num_steps=num_steps,
-            lr=lr,
-            guide="laplace" if laplace else "delta",
-            progress_bar=progress_bar,
-            distributed=distributed,
-            data_plate=data_plate,
-            timeout=timeout,
-        )
+        check_count("num_steps", num_steps)
+        check_positive("lr", lr)
+        check_positive("timeout", timeout)
+        self.num_steps = num_steps
+        self.laplace = laplace
         self.optimizer = optimizer
+        self.lr = lr
+        self.progress_bar = progress_bar
+        self.parallel = Parallel(distributed, data_plate, timeout)
 
     def incompatibility(self, model: Callable, args: tuple, kwargs: dict) -> str | None:
-        reason = super().incompatibility(model, args, kwargs)
+        reason = guide_incompatibility(model, args, kwargs, laplace=self.laplace)
         if reason is None and isinstance(model, VariationalBound):
             return (
                 "its latent sites are the noised copies of every data point, whose posterior is "
@@ -101,11 +109,23 @@ class MAP(SVI):
                 )
         return reason
 
+    def fit(self, model: Callable, *args: Any, **kwargs: Any) -> GuidePosterior:
+        self.check_supports(model, args, kwargs)
+        name = "laplace" if self.laplace else "delta"
+        return fit_guide(
+            model, args, kwargs, engine=self.name, objective=self.objective, advice=self.non_finite_advice,
+            loss=default_loss(model, args, kwargs), plain_loss=None,
+            make_guide=lambda fitted_model, ranks: (make_autoguide(name, model, args, kwargs), name),
+            optimise=lambda fitted_model, guide, loss, ranks: self._optimise(fitted_model, guide, loss, args, kwargs, ranks),
+            parallel=self.parallel,
+        )
+
     def _optimise(
         self, model: Callable, guide: Callable, loss: Any, args: tuple, kwargs: dict, ranks: Ranks
     ) -> tuple[list[float], int | None]:
         if self.optimizer == "adam":
-            return super()._optimise(model, guide, loss, args, kwargs, ranks)
+            steps = StepLoop(self.num_steps, pyro.optim.Adam({"lr": self.lr}), progress=self.name if self.progress_bar else None)
+            return steps.run(loss, model, guide, args, kwargs, ranks)
         result = minimise_elbo_lbfgs(
             loss, model, guide, args, kwargs, self.num_steps, tolerance_grad=1e-10, tolerance_change=1e-14,
             history_size=50, ranks=ranks,

@@ -2,47 +2,21 @@ r"""Stochastic variational inference: maximise the ELBO over a guide's parameter
 
 from __future__ import annotations
 
-import copy
-import math
-import warnings
+import functools
 from typing import Any, Callable, ClassVar
 
-import pyro
-import pyro.ops.jit
 import pyro.optim
-import torch
-from pyro import poutine
-from pyro.infer import Trace_ELBO, TraceEnum_ELBO
-from pyro.infer.autoguide import AutoLaplaceApproximation
-from pyro.infer.util import zero_grads
-from tqdm.auto import tqdm
 
 from aml_ppl._data import check_count, check_positive
-from aml_ppl.errors import InputDataError, JitFallbackWarning, ModelFittingError, NonFiniteLossError
+from aml_ppl.errors import InputDataError
 from aml_ppl.inference.base import Engine, register_engine
-from aml_ppl.inference.context import isolated_param_store
-from aml_ppl.inference.distributed import DataPlateScale, Ranks
-from aml_ppl.inference.fitted import Fitted
+from aml_ppl.inference.distributed import Ranks
+from aml_ppl.inference.guide_fit import Parallel, fit_guide, guide_incompatibility
 from aml_ppl.inference.guide_posterior import GuidePosterior
-from aml_ppl.inference.guides import (
-    AUTOGUIDES,
-    frozen_copy,
-    make_autoguide,
-    map_start,
-    param_values,
-    warn_if_collapsed,
-    warn_if_on_boundary,
-)
-from aml_ppl.inference.losses import JIT_LOSSES, CompiledModelLoss, finite_or_nan
-from aml_ppl.inference.structure import inspect_model, undeclared_batch_sites
-from aml_ppl.models.base import Model, ModelLoss
-from aml_ppl.models.protocols import DataScaledLoss, HasGuide, InitialValues, PreferredLoss
-
-
-OPTIMIZERS: dict[str, Callable[[float], pyro.optim.PyroOptim]] = {
-    "adam": lambda lr: pyro.optim.Adam({"lr": lr}),
-    "clipped_adam": lambda lr: pyro.optim.ClippedAdam({"lr": lr, "clip_norm": 10.0}),
-}
+from aml_ppl.inference.guides import AUTOGUIDES, make_autoguide, map_start
+from aml_ppl.inference.losses import default_loss
+from aml_ppl.inference.steps import OPTIMIZERS, StepLoop
+from aml_ppl.models.protocols import HasGuide, InitialValues
 
 
 @register_engine
@@ -172,58 +146,24 @@ class SVI(Engine):
         self.timeout = timeout
 
     def incompatibility(self, model: Callable, args: tuple, kwargs: dict) -> str | None:
-        if not callable(model):
-            return "it is not callable"
-        if self.guide == "laplace" and inspect_model(model, args, kwargs).enumerated:
-            return (
-                "Pyro's Laplace approximation does not sum out enumerated sites; use it "
-                "without laplace=True, or EM with bootstrap"
-            )
-        if not isinstance(model, Model):  # the built-ins declare their plates
-            state = pyro.util.get_rng_state()  # the check's prior draws leave the fit's stream alone
-            try:
-                undeclared = undeclared_batch_sites(inspect_model(model, args, kwargs))
-            finally:
-                pyro.util.set_rng_state(state)
-            if undeclared:
-                return (
-                    f"the ELBO needs every batch dimension of a site in a pyro.plate, and {undeclared} "
-                    "have batch dimensions no plate declares; wrap them in `with pyro.plate(...)`, or "
-                    "make the dimensions part of one event with `.to_event()`"
-                )
-        return None
+        return guide_incompatibility(model, args, kwargs, laplace=self.guide == "laplace")
 
     def fit(self, model: Callable, *args: Any, **kwargs: Any) -> GuidePosterior:
         self.check_supports(model, args, kwargs)
-        ranks = Ranks.join(self.timeout) if self.distributed else Ranks()
-        loss = self.loss if self.loss is not None else self._default_loss(model, args, kwargs, self.jit)
-        scale = DataPlateScale(self.data_plate, ranks.world_size)
-        traced = self.distributed and not isinstance(loss, DataScaledLoss)
-        if self.distributed and not traced:  # the model's own loss scales its data terms
-            loss = copy.copy(loss)
-            loss.data_scale = ranks.world_size
-        fitted_model = scale(model) if traced else model
-        guide, spec = self._make_guide(model, args, kwargs, fitted_model, ranks)
-        fitted_guide = scale(guide) if traced else guide
-        with isolated_param_store():
-            loss, params = self._first_evaluation(loss, fitted_model, fitted_guide, args, kwargs)
-            if traced and not scale.seen:
-                raise InputDataError(
-                    f"`distributed=True`: the model has no sample site inside a plate named "
-                    f"{self.data_plate!r}; name the plate over data points so, or pass `data_plate=`."
-                )
-            ranks.broadcast(params[name] for name in sorted(params))
-            history, failed_step = self._optimise(fitted_model, fitted_guide, loss, args, kwargs, ranks)
-            posterior = self._freeze(model, guide, spec, args, kwargs, history, ranks.rank)
-        if failed_step is not None:
-            raise NonFiniteLossError(
-                f"the {self.name} loss was not finite at step {failed_step + 1}; the "
-                f"parameters of step {failed_step}, the last finite one, are kept in "
-                f"`error.posterior`. {self.non_finite_advice}",
-                step=failed_step + 1,
-                posterior=posterior,
-            )
-        return posterior
+        plain = functools.partial(default_loss, model, args, kwargs, self.num_particles)
+        optim = OPTIMIZERS[self.optim](self.lr) if isinstance(self.optim, str) else self.optim
+        steps = StepLoop(
+            self.num_steps, optim, patience=self.patience, tolerance=self.tolerance, ema_decay=self.ema_decay,
+            progress=self.name if self.progress_bar else None,
+        )
+        return fit_guide(
+            model, args, kwargs, engine=self.name, objective=self.objective, advice=self.non_finite_advice,
+            loss=self.loss if self.loss is not None else plain(jit=self.jit),
+            plain_loss=plain if self.jit and self.loss is None else None,
+            make_guide=lambda fitted_model, ranks: self._make_guide(model, args, kwargs, fitted_model, ranks),
+            optimise=lambda fitted_model, guide, loss, ranks: steps.run(loss, fitted_model, guide, args, kwargs, ranks),
+            parallel=Parallel(self.distributed, self.data_plate, self.timeout),
+        )
 
     def _make_guide(
         self, model: Callable, args: tuple, kwargs: dict, fitted_model: Callable, ranks: Ranks
@@ -236,148 +176,3 @@ class SVI(Engine):
             start = map_start(fitted_model, args, kwargs, ranks=ranks) if wants_start else None
             return make_autoguide(name, model, args, kwargs, start), name
         return self.guide, "custom"
-
-    def _default_loss(self, model: Callable, args: tuple, kwargs: dict, jit: bool = False) -> Any:
-        if isinstance(model, PreferredLoss):
-            loss = model.default_loss(self.num_particles)
-            if not jit:
-                return loss
-            if type(loss) in JIT_LOSSES:
-                return JIT_LOSSES[type(loss)](num_particles=self.num_particles, ignore_jit_warnings=True)
-            if isinstance(loss, ModelLoss):
-                return CompiledModelLoss(loss)
-            warnings.warn(
-                f"jit=True: the model's own loss ({type(loss).__name__}) has no JIT form; running SVI without the JIT.",
-                JitFallbackWarning,
-                stacklevel=4,
-            )
-            return loss
-        structure = inspect_model(model, args, kwargs)
-        if structure.enumerated:
-            loss = TraceEnum_ELBO(num_particles=self.num_particles, max_plate_nesting=structure.max_plate_nesting)
-        else:
-            loss = Trace_ELBO(num_particles=self.num_particles)
-        if not jit:
-            return loss
-        options = {"num_particles": self.num_particles, "ignore_jit_warnings": True}
-        if structure.enumerated:
-            options["max_plate_nesting"] = structure.max_plate_nesting
-        return JIT_LOSSES[type(loss)](**options)
-
-    def _first_evaluation(
-        self, loss: Any, model: Callable, guide: Callable, args: tuple, kwargs: dict
-    ) -> tuple[Any, dict[str, torch.Tensor]]:
-        r"""Evaluate the loss once before the first step: it creates every parameter (so that
-        rank 0's values can be broadcast before any gradient is taken) and compiles a JIT
-        loss. A JIT loss whose model does not trace is replaced by the plain loss, with a
-        warning. Returns the loss to use and the parameters by name (unconstrained leaves)."""
-        evaluate = getattr(loss, "differentiable_loss", loss.loss)
-        try:
-            with poutine.trace(param_only=True) as capture:
-                finite_or_nan(evaluate, model, guide, *args, **kwargs)
-        except Exception as error:  # tracing fails in many ways (data-dependent control flow, ...)
-            if not (self.jit and self.loss is None):
-                raise
-            warnings.warn(
-                f"jit=True: the model does not trace ({type(error).__name__}: {str(error)[:200]}); "
-                "running SVI without the JIT.",
-                JitFallbackWarning,
-                stacklevel=4,
-            )
-            return self._first_evaluation(self._default_loss(model, args, kwargs), model, guide, args, kwargs)
-        return loss, {name: site["value"].unconstrained() for name, site in capture.trace.nodes.items()}
-
-    def _optimise(
-        self, model: Callable, guide: Callable, loss: Any, args: tuple, kwargs: dict, ranks: Ranks
-    ) -> tuple[list[float], int | None]:
-        r"""Run the steps (losses and gradients averaged over ``ranks``); return the losses and
-        the failing step (``None`` if none failed)."""
-        optim = OPTIMIZERS[self.optim](self.lr) if isinstance(self.optim, str) else self.optim
-        history: list[float] = []
-        last_finite: dict[torch.Tensor, torch.Tensor] = {}
-        averages: dict[torch.Tensor, torch.Tensor] = {}
-        failed_step = None
-        steps = tqdm(range(self.num_steps), desc=self.name, disable=not (self.progress_bar and ranks.is_main))
-        for step in steps:
-            with poutine.trace(param_only=True) as capture:
-                value = finite_or_nan(loss.loss_and_grads, model, guide, *args, **kwargs)
-            named = {name: site["value"].unconstrained() for name, site in capture.trace.nodes.items()}
-            value = ranks.average_step(value, (named[name] for name in sorted(named)))
-            params = set(named.values())
-            with torch.no_grad():
-                if not math.isfinite(value):
-                    for param, saved in last_finite.items():
-                        param.copy_(saved)
-                    zero_grads(params)
-                    failed_step = step
-                    break
-                for param in params:
-                    if param in last_finite:
-                        last_finite[param].copy_(param)
-                    else:
-                        last_finite[param] = param.detach().clone()
-            optim(params)
-            zero_grads(params)
-            self._update_averages(averages, params)
-            history.append(value)
-            if step % 100 == 0:
-                steps.set_postfix(loss=f"{value:.5g}", refresh=False)
-            if self._plateaued(history):
-                break
-        with torch.no_grad():  # the moving averages replace the last iterates
-            for param, average in averages.items():
-                param.copy_(average)
-        return history, failed_step
-
-    def _update_averages(self, averages: dict[torch.Tensor, torch.Tensor], params: set[torch.Tensor]) -> None:
-        if self.ema_decay is None:
-            return
-        with torch.no_grad():
-            for param in params:
-                if param in averages:
-                    averages[param].lerp_(param, 1 - self.ema_decay)
-                else:
-                    averages[param] = param.detach().clone()
-
-    def _plateaued(self, history: list[float]) -> bool:
-        patience = self.patience
-        if patience is None or len(history) < 2 * patience or len(history) % patience:
-            return False
-        previous = sum(history[-2 * patience : -patience]) / patience
-        current = sum(history[-patience:]) / patience
-        return previous - current < self.tolerance * abs(previous)
-
-    def _freeze(
-        self,
-        model: Callable,
-        guide: Callable,
-        spec: str,
-        args: tuple,
-        kwargs: dict,
-        history: list[float],
-        rank: int = 0,
-    ) -> GuidePosterior:
-        r"""Copy the trained guide and parameter values into an immutable posterior (held by
-        process ``rank`` of a data-parallel fit)."""
-        warn_if_collapsed(model, guide, args, kwargs)
-        if isinstance(guide, AutoLaplaceApproximation):
-            warn_if_on_boundary(guide)
-            try:
-                guide, spec = guide.laplace_approximation(*args, **kwargs), "laplace"
-            except torch.linalg.LinAlgError as error:
-                raise ModelFittingError(
-                    "the Hessian of the negative log joint at the mode is not positive "
-                    "definite, so there is no Laplace approximation: the optimiser stopped at "
-                    "a saddle or on a boundary. Run more steps, reparameterise, or use SVI."
-                ) from error
-        module_guide = isinstance(guide, torch.nn.Module)
-        fitted = Fitted(
-            model, args, kwargs, engine=self.name, objective=self.objective, history=history,
-            params=param_values(model, args, kwargs), rank=rank,
-        )
-        return GuidePosterior(
-            fitted,
-            guide=frozen_copy(guide) if module_guide else guide,
-            guide_spec=spec,
-            guide_params={} if module_guide else param_values(guide, args, kwargs),
-        )

@@ -8,6 +8,7 @@ import torch
 import aml_ppl as aml
 from aml_ppl.inference import MAP, NUTS, SVI
 from aml_ppl.inference.guides import make_autoguide
+from aml_ppl.inference.losses import default_loss
 from tests.jit_checks import assert_traced_once_and_equal_on_the_same_draws
 
 
@@ -111,7 +112,6 @@ def test_jit_on_a_users_pyro_program_traces_once_and_equals_the_plain_elbo(model
     generator = torch.Generator().manual_seed(0)
     X = torch.randn(100, 3, generator=generator)
     args = (X, X.sum(-1)) if model is subsampled_regression else (X[:, 0] * 3,)
-    engine = SVI(jit=True)
-    compiled, plain = (engine._default_loss(model, args, {}, jit=jit) for jit in (True, False))
+    compiled, plain = (default_loss(model, args, {}, jit=jit) for jit in (True, False))
     guide = make_autoguide("normal", model, args, {})
     assert_traced_once_and_equal_on_the_same_draws(compiled, plain, model, guide, *args, monkeypatch=monkeypatch)

@@ -12,6 +12,7 @@ from aml_ppl.inference import MAP, SVI
 from aml_ppl.inference.losses import CompiledModelLoss, CompiledOnceMeanField_ELBO
 from aml_ppl.models import BayesianNeuralNetwork
 from aml_ppl.models.bnn import LocalReparameterizationELBO
+from aml_ppl.inference.losses import default_loss
 from tests.jit_checks import assert_traced_once_and_equal_on_the_same_draws
 
 
@@ -204,7 +205,7 @@ def test_the_jit_loss_is_traced_once_and_equals_the_plain_loss_on_the_same_draws
         y = (y > 0).to(x.dtype)
     bnn = BayesianNeuralNetwork(1, hidden=(8,), **options)
     plain = bnn.default_loss()
-    compiled = SVI(jit=True)._default_loss(bnn, (x, y), {}, jit=True)
+    compiled = default_loss(bnn, (x, y), {}, jit=True)
     expected = CompiledModelLoss if options.get("local_reparameterization") else CompiledOnceMeanField_ELBO
     assert type(compiled) is expected
     assert_traced_once_and_equal_on_the_same_draws(compiled, plain, bnn, bnn.guide, x, y, monkeypatch=monkeypatch)

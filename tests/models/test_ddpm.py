@@ -16,6 +16,7 @@ from aml_ppl.inference.losses import CompiledModelLoss
 from aml_ppl.models import DDPM, NoiseSchedule
 from aml_ppl.models.ddpm import DiscretizedNormal
 from aml_ppl.models.ddpm.denoisers import MLPDenoiser
+from aml_ppl.inference.losses import default_loss
 from tests.jit_checks import assert_traced_once_and_equal_on_the_same_draws
 
 
@@ -244,7 +245,7 @@ def test_only_svi_runs_it_and_the_surface_says_what_to_use_instead() -> None:
 def test_jit_traces_the_diffusion_loss_once_and_it_equals_the_eager_loss_on_the_same_draws(objective, monkeypatch) -> None:
     model = DDPM((2,), num_timesteps=20, objective=objective, batch_size=16, network_options={"hidden": 8})
     x0 = torch.randn(64, 2, generator=torch.Generator().manual_seed(0))
-    compiled = aml.inference.SVI(jit=True)._default_loss(model, (x0,), {}, jit=True)
+    compiled = default_loss(model, (x0,), {}, jit=True)
     assert isinstance(compiled, CompiledModelLoss)
     assert_traced_once_and_equal_on_the_same_draws(compiled, model.default_loss(), model, model.guide, x0, monkeypatch=monkeypatch)
 
