@@ -163,7 +163,7 @@ def freeze(fitted: Fitted, guide: Callable, spec: str) -> GuidePosterior:
     model, args, kwargs = fitted.model, fitted.args, fitted.kwargs
     warn_if_collapsed(model, guide, args, kwargs)
     if isinstance(guide, AutoLaplaceApproximation):
-        warn_if_on_boundary(guide)
+        warn_if_on_boundary(guide, args, kwargs)
         try:
             guide, spec = guide.laplace_approximation(*args, **kwargs), "laplace"
         except torch.linalg.LinAlgError as error:

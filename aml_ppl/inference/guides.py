@@ -146,22 +146,29 @@ def map_start(
 BOUNDARY_UNCONSTRAINED = 10.0
 
 
-def warn_if_on_boundary(guide: AutoLaplaceApproximation) -> None:
+def warn_if_on_boundary(guide: AutoLaplaceApproximation, args: tuple, kwargs: dict) -> None:
     r"""Warn, naming the sites, where the mode of a Laplace approximation lies on the
     boundary of a constrained site's support: the log density is not locally
-    quadratic there, so :math:`\mathcal{N}(\hat\theta, H^{-1})` misstates the posterior."""
+    quadratic there, so :math:`\mathcal{N}(\hat\theta, H^{-1})` misstates the posterior.
+    The mode is read by running the guide (a point mass there) and mapping each value back
+    to the unconstrained space."""
+    with torch.no_grad(), poutine.block():
+        mode = poutine.trace(guide).get_trace(*args, **kwargs)
+    supports = {
+        name: site["fn"].support for name, site in guide.prototype_trace.iter_stochastic_nodes() if not site_is_subsample(site)
+    }
     on_boundary = [
-        site["name"]
-        for site, value in guide._unpack_latent(guide.loc.detach())
-        if site["fn"].support is not dist.constraints.real
-        and bool((value.abs() > BOUNDARY_UNCONSTRAINED).any())
+        name
+        for name, support in supports.items()
+        if support is not dist.constraints.real
+        and bool((biject_to(support).inv(mode.nodes[name]["value"]).abs() > BOUNDARY_UNCONSTRAINED).any())
     ]
     if on_boundary:
         warnings.warn(
             f"the mode lies on the boundary of the support of {on_boundary}, where a Laplace "
             "approximation is unreliable; use NUTS or SVI for these sites.",
             BoundaryWarning,
-            stacklevel=5,  # the caller of aml_ppl.fit
+            stacklevel=6,  # the caller of aml_ppl.fit
         )
 
 
@@ -195,7 +202,7 @@ def warn_if_collapsed(model: Callable, guide: Callable, args: tuple, kwargs: dic
             f"effects {effects} are pooled to one value (the joint mode, not a posterior's centre). Start the "
             "guide where Pyro does (SVI(init='median'), or no start of your own), fit longer, or check with NUTS.",
             CollapseWarning,
-            stacklevel=5,  # the caller of aml_ppl.fit
+            stacklevel=6,  # the caller of aml_ppl.fit
         )
 
 

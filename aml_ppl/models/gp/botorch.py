@@ -8,6 +8,7 @@ so :mod:`aml_ppl.models.gp.exact` imports it only when a BoTorch model is asked 
 from __future__ import annotations
 
 import copy
+import math
 from typing import Any
 
 import torch
@@ -89,11 +90,11 @@ def single_task_gp(
 
 
 def _fixed_standardize(stats: dict[str, torch.Tensor], batch: tuple[int, ...]) -> Standardize:
-    r"""BoTorch's ``Standardize`` with the fitted offset and scale (not re-estimated)."""
+    r"""BoTorch's ``Standardize`` with the fitted offset and scale (not re-estimated): trained,
+    its public way, on the two outcomes :math:`m \pm s/\sqrt{2}`, whose mean is the offset
+    :math:`m` and whose standard deviation (``n - 1`` in the denominator) the scale :math:`s`."""
     transform = Standardize(m=1, batch_shape=torch.Size(batch))
-    transform.means = stats["y_offset"].reshape(1, 1).expand(*batch, 1, 1)
-    transform.stdvs = stats["y_scale"].reshape(1, 1).expand(*batch, 1, 1)
-    transform._stdvs_sq = transform.stdvs.square()
-    transform._is_trained = torch.tensor(True)
+    offset, spread = stats["y_offset"].reshape(1, 1), stats["y_scale"].reshape(1, 1) / math.sqrt(2)
+    transform(torch.cat([offset - spread, offset + spread]).expand(*batch, 2, 1))
     transform.eval()
     return transform
