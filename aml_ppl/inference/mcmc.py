@@ -1,4 +1,4 @@
-r"""The No-U-Turn sampler (Pyro ``MCMC(NUTS)``) behind :func:`aml_ppl.fit`."""
+r"""The No-U-Turn sampler (Stan's multinomial NUTS under Pyro's ``MCMC``) behind :func:`aml_ppl.fit`."""
 
 from __future__ import annotations
 
@@ -23,10 +23,9 @@ from aml_ppl.inference.chains import chain_executor, default_chains, run_chains
 from aml_ppl.inference.context import isolated_param_store
 from aml_ppl.inference.fitted import Fitted
 from aml_ppl.inference.io import register_posterior, stored
+from aml_ppl.inference.nuts_kernel import SAMPLE_STATS, MultinomialNUTS
 from aml_ppl.inference.structure import inspect_model
 
-# ArviZ's names for the per-draw statistics a NUTS chain records.
-SAMPLE_STATS = ("diverging", "energy", "lp", "step_size", "tree_depth", "acceptance_rate", "n_steps")
 
 
 @register_posterior
@@ -78,56 +77,13 @@ class SamplePosterior(Posterior):
         return cls(fitted, samples=stored(tensors, "sample"), stats=stored(tensors, "stat"))
 
 
-class _RecordingNUTS(pyro.infer.NUTS):
-    r"""Pyro's NUTS kernel, recording ArviZ's per-draw statistics of each transition.
-
-    ``energy`` is the Hamiltonian at the start of the transition (fresh momentum at
-    the current position), ``lp`` the log density of the new state in the sampler's
-    unconstrained space (``-potential_energy``), ``acceptance_rate`` the mean
-    acceptance probability over the trajectory, ``tree_depth`` the number of doublings.
-    """
-
-    def setup(self, warmup_steps: int, *args: Any, **kwargs: Any) -> None:
-        super().setup(warmup_steps, *args, **kwargs)
-        self.records: dict[str, list[float]] = {name: [] for name in SAMPLE_STATS}
-
-    def _sample_r(self, name: str) -> Any:
-        r, r_unscaled = super()._sample_r(name)
-        self._energy = float(self._kinetic_energy(r_unscaled) + self._fetch_from_cache()[1])
-        return r, r_unscaled
-
-    def _build_basetree(self, *args: Any, **kwargs: Any) -> Any:
-        self._leapfrogs += 1
-        return super()._build_basetree(*args, **kwargs)
-
-    def _build_tree(self, z, r, z_grads, log_slice, direction, tree_depth, energy_current):
-        self._depth = max(self._depth, tree_depth + 1)
-        return super()._build_tree(z, r, z_grads, log_slice, direction, tree_depth, energy_current)
-
-    def sample(self, params: dict) -> dict:
-        self._leapfrogs, self._depth, self._energy = 0, 0, float("nan")
-        warming = self._t < self._warmup_steps
-        divergences, mean_accept = len(self._divergences), self._mean_accept_prob
-        step_size = self.step_size
-        new = super().sample(params)
-        if warming or not new:
-            return new
-        count = self._t - self._warmup_steps  # the running mean's n after this step
-        record = self.records
-        record["acceptance_rate"].append(mean_accept + count * (self._mean_accept_prob - mean_accept))
-        record["diverging"].append(len(self._divergences) > divergences)
-        record["energy"].append(self._energy)
-        record["lp"].append(-float(self._fetch_from_cache()[1]))
-        record["step_size"].append(step_size)
-        record["tree_depth"].append(self._depth)
-        record["n_steps"].append(self._leapfrogs)
-        return new
-
-
 @register_engine
 class NUTS(Engine):
     r"""Hamiltonian Monte Carlo with the No-U-Turn sampler.
 
+    The kernel is Stan's NUTS (multinomial sampling, the generalised U-turn criterion:
+    :class:`~aml_ppl.inference.nuts_kernel.MultinomialNUTS`) on Pyro's potential energy and
+    warm-up, driven by ``pyro.infer.MCMC``; it records ArviZ's per-draw statistics.
     Each chain (with its own warm-up) is seeded from the run's seed and its index, so
     where it runs does not change its draws: in worker processes with one thread each
     (``"processes"``), on an ``executor`` (any ``concurrent.futures.Executor``, such as
@@ -331,7 +287,7 @@ def sample_chain(
     if threads is not None:
         torch.set_num_threads(threads)
     with local_seed(seed), isolated_param_store():
-        kernel = _RecordingNUTS(model, **kernel_options)
+        kernel = MultinomialNUTS(model, **kernel_options)
         mcmc = pyro.infer.MCMC(kernel, num_samples=num_samples, warmup_steps=warmup_steps, disable_progbar=not progress_bar)
         mcmc.run(*args, **kwargs)
         return mcmc.get_samples(), kernel.records

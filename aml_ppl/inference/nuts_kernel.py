@@ -1,0 +1,314 @@
+r"""The No-U-Turn sampler as Stan runs it: multinomial sampling over the trajectory and the
+generalised U-turn criterion (Betancourt 2017, *A Conceptual Introduction to Hamiltonian
+Monte Carlo*, §A.4; Hoffman and Gelman 2014 for the doubling), on a Pyro program.
+
+The kernel keeps to Pyro's public kernel contract (:class:`pyro.infer.mcmc.MCMCKernel`:
+``setup``, ``sample``, ``initial_params``, ``transforms``), so ``pyro.infer.MCMC`` drives it,
+and records ArviZ's per-draw statistics as it goes. The potential energy and its
+transforms come from :func:`pyro.infer.mcmc.util.initialize_model` (enumerated discrete
+sites summed out there, the PyTorch JIT on request), the warm-up from Pyro's
+:class:`~pyro.infer.mcmc.adaptation.WarmupAdapter` (Stan's windows: dual averaging of the
+step size, a diagonal or dense mass matrix from the windows' draws). The trajectory works on
+one flat vector of the unconstrained latents.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
+from pyro.infer.mcmc.adaptation import WarmupAdapter
+from pyro.infer.mcmc.util import initialize_model
+from pyro.ops.integrator import potential_grad
+
+# ArviZ's names for the per-draw statistics a chain records.
+SAMPLE_STATS = ("diverging", "energy", "lp", "step_size", "tree_depth", "acceptance_rate", "n_steps")
+# An energy error beyond this is a divergence (Stan's and Pyro's threshold).
+MAX_ENERGY_ERROR = 1000.0
+# Where the step-size search gives up (Pyro's bounds).
+MIN_STEP_SIZE, MAX_STEP_SIZE = 1e-10, 1e10
+# The one mass-matrix block: the whole flat latent vector.
+BLOCK = ("latent",)
+
+
+@dataclass
+class _State:
+    r"""A point of the trajectory: position, momentum, potential energy and its gradient."""
+
+    z: torch.Tensor
+    r: torch.Tensor
+    potential: torch.Tensor
+    grad: torch.Tensor
+
+
+@dataclass
+class _Tree:
+    r"""A subtree: its two ends (in trajectory order), the state it proposes, the log of the
+    sum of its states' weights :math:`e^{-H}` (relative to the start), the sum of its
+    momenta, and the transition's counters."""
+
+    left: _State
+    right: _State
+    proposal: _State
+    log_weight: torch.Tensor
+    momentum_sum: torch.Tensor
+    steps: int
+    accept_sum: float
+    diverging: bool = False
+    turning: bool = False
+
+    @property
+    def valid(self) -> bool:
+        return not (self.diverging or self.turning)
+
+
+class MultinomialNUTS(MCMCKernel):
+    r"""NUTS with multinomial sampling, recording ArviZ's per-draw statistics.
+
+    A transition draws a momentum :math:`r \sim \mathcal{N}(0, M)`, then doubles a
+    trajectory of leapfrog steps forwards or backwards in time (each direction with
+    probability 1/2) until the generalised U-turn criterion holds on the whole trajectory or
+    on a subtree, a leapfrog step diverges (energy error above 1000), or ``max_tree_depth``
+    doublings. The next state is drawn from the trajectory with probability proportional to
+    :math:`e^{-H(z, r)}`: within a subtree uniformly-progressively, and between the old tree
+    and a new subtree biased towards the new one (Betancourt 2017, §A.3.2). A trajectory
+    :math:`z^-\ldots z^+` with momentum sum :math:`\rho` turns when
+    :math:`(M^{-1}r^-)^\top\rho \le 0` or :math:`(M^{-1}r^+)^\top\rho \le 0`; as Stan (2.26
+    onwards) the check is also made across the two halves of each merge.
+
+    Args:
+        model: The Pyro program.
+        step_size: The initial step size (adapted during warm-up).
+        target_accept_prob: The dual averaging's target mean acceptance statistic.
+        max_tree_depth: Doublings at most per transition.
+        full_mass: Adapt a dense mass matrix rather than a diagonal one.
+        jit_compile: Compile the potential with the PyTorch JIT (Pyro's ``jit_compile``).
+        ignore_jit_warnings: Silence the JIT's warnings.
+
+    Attributes:
+        records: Statistic name to its per-draw values after warm-up (``SAMPLE_STATS``), as
+            Stan reports them: ``tree_depth`` counts the doublings kept (the last one tried may
+            have been refused, so ``n_steps`` is at most :math:`2^{\text{depth} + 1} - 1`),
+            ``acceptance_rate`` is the mean of :math:`\min(1, e^{H_0 - H})` over the
+            trajectory's steps, ``energy`` is :math:`H_0`, ``lp`` is :math:`-U` at the draw.
+
+    Example:
+        >>> import pyro, pyro.distributions as dist, torch
+        >>> def normal(y):
+        ...     mu = pyro.sample("mu", dist.Normal(0.0, 10.0))
+        ...     with pyro.plate("data", len(y)):
+        ...         pyro.sample("y", dist.Normal(mu, 1.0), obs=y)
+        >>> kernel = MultinomialNUTS(normal)
+        >>> mcmc = pyro.infer.MCMC(kernel, num_samples=50, warmup_steps=50, disable_progbar=True)
+        >>> mcmc.run(torch.zeros(4))
+        >>> mcmc.get_samples()["mu"].shape, len(kernel.records["tree_depth"])
+        (torch.Size([50]), 50)
+    """
+
+    def __init__(
+        self,
+        model: Callable,
+        *,
+        step_size: float = 1.0,
+        target_accept_prob: float = 0.8,
+        max_tree_depth: int = 10,
+        full_mass: bool = False,
+        jit_compile: bool = False,
+        ignore_jit_warnings: bool = True,
+    ) -> None:
+        self.model = model
+        self.max_tree_depth = max_tree_depth
+        self.full_mass = full_mass
+        self.jit_compile = jit_compile
+        self.ignore_jit_warnings = ignore_jit_warnings
+        self.adapter = WarmupAdapter(
+            step_size, adapt_step_size=True, target_accept_prob=target_accept_prob, adapt_mass_matrix=True,
+            dense_mass=full_mass,
+        )
+        self.transforms: dict[str, Any] | None = None
+        self.records: dict[str, list[float]] = {name: [] for name in SAMPLE_STATS}
+
+    # -- Pyro's kernel contract -------------------------------------------------------------
+
+    def setup(self, warmup_steps: int, *args: Any, **kwargs: Any) -> None:
+        start, self.potential_fn, self.transforms, _ = initialize_model(
+            self.model, args, kwargs, jit_compile=self.jit_compile, skip_jit_warnings=self.ignore_jit_warnings
+        )
+        self.shapes = {name: value.shape for name, value in sorted(start.items())}
+        self._initial_params = start
+        self.warmup_steps = warmup_steps
+        self.iteration = 0
+        self.records = {name: [] for name in SAMPLE_STATS}
+        z = self._flatten(start)
+        self._current = self._state(z, torch.zeros_like(z))
+        size = z.numel()
+        self.adapter.configure(
+            warmup_steps, mass_matrix_shape={BLOCK: (size, size) if self.full_mass else (size,)},
+            find_reasonable_step_size_fn=self._find_reasonable_step_size,
+            options={"dtype": z.dtype, "device": z.device},
+        )
+        self.adapter.reset_step_size_adaptation({BLOCK[0]: z})
+
+    @property
+    def initial_params(self) -> dict[str, torch.Tensor]:
+        return self._initial_params
+
+    @initial_params.setter
+    def initial_params(self, params: dict[str, torch.Tensor]) -> None:
+        self._initial_params = params
+
+    def logging(self) -> dict[str, str]:
+        return {"step size": f"{self.adapter.step_size:.2e}"}
+
+    def sample(self, params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        z = self._flatten(params)
+        if not torch.equal(z, self._current.z):  # a start set from outside
+            self._current = self._state(z, torch.zeros_like(z))
+        step_size = self.adapter.step_size
+        start = self._with_fresh_momentum(self._current)
+        energy = self._hamiltonian(start)
+        tree, depth = self._transition(start, energy, step_size)
+        accept_prob = tree.accept_sum / max(tree.steps, 1)
+        if self.iteration < self.warmup_steps:
+            self.adapter.step(
+                self.iteration, {BLOCK[0]: tree.proposal.z}, torch.tensor(accept_prob), {BLOCK[0]: tree.proposal.grad}
+            )
+        else:
+            for name, value in (
+                ("diverging", tree.diverging), ("energy", float(energy)), ("lp", -float(tree.proposal.potential)),
+                ("step_size", step_size), ("tree_depth", depth), ("acceptance_rate", accept_prob), ("n_steps", tree.steps),
+            ):
+                self.records[name].append(value)
+        self.iteration += 1
+        self._current = tree.proposal
+        return self._unflatten(tree.proposal.z)
+
+    # -- the transition -----------------------------------------------------------------------
+
+    def _transition(self, start: _State, energy: torch.Tensor, step_size: float) -> tuple[_Tree, int]:
+        r"""Double the trajectory from ``start`` until it turns, diverges or reaches the depth
+        cap; returns the whole tree (its ``proposal`` the next state) and the depth reached."""
+        tree = _Tree(start, start, start, torch.zeros((), dtype=start.z.dtype), start.r, steps=0, accept_sum=0.0)
+        depth = 0
+        while depth < self.max_tree_depth:
+            forward = bool(torch.rand(()) < 0.5)
+            subtree = self._build(tree.right if forward else tree.left, forward, depth, energy, step_size)
+            tree.steps += subtree.steps
+            tree.accept_sum += subtree.accept_sum
+            if not subtree.valid:
+                tree.diverging = subtree.diverging
+                break
+            depth += 1
+            if bool(torch.rand(()).log() < subtree.log_weight - tree.log_weight):  # biased towards the new
+                tree.proposal = subtree.proposal
+            first, second = (tree, subtree) if forward else (subtree, tree)
+            tree = self._merge(first, second, tree.proposal, torch.logaddexp(tree.log_weight, subtree.log_weight), tree)
+            if tree.turning:
+                break
+        return tree, depth
+
+    def _build(self, state: _State, forward: bool, depth: int, energy: torch.Tensor, step_size: float) -> _Tree:
+        r"""A subtree of :math:`2^\text{depth}` leapfrog steps from ``state``, in the direction
+        given; its proposal drawn uniformly-progressively (proportional to the weights)."""
+        if depth == 0:
+            new = self._leapfrog(state, step_size if forward else -step_size)
+            error = self._hamiltonian(new) - energy
+            error = error if torch.isfinite(error) else torch.full_like(error, math.inf)
+            return _Tree(
+                new, new, new, -error, new.r, steps=1, accept_sum=float(torch.exp(-error).clamp(max=1.0)),
+                diverging=bool(error > MAX_ENERGY_ERROR),
+            )
+        inner = self._build(state, forward, depth - 1, energy, step_size)
+        if not inner.valid:
+            return inner
+        outer = self._build(inner.right if forward else inner.left, forward, depth - 1, energy, step_size)
+        counts = _Tree(inner.left, inner.right, inner.proposal, inner.log_weight, inner.momentum_sum,
+                       steps=inner.steps + outer.steps, accept_sum=inner.accept_sum + outer.accept_sum)
+        if not outer.valid:
+            counts.diverging, counts.turning = outer.diverging, outer.turning
+            return counts
+        log_weight = torch.logaddexp(inner.log_weight, outer.log_weight)
+        proposal = outer.proposal if bool(torch.rand(()).log() < outer.log_weight - log_weight) else inner.proposal
+        first, second = (inner, outer) if forward else (outer, inner)
+        return self._merge(first, second, proposal, log_weight, counts)
+
+    def _merge(self, first: _Tree, second: _Tree, proposal: _State, log_weight: torch.Tensor, counts: _Tree) -> _Tree:
+        r"""Two adjacent subtrees (``first`` earlier in time) as one, with the U-turn checks on
+        the whole and across the two halves."""
+        momentum_sum = first.momentum_sum + second.momentum_sum
+        turning = (
+            self._turns(first.left, second.right, momentum_sum)
+            or self._turns(first.left, second.left, first.momentum_sum + second.left.r)
+            or self._turns(first.right, second.right, first.right.r + second.momentum_sum)
+        )
+        return _Tree(first.left, second.right, proposal, log_weight, momentum_sum, steps=counts.steps,
+                     accept_sum=counts.accept_sum, diverging=counts.diverging, turning=turning)
+
+    def _turns(self, left: _State, right: _State, momentum_sum: torch.Tensor) -> bool:
+        r"""The generalised criterion: the sharp momenta :math:`M^{-1}r` at the ends point
+        against the trajectory's momentum sum."""
+        return bool(self._velocity(left.r) @ momentum_sum <= 0) or bool(self._velocity(right.r) @ momentum_sum <= 0)
+
+    # -- Hamiltonian dynamics ---------------------------------------------------------------
+
+    def _state(self, z: torch.Tensor, r: torch.Tensor) -> _State:
+        grads, potential = potential_grad(self.potential_fn, self._unflatten(z))
+        return _State(z, r, potential.detach(), self._flatten(grads).detach())
+
+    def _leapfrog(self, state: _State, step_size: float) -> _State:
+        r_half = state.r - 0.5 * step_size * state.grad
+        new = self._state(state.z + step_size * self._velocity(r_half), r_half)
+        new.r = r_half - 0.5 * step_size * new.grad
+        return new
+
+    def _inverse_mass(self) -> torch.Tensor:
+        return self.adapter.mass_matrix_adapter.inverse_mass_matrix[BLOCK]
+
+    def _velocity(self, r: torch.Tensor) -> torch.Tensor:
+        inverse_mass = self._inverse_mass()
+        return inverse_mass @ r if inverse_mass.dim() == 2 else inverse_mass * r
+
+    def _hamiltonian(self, state: _State) -> torch.Tensor:
+        return state.potential + 0.5 * (state.r @ self._velocity(state.r))
+
+    def _with_fresh_momentum(self, state: _State) -> _State:
+        r"""``state`` with :math:`r \sim \mathcal{N}(0, M)`."""
+        inverse_mass = self._inverse_mass()
+        noise = torch.randn_like(state.z)
+        if inverse_mass.dim() == 2:  # M = (M^{-1})^{-1} = L L^T with L = chol(M)
+            momentum = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(inverse_mass))) @ noise
+        else:
+            momentum = noise / inverse_mass.sqrt()
+        return _State(state.z, momentum, state.potential, state.grad)
+
+    def _find_reasonable_step_size(self, params: dict[str, torch.Tensor]) -> float:
+        r"""Hoffman and Gelman's heuristic (2014, Algorithm 4): double or halve the step size
+        until one leapfrog step's acceptance probability crosses 0.8."""
+        step_size = self.adapter.step_size
+        start = self._with_fresh_momentum(self._state(params[BLOCK[0]], torch.zeros_like(params[BLOCK[0]])))
+        energy = self._hamiltonian(start)
+
+        def log_accept(size: float) -> float:
+            error = energy - self._hamiltonian(self._leapfrog(start, size))
+            return float(error) if torch.isfinite(error) else -math.inf
+
+        direction = 1 if log_accept(step_size) > math.log(0.8) else -1
+        while MIN_STEP_SIZE < step_size < MAX_STEP_SIZE:  # a flat or broken potential ends the search
+            step_size *= 2.0**direction
+            if (log_accept(step_size) > math.log(0.8)) != (direction == 1):
+                break
+        return min(max(step_size, MIN_STEP_SIZE), MAX_STEP_SIZE)
+
+    def _flatten(self, values: dict[str, torch.Tensor]) -> torch.Tensor:
+        return torch.cat([values[name].reshape(-1) for name in self.shapes])
+
+    def _unflatten(self, z: torch.Tensor) -> dict[str, torch.Tensor]:
+        values, start = {}, 0
+        for name, shape in self.shapes.items():
+            size = math.prod(shape)
+            values[name] = z[start : start + size].reshape(shape)
+            start += size
+        return values
