@@ -61,6 +61,11 @@ class AmlPplWarning(UserWarning):
     r"""Base class of aml_ppl's warnings."""
 
 
+class VectorisedChainsWarning(AmlPplWarning):
+    r"""``NUTS(vectorized=True)`` was asked for, but the model's potential energy cannot be
+    evaluated for all chains at once; the chains ran the usual way."""
+
+
 class JitFallbackWarning(AmlPplWarning):
     r"""The JIT was asked for (or is the engine's default), but the model does not trace
     faithfully; the engine ran without it."""

@@ -2,7 +2,9 @@
 default `MCMC(NUTS, num_chains=2)`: wall time and effective samples per second.
 
 Posteriors with a published reference: eight schools (non-centred) and a Bayesian linear
-regression with n = 1000, d = 10 (known noise, Normal prior). 2 chains x (500 warm-up + 500
+regression with n = 1000, d = 10 (known noise, Normal prior); and a Bayesian logistic
+regression on scikit-learn's breast-cancer data (569 x 30, standardised columns, standard
+normal priors on the intercept and the weights), issue 30's third model. 2 chains x (500 warm-up + 500
 kept draws), seed 0, one thread per process. ESS: ArviZ's bulk ESS, the smallest over the
 parameters. Goals (issue 14): processes <= 0.65x the wall time in turn; ESS/s >= 1.6x Pyro's
 default. aml_ppl's NUTS traces the potential with the JIT by default where the model traces;
@@ -48,14 +50,33 @@ def regression(X, y=None):
         pyro.sample("obs", dist.Normal(X @ beta, 0.5), obs=y)
 
 
+def logistic(X, y=None):
+    intercept = pyro.sample("intercept", dist.Normal(torch.zeros((), dtype=X.dtype), 1.0))
+    weights = pyro.sample("weights", dist.Normal(torch.zeros(X.shape[1], dtype=X.dtype), 1.0).to_event(1))
+    with pyro.plate("data", X.shape[0]):
+        pyro.sample("obs", dist.Bernoulli(logits=intercept + X @ weights), obs=y)
+
+
+def breast_cancer() -> tuple[torch.Tensor, torch.Tensor]:
+    from sklearn.datasets import load_breast_cancer
+
+    X, y = load_breast_cancer(return_X_y=True)
+    X = torch.tensor((X - X.mean(0)) / X.std(0), dtype=torch.float64)
+    return X, torch.tensor(y, dtype=torch.float64)
+
+
 def problems() -> dict:
     # The models by their importable name, not __main__'s, so that worker processes can load them.
-    from bench_chains import eight_schools, regression
+    from bench_chains import eight_schools, logistic, regression
 
     generator = torch.Generator().manual_seed(0)
     X = torch.randn(1000, 10, dtype=torch.float64, generator=generator)
     y = X @ torch.linspace(-1, 1, 10, dtype=torch.float64) + 0.5 * torch.randn(1000, dtype=torch.float64, generator=generator)
-    return {"eight schools (non-centred)": (eight_schools, (SIGMAS, EFFECTS)), "BLR n = 1000, d = 10": (regression, (X, y))}
+    return {
+        "eight schools (non-centred)": (eight_schools, (SIGMAS, EFFECTS)),
+        "BLR n = 1000, d = 10": (regression, (X, y)),
+        "logistic 569 x 30": (logistic, breast_cancer()),
+    }
 
 
 def smallest_ess(samples: dict) -> float:
@@ -101,7 +122,13 @@ def numpyro_parallel(model, args):
         with numpyro.plate("data", X.shape[0]):
             numpyro.sample("obs", numpyro_dist.Normal(X @ beta, 0.5), obs=y)
 
-    twin = {"eight_schools": eight_schools, "regression": regression}[model.__name__]
+    def logistic(X, y=None):
+        intercept = numpyro.sample("intercept", numpyro_dist.Normal(0.0, 1.0))
+        weights = numpyro.sample("weights", numpyro_dist.Normal(np.zeros(X.shape[1]), 1.0).to_event(1))
+        with numpyro.plate("data", X.shape[0]):
+            numpyro.sample("obs", numpyro_dist.Bernoulli(logits=intercept + X @ weights), obs=y)
+
+    twin = {"eight_schools": eight_schools, "regression": regression, "logistic": logistic}[model.__name__]
     mcmc = numpyro.infer.MCMC(numpyro.infer.NUTS(twin), num_warmup=500, num_samples=500, num_chains=2,
                               chain_method="parallel", progress_bar=False)
     arrays = [a.numpy() for a in args]

@@ -75,6 +75,15 @@ def log_densities(
     return joint, None if any(single[1] is None for single in singles) else torch.cat([single[1] for single in singles])
 
 
+def log_joint(
+    model: Callable, draws: dict[str, torch.Tensor], args: tuple, kwargs: dict, structure: Structure
+) -> torch.Tensor:
+    r"""Per draw, :math:`\log p(y, \theta_s)`, the ``S`` draws of every latent site on one
+    plate in one trace, enumerated sites summed out; differentiable in the draws (a batched
+    sampler's potential energy). Raises where the model does not broadcast over the plate."""
+    return _pass(model, None, draws, next(iter(draws.values())).shape[0], args, kwargs, structure)[0]
+
+
 def _pass(
     model: Callable,
     guide: Callable | None,

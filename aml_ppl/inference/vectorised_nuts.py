@@ -1,0 +1,359 @@
+r"""NUTS on many chains at once, in one process: every leapfrog step of every chain in one
+batched evaluation of the potential energy and its gradient.
+
+The potential is Pyro's (:func:`pyro.infer.mcmc.util.initialize_model`) mapped over the
+chains with ``torch.func.vmap`` (validation off, as a batched trace cannot branch on a
+value), so the model need not broadcast over a chains dimension. Each chain builds its own
+trajectory, as :class:`~aml_ppl.inference.nuts_kernel.MultinomialNUTS` does (multinomial
+sampling, the generalised U-turn criterion with Stan's checks across merged subtrees): a
+chain whose trajectory has ended is masked while the others go on, so a doubling costs as
+many batched evaluations as the longest trajectory among the chains. Each chain adapts its
+own step size (dual averaging) and diagonal mass matrix (Welford variances) in Stan's
+windows. A model whose potential cannot be evaluated for all chains at once is refused.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass, replace
+from typing import Any, Callable
+
+import pyro
+import torch
+from pyro.infer.mcmc.adaptation import WarmupAdapter
+from pyro.infer.mcmc.util import initialize_model
+from pyro.ops.dual_averaging import DualAveraging
+from pyro.ops.welford import WelfordCovariance
+
+from aml_ppl.errors import ModelFittingError
+from aml_ppl.inference.density import log_joint
+from aml_ppl.inference.nuts_kernel import MAX_ENERGY_ERROR, MAX_STEP_SIZE, MIN_STEP_SIZE, SAMPLE_STATS
+from aml_ppl.inference.structure import inspect_model
+
+class BatchingError(ModelFittingError):
+    r"""The model's potential energy cannot be evaluated for all chains at once."""
+
+
+@dataclass
+class _Points:
+    r"""One trajectory point per chain: positions and momenta ``C x D``, potentials and
+    gradients."""
+
+    z: torch.Tensor
+    r: torch.Tensor
+    potential: torch.Tensor
+    grad: torch.Tensor
+
+
+@dataclass
+class _Trees:
+    r"""One (sub)tree per chain (see :class:`~aml_ppl.inference.nuts_kernel.MultinomialNUTS`)."""
+
+    left: _Points
+    right: _Points
+    proposal: _Points
+    log_weight: torch.Tensor
+    momentum_sum: torch.Tensor
+    steps: torch.Tensor
+    accept_sum: torch.Tensor
+    diverging: torch.Tensor
+    turning: torch.Tensor
+
+    @property
+    def valid(self) -> torch.Tensor:
+        return ~(self.diverging | self.turning)
+
+
+def _where(mask: torch.Tensor, first: Any, second: Any) -> Any:
+    r"""Per chain, ``first`` where ``mask`` holds, else ``second`` (tensors ``C`` or ``C x D``, or
+    records of them)."""
+    return _select(mask, mask[:, None], first, second)
+
+
+def _select(mask: torch.Tensor, column: torch.Tensor, first: Any, second: Any) -> Any:
+    if isinstance(first, torch.Tensor):
+        return torch.where(column if first.dim() == 2 else mask, first, second)
+    return type(first)(*(_select(mask, column, a, b) for a, b in zip(first.__dict__.values(), second.__dict__.values())))
+
+
+class ChainPotential:
+    r"""The potential energy :math:`U(z) = -\log p(y, T(z)) - \log|\det J_T(z)|` and its
+    gradient at ``C x D`` unconstrained points, in one evaluation for all chains.
+
+    The fast way (``how = "plate"``) runs the model once with the ``C`` points on a plate
+    (:func:`~aml_ppl.inference.density.log_joint`), traced with the PyTorch JIT where asked;
+    a model that does not broadcast over that plate is mapped over the chains with
+    ``torch.func.vmap`` of Pyro's potential instead (``how = "vmap"``, validation off).
+    """
+
+    def __init__(self, model: Callable, args: tuple, kwargs: dict, num_chains: int, jit: bool = True) -> None:
+        start, self.pyro_potential, self.transforms, _ = initialize_model(model, args, kwargs, num_chains=num_chains)
+        self.shapes = {name: value.shape[1:] for name, value in sorted(start.items())}
+        self.start = torch.cat([start[name].reshape(num_chains, -1) for name in self.shapes], -1).detach()
+        self.model, self.args, self.kwargs = model, args, kwargs
+        self.structure = inspect_model(model, args, kwargs)
+        self.mapped = torch.func.vmap(torch.func.grad_and_value(self.flat_potential))
+        self.how, self.forward = "plate", self.plate_potential
+        if self._differs():
+            self.how = "vmap"
+            if self._differs():
+                raise BatchingError(
+                    "the model's potential energy neither runs with the chains on a plate (the model does not "
+                    "broadcast over a leading dimension) nor under torch.func.vmap (a branch on a value)"
+                )
+        elif jit:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                traced = torch.jit.trace(self.plate_potential, self.start, check_trace=False)
+            plain, self.forward = self.forward, traced
+            if self._differs():
+                self.forward = plain
+            else:
+                self.how = "plate, jit"
+
+    def sites(self, z: torch.Tensor) -> dict[str, torch.Tensor]:
+        r"""The flat unconstrained points ``... x D`` as site name to ``... x shape``."""
+        values, start = {}, 0
+        for name, shape in self.shapes.items():
+            size = math.prod(shape)
+            values[name] = z[..., start : start + size].reshape(z.shape[:-1] + shape)
+            start += size
+        return values
+
+    def flat_potential(self, z: torch.Tensor) -> torch.Tensor:
+        return self.pyro_potential(self.sites(z))
+
+    def plate_potential(self, z: torch.Tensor) -> torch.Tensor:
+        draws, log_det = {}, torch.zeros(z.shape[0], dtype=z.dtype)
+        for name, unconstrained in self.sites(z).items():
+            constrain = self.transforms[name].inv
+            draws[name] = constrain(unconstrained)
+            log_det = log_det + constrain.log_abs_det_jacobian(unconstrained, draws[name]).reshape(z.shape[0], -1).sum(-1)
+        return -(log_joint(self.model, draws, self.args, self.kwargs, self.structure) + log_det)
+
+    def __call__(self, points: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.how == "vmap":
+            with pyro.validation_enabled(False), _distribution_validation(False):
+                grads, values = self.mapped(points)
+            return values.detach(), grads.detach()
+        points = points.detach().requires_grad_(True)
+        with torch.enable_grad():
+            values = self.forward(points)
+            (grads,) = torch.autograd.grad(values.sum(), points)
+        return values.detach(), grads.detach()
+
+    def _differs(self) -> bool:
+        r"""Whether this evaluation disagrees with Pyro's potential chain by chain (or fails)
+        at the chains' starts and at points around them."""
+        for scale in (0.0, 0.5):
+            points = self.start + scale * torch.randn_like(self.start)
+            try:
+                values, grads = self(points)
+            except Exception:  # a model that does not broadcast fails in many ways
+                return True
+            for index in range(points.shape[0]):
+                point = points[index].detach().requires_grad_(True)
+                value = self.flat_potential(point)
+                (grad,) = torch.autograd.grad(value, point)
+                if not (torch.allclose(values[index], value.detach()) and torch.allclose(grads[index], grad)):
+                    return True
+        return False
+
+
+class _distribution_validation:
+    r"""Switch torch's distribution argument checks (a data-dependent branch) for a block."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+
+    def __enter__(self) -> None:
+        self.previous = torch.distributions.Distribution._validate_args
+        torch.distributions.Distribution.set_default_validate_args(self.enabled)
+
+    def __exit__(self, *exc: Any) -> None:
+        torch.distributions.Distribution.set_default_validate_args(self.previous)
+
+
+class VectorisedNUTS:
+    r"""``num_chains`` NUTS chains advanced together (see the module's description).
+
+    Args:
+        model: The Pyro program.
+        num_chains: Chains in the batch.
+        target_accept_prob: The dual averaging's target mean acceptance statistic.
+        max_tree_depth: Doublings at most per transition.
+        jit: Trace the batched potential with the PyTorch JIT (kept only where it agrees
+            with the model's potential).
+
+    Example:
+        >>> import pyro, pyro.distributions as dist, torch
+        >>> def coin(flips):
+        ...     bias = pyro.sample("bias", dist.Beta(2.0, 2.0))
+        ...     with pyro.plate("flips", len(flips)):
+        ...         pyro.sample("flip", dist.Bernoulli(bias), obs=flips)
+        >>> samples, stats = VectorisedNUTS(coin, 8).run((torch.tensor([1.0, 1.0, 0.0]),), {}, 30, 30)
+        >>> samples["bias"].shape, bool(((samples["bias"] > 0) & (samples["bias"] < 1)).all())
+        (torch.Size([8, 30]), True)
+    """
+
+    def __init__(
+        self, model: Callable, num_chains: int, *, target_accept_prob: float = 0.8, max_tree_depth: int = 10, jit: bool = True
+    ) -> None:
+        self.model = model
+        self.jit = jit
+        self.num_chains = num_chains
+        self.target_accept_prob = target_accept_prob
+        self.max_tree_depth = max_tree_depth
+
+    def run(
+        self, args: tuple, kwargs: dict, num_samples: int, warmup_steps: int
+    ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        r"""Warm up and sample. Returns the constrained draws (site to ``C x num_samples x ...``)
+        and the per-draw statistics (name to ``C x num_samples``)."""
+        self.potential = ChainPotential(self.model, args, kwargs, self.num_chains, jit=self.jit)
+        z = self.potential.start
+        values, grads = self.potential(z)
+        current = _Points(z, torch.zeros_like(z), values, grads)
+        self.inverse_mass = torch.ones_like(z)
+        step_size = self._reasonable_step_size(current, torch.ones_like(values))
+        averaging, variances = DualAveraging(prox_center=(10 * step_size).log()), WelfordCovariance(diagonal=True)
+        windows = self._windows(warmup_steps)
+        kept: list[torch.Tensor] = []
+        stats: dict[str, list[torch.Tensor]] = {name: [] for name in SAMPLE_STATS}
+        for iteration in range(warmup_steps + num_samples):
+            current, record = self._transition(current, step_size)
+            if iteration >= warmup_steps:
+                kept.append(current.z)
+                for name, value in record.items():
+                    stats[name].append(value)
+                continue
+            averaging.step(self.target_accept_prob - record["acceptance_rate"])
+            step_size = averaging.get_state()[0].exp()
+            window = next(index for index, (first, last) in enumerate(windows) if first <= iteration <= last)
+            if 0 < window < len(windows) - 1:
+                variances.update(current.z)
+            if iteration == windows[window][1] and 0 < window < len(windows) - 1:
+                self.inverse_mass = variances.get_covariance(regularize=True)
+                variances.reset()
+                step_size = self._reasonable_step_size(current, step_size)
+                averaging = DualAveraging(prox_center=(10 * step_size).log())
+            if iteration == warmup_steps - 1:
+                step_size = averaging.get_state()[1].exp()
+        flat = torch.stack(kept, 1) if kept else z.new_zeros(self.num_chains, 0, z.shape[1])
+        samples = {
+            name: self.potential.transforms[name].inv(value) for name, value in self.potential.sites(flat).items()
+        }
+        return samples, {name: torch.stack(values, 1) if values else torch.empty(self.num_chains, 0) for name, values in stats.items()}
+
+    @staticmethod
+    def _windows(warmup_steps: int) -> list[tuple[int, int]]:
+        r"""Stan's warm-up windows (Pyro's schedule): a first buffer, mass-matrix windows
+        doubling in length, a last buffer."""
+        adapter = WarmupAdapter(adapt_step_size=True, adapt_mass_matrix=True)
+        adapter.configure(warmup_steps, mass_matrix_shape={("z",): (1,)})
+        return [(window.start, window.end) for window in adapter.adaptation_schedule] or [(0, -1)]
+
+    # -- the transition -------------------------------------------------------------------------
+
+    def _transition(self, current: _Points, step_size: torch.Tensor) -> tuple[_Points, dict[str, torch.Tensor]]:
+        start = replace(current, r=torch.randn_like(current.z) / self.inverse_mass.sqrt())
+        energy = self._hamiltonian(start)
+        chains = current.z.shape[0]
+        false = torch.zeros(chains, dtype=torch.bool)
+        tree = _Trees(start, start, start, torch.zeros_like(energy), start.r, torch.zeros(chains, dtype=torch.long),
+                      torch.zeros_like(energy), false, false)
+        depth, done = torch.zeros(chains, dtype=torch.long), false
+        for level in range(self.max_tree_depth):
+            active = ~done
+            forward = torch.rand(chains) < 0.5
+            subtree = self._build(_where(forward, tree.right, tree.left), torch.where(forward, step_size, -step_size),
+                                  level, energy, active)
+            ok = active & subtree.valid
+            log_weight = torch.logaddexp(tree.log_weight, subtree.log_weight)
+            take = ok & (torch.rand(chains).log() < subtree.log_weight - tree.log_weight)
+            proposal = _where(take, subtree.proposal, tree.proposal)
+            merged = self._merge(tree, subtree, forward, proposal, log_weight)
+            counted = replace(tree, steps=tree.steps + subtree.steps, accept_sum=tree.accept_sum + subtree.accept_sum,
+                              diverging=tree.diverging | (active & subtree.diverging))
+            tree = _where(ok, replace(merged, steps=counted.steps, accept_sum=counted.accept_sum, diverging=counted.diverging), counted)
+            depth = depth + ok.long()
+            done = done | ~ok | merged.turning
+            if bool(done.all()):
+                break
+        record = {
+            "diverging": tree.diverging, "energy": energy, "lp": -tree.proposal.potential, "step_size": step_size,
+            "tree_depth": depth, "acceptance_rate": tree.accept_sum / tree.steps.clamp(min=1), "n_steps": tree.steps,
+        }
+        return replace(tree.proposal, r=torch.zeros_like(tree.proposal.z)), record
+
+    def _build(self, start: _Points, step: torch.Tensor, depth: int, energy: torch.Tensor, active: torch.Tensor) -> _Trees:
+        if depth == 0:
+            new = self._leapfrog(start, step)
+            error = self._hamiltonian(new) - energy
+            error = torch.where(torch.isfinite(error), error, torch.full_like(error, math.inf))
+            return _Trees(new, new, new, -error, new.r, active.long(), torch.where(active, (-error).exp().clamp(max=1.0), 0.0),
+                          active & (error > MAX_ENERGY_ERROR), torch.zeros_like(active))
+        inner = self._build(start, step, depth - 1, energy, active)
+        outer_active = active & inner.valid
+        forward = step > 0
+        outer = self._build(_where(forward, inner.right, inner.left), step, depth - 1, energy, outer_active)
+        log_weight = torch.logaddexp(inner.log_weight, outer.log_weight)
+        take = torch.rand(step.shape).log() < outer.log_weight - log_weight
+        merged = self._merge(inner, outer, forward, _where(take, outer.proposal, inner.proposal), log_weight)
+        ok = outer_active & outer.valid
+        result = _where(ok, merged, inner)
+        return replace(
+            result, steps=inner.steps + outer.steps, accept_sum=inner.accept_sum + outer.accept_sum,
+            diverging=inner.diverging | (outer_active & outer.diverging),
+            turning=inner.turning | (outer_active & outer.turning) | (ok & merged.turning),
+        )
+
+    def _merge(self, inner: _Trees, outer: _Trees, forward: torch.Tensor, proposal: _Points, log_weight: torch.Tensor) -> _Trees:
+        r"""A tree and the subtree built on from its end (``forward`` in time, per chain) as one,
+        with the U-turn checks on the whole and across the two halves (in time order, the
+        earlier half is ``inner`` going forward and ``outer`` going backward)."""
+        column = forward[:, None]
+        momentum_sum = inner.momentum_sum + outer.momentum_sum
+        first_sum, second_sum = torch.where(column, inner.momentum_sum, outer.momentum_sum), torch.where(column, outer.momentum_sum, inner.momentum_sum)
+        left, right = _where(forward, inner.left, outer.left), _where(forward, outer.right, inner.right)
+        first_last, second_first = torch.where(column, inner.right.r, outer.right.r), torch.where(column, outer.left.r, inner.left.r)
+        turning = (
+            self._turns(left.r, right.r, momentum_sum)
+            | self._turns(left.r, second_first, first_sum + second_first)
+            | self._turns(first_last, right.r, first_last + second_sum)
+        )
+        return _Trees(left, right, proposal, log_weight, momentum_sum, inner.steps, inner.accept_sum, inner.diverging, turning)
+
+    def _turns(self, left: torch.Tensor, right: torch.Tensor, momentum_sum: torch.Tensor) -> torch.Tensor:
+        r"""The generalised criterion, per chain, from the ends' momenta."""
+        sharp_sum = self.inverse_mass * momentum_sum
+        return ((left * sharp_sum).sum(-1) <= 0) | ((right * sharp_sum).sum(-1) <= 0)
+
+    def _leapfrog(self, points: _Points, step: torch.Tensor) -> _Points:
+        step = step[:, None]
+        r_half = points.r - 0.5 * step * points.grad
+        z = points.z + step * self.inverse_mass * r_half
+        values, grads = self.potential(z)
+        return _Points(z, r_half - 0.5 * step * grads, values, grads)
+
+    def _hamiltonian(self, points: _Points) -> torch.Tensor:
+        return points.potential + 0.5 * (self.inverse_mass * points.r * points.r).sum(-1)
+
+    def _reasonable_step_size(self, current: _Points, step_size: torch.Tensor) -> torch.Tensor:
+        r"""Hoffman and Gelman's heuristic, per chain: double or halve until one leapfrog
+        step's acceptance probability crosses 0.8."""
+        start = replace(current, r=torch.randn_like(current.z) / self.inverse_mass.sqrt())
+        energy = self._hamiltonian(start)
+
+        def accepts(size: torch.Tensor) -> torch.Tensor:
+            error = energy - self._hamiltonian(self._leapfrog(start, size))
+            return torch.where(torch.isfinite(error), error, torch.full_like(error, -math.inf)) > math.log(0.8)
+
+        direction = torch.where(accepts(step_size), 2.0, 0.5)
+        searching = torch.ones_like(step_size, dtype=torch.bool)
+        while bool(searching.any()):
+            step_size = torch.where(searching, step_size * direction, step_size)
+            crossed = accepts(step_size) != (direction > 1)
+            searching = searching & ~crossed & (step_size > MIN_STEP_SIZE) & (step_size < MAX_STEP_SIZE)
+        return step_size.clamp(MIN_STEP_SIZE, MAX_STEP_SIZE)
