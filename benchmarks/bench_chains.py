@@ -10,7 +10,9 @@ parameters. Goals (issue 14): processes <= 0.65x the wall time in turn; ESS/s >=
 default. aml_ppl's NUTS traces the potential with the JIT by default where the model traces;
 the rows without it and Pyro's own JIT are for comparison. NumPyro (the same models written
 in it, float64, 2 chains in parallel on two XLA host devices) runs last, twice: cold, with its
-compilation, and again warm, as a user re-running a fitted model would.
+compilation, and again warm, as a user re-running a fitted model would; and with 32 chains
+vectorised (``chain_method="vectorized"``) beside ``NUTS(num_chains=32, vectorized=True)``
+(issue 30).
 Usage: pip install -e ".[bench]"; python benchmarks/bench_chains.py
 """
 
@@ -83,8 +85,9 @@ def smallest_ess(samples: dict) -> float:
     return float(min(az.ess(az.from_dict(posterior={k: v.numpy() for k, v in samples.items()})).to_array().min(), 1e12))
 
 
-def ours(model, args, executor, jit_compile=None):
-    engine = NUTS(num_samples=500, warmup_steps=500, num_chains=2, progress_bar=False, executor=executor, jit_compile=jit_compile)
+def ours(model, args, executor, jit_compile=None, num_chains=2, vectorized=False):
+    options = {"executor": executor} if not vectorized else {"vectorized": True}
+    engine = NUTS(num_samples=500, warmup_steps=500, num_chains=num_chains, progress_bar=False, jit_compile=jit_compile, **options)
     start = time.perf_counter()
     posterior = aml.fit(model, *args, engine=engine, seed=0)
     return time.perf_counter() - start, smallest_ess(posterior.samples)
@@ -100,8 +103,9 @@ def pyro_default(model, args, **kernel_options):
     return seconds, smallest_ess(mcmc.get_samples(group_by_chain=True))
 
 
-def numpyro_parallel(model, args):
-    """NumPyro's NUTS, 2 chains in parallel (``chain_method="parallel"``): (cold, warm) runs.
+def numpyro_parallel(model, args, num_chains=2, chain_method="parallel"):
+    """NumPyro's NUTS, 2 chains in parallel (``chain_method="parallel"``) or ``num_chains``
+    vectorised: (cold, warm) runs.
     JAX is imported here, after the torch runs: once its threads run, aml_ppl does not fork."""
     import jax
     import numpyro
@@ -129,8 +133,8 @@ def numpyro_parallel(model, args):
             numpyro.sample("obs", numpyro_dist.Bernoulli(logits=intercept + X @ weights), obs=y)
 
     twin = {"eight_schools": eight_schools, "regression": regression, "logistic": logistic}[model.__name__]
-    mcmc = numpyro.infer.MCMC(numpyro.infer.NUTS(twin), num_warmup=500, num_samples=500, num_chains=2,
-                              chain_method="parallel", progress_bar=False)
+    mcmc = numpyro.infer.MCMC(numpyro.infer.NUTS(twin), num_warmup=500, num_samples=500, num_chains=num_chains,
+                              chain_method=chain_method, progress_bar=False)
     arrays = [a.numpy() for a in args]
     runs = []
     for _ in range(2):
@@ -151,6 +155,8 @@ def main() -> None:
             "aml_ppl, 2 processes": lambda: ours(model, args, "processes"),
             "aml_ppl, in turn": lambda: ours(model, args, None),
             "aml_ppl, 2 processes, no JIT": lambda: ours(model, args, "processes", jit_compile=False),
+            "aml_ppl, 2 chains vectorized": lambda: ours(model, args, None, vectorized=True),
+            "aml_ppl, 32 chains vectorized": lambda: ours(model, args, None, num_chains=32, vectorized=True),
             "Pyro MCMC(NUTS), default": lambda: pyro_default(model, args),
             "Pyro MCMC(NUTS(jit_compile=True))": lambda: pyro_default(model, args, jit_compile=True, ignore_jit_warnings=True),
         }
@@ -160,11 +166,14 @@ def main() -> None:
         results[name]["NumPyro, 2 chains parallel, cold"], results[name]["NumPyro, 2 chains parallel, warm"] = (
             numpyro_parallel(model, args)
         )
+        results[name]["NumPyro, 32 chains vectorized, cold"], results[name]["NumPyro, 32 chains vectorized, warm"] = (
+            numpyro_parallel(model, args, num_chains=32, chain_method="vectorized")
+        )
     for name, rows in results.items():
         base_seconds, base_ess = rows["Pyro MCMC(NUTS), default"]
         turn_seconds = rows["aml_ppl, in turn"][0]
         for label, (seconds, ess) in rows.items():
-            print(f"{name:28s} {label:34s} {seconds:7.1f} s  min bulk ESS {ess:7.0f}  ESS/s {ess / seconds:6.1f}  "
+            print(f"{name:28s} {label:38s} {seconds:7.1f} s  min bulk ESS {ess:7.0f}  ESS/s {ess / seconds:6.1f}  "
                   f"wall vs in turn {seconds / turn_seconds:4.2f}x  ESS/s vs Pyro {(ess / seconds) / (base_ess / base_seconds):4.2f}x",
                   flush=True)
 

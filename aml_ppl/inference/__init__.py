@@ -8,6 +8,7 @@ from aml_ppl.inference.base import (
     capable_engines,
     register_engine,
 )
+from aml_ppl.inference.fitted import Fitted
 from aml_ppl.inference.io import load
 from aml_ppl.inference.em import EM, MixturePosterior
 from aml_ppl.inference.exact import Exact, GaussianPosterior
@@ -21,6 +22,7 @@ __all__ = [
     "ENGINES",
     "Engine",
     "Exact",
+    "Fitted",
     "GaussianPosterior",
     "GuidePosterior",
     "MAP",
