@@ -116,3 +116,16 @@ def test_the_bottom_floor_imports_only_torch_pyro_numpy_and_errors():
 def test_no_file_in_the_package_is_over_500_lines():
     long = {name: len(path.read_text().splitlines()) for name, path in MODULES.items()}
     assert not {name: count for name, count in long.items() if count > 500}
+
+
+def test_no_class_in_inference_is_over_200_lines():
+    r"""Engines and posterior kinds stay small records and contracts (issue 27): their jobs
+    live in functions and modules of their own."""
+    long = {}
+    for name, path in MODULES.items():
+        if not name.startswith("aml_ppl.inference"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef) and node.end_lineno - node.lineno + 1 > 200:
+                long[f"{name}.{node.name}"] = node.end_lineno - node.lineno + 1
+    assert not long

@@ -134,20 +134,20 @@ class MultinomialNUTS(MCMCKernel):
     # -- Pyro's kernel contract -------------------------------------------------------------
 
     def setup(self, warmup_steps: int, *args: Any, **kwargs: Any) -> None:
-        start, self.potential_fn, self.transforms, _ = initialize_model(
+        start, potential_fn, self.transforms, _ = initialize_model(
             self.model, args, kwargs, jit_compile=self.jit_compile, skip_jit_warnings=self.ignore_jit_warnings
         )
-        self.shapes = {name: value.shape for name, value in sorted(start.items())}
+        self.dynamics = Hamiltonian(potential_fn, {name: value.shape for name, value in sorted(start.items())}, self.adapter)
         self._initial_params = start
         self.warmup_steps = warmup_steps
         self.iteration = 0
         self.records = {name: [] for name in SAMPLE_STATS}
-        z = self._flatten(start)
-        self._current = self._state(z, torch.zeros_like(z))
+        z = self.dynamics.flatten(start)
+        self._current = self.dynamics.state(z, torch.zeros_like(z))
         size = z.numel()
         self.adapter.configure(
             warmup_steps, mass_matrix_shape={BLOCK: (size, size) if self.full_mass else (size,)},
-            find_reasonable_step_size_fn=self._find_reasonable_step_size,
+            find_reasonable_step_size_fn=self.dynamics.reasonable_step_size,
             options={"dtype": z.dtype, "device": z.device},
         )
         self.adapter.reset_step_size_adaptation({BLOCK[0]: z})
@@ -164,12 +164,12 @@ class MultinomialNUTS(MCMCKernel):
         return {"step size": f"{self.adapter.step_size:.2e}"}
 
     def sample(self, params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        z = self._flatten(params)
+        z = self.dynamics.flatten(params)
         if not torch.equal(z, self._current.z):  # a start set from outside
-            self._current = self._state(z, torch.zeros_like(z))
+            self._current = self.dynamics.state(z, torch.zeros_like(z))
         step_size = self.adapter.step_size
-        start = self._with_fresh_momentum(self._current)
-        energy = self._hamiltonian(start)
+        start = self.dynamics.with_fresh_momentum(self._current)
+        energy = self.dynamics.energy(start)
         tree, depth = self._transition(start, energy, step_size)
         accept_prob = tree.accept_sum / max(tree.steps, 1)
         if self.iteration < self.warmup_steps:
@@ -184,7 +184,7 @@ class MultinomialNUTS(MCMCKernel):
                 self.records[name].append(value)
         self.iteration += 1
         self._current = tree.proposal
-        return self._unflatten(tree.proposal.z)
+        return self.dynamics.unflatten(tree.proposal.z)
 
     # -- the transition -----------------------------------------------------------------------
 
@@ -214,8 +214,8 @@ class MultinomialNUTS(MCMCKernel):
         r"""A subtree of :math:`2^\text{depth}` leapfrog steps from ``state``, in the direction
         given; its proposal drawn uniformly-progressively (proportional to the weights)."""
         if depth == 0:
-            new = self._leapfrog(state, step_size if forward else -step_size)
-            error = self._hamiltonian(new) - energy
+            new = self.dynamics.leapfrog(state, step_size if forward else -step_size)
+            error = self.dynamics.energy(new) - energy
             error = error if torch.isfinite(error) else torch.full_like(error, math.inf)
             return _Tree(
                 new, new, new, -error, new.r, steps=1, accept_sum=float(torch.exp(-error).clamp(max=1.0)),
@@ -250,33 +250,47 @@ class MultinomialNUTS(MCMCKernel):
     def _turns(self, left: _State, right: _State, momentum_sum: torch.Tensor) -> bool:
         r"""The generalised criterion: the sharp momenta :math:`M^{-1}r` at the ends point
         against the trajectory's momentum sum."""
-        return bool(self._velocity(left.r) @ momentum_sum <= 0) or bool(self._velocity(right.r) @ momentum_sum <= 0)
+        return bool(self.dynamics.velocity(left.r) @ momentum_sum <= 0) or bool(self.dynamics.velocity(right.r) @ momentum_sum <= 0)
 
-    # -- Hamiltonian dynamics ---------------------------------------------------------------
 
-    def _state(self, z: torch.Tensor, r: torch.Tensor) -> _State:
-        grads, potential = potential_grad(self.potential_fn, self._unflatten(z))
-        return _State(z, r, potential.detach(), self._flatten(grads).detach())
+class Hamiltonian:
+    r"""Hamiltonian dynamics on the flat unconstrained latent vector: the potential energy
+    :math:`U` (Pyro's, from ``initialize_model``) and its gradient, the kinetic energy
+    :math:`\tfrac12 r^\top M^{-1} r` with the warm-up adapter's current inverse mass matrix,
+    the leapfrog step, and the step-size search the adapter calls.
 
-    def _leapfrog(self, state: _State, step_size: float) -> _State:
+    Attributes:
+        potential_fn: Pyro's potential energy of a dict of unconstrained values.
+        shapes: Site name to its shape, in the flat vector's order.
+        adapter: The warm-up adapter holding the step size and the mass matrix.
+    """
+
+    def __init__(self, potential_fn: Callable, shapes: dict[str, torch.Size], adapter: WarmupAdapter) -> None:
+        self.potential_fn, self.shapes, self.adapter = potential_fn, shapes, adapter
+
+    def state(self, z: torch.Tensor, r: torch.Tensor) -> _State:
+        grads, potential = potential_grad(self.potential_fn, self.unflatten(z))
+        return _State(z, r, potential.detach(), self.flatten(grads).detach())
+
+    def leapfrog(self, state: _State, step_size: float) -> _State:
         r_half = state.r - 0.5 * step_size * state.grad
-        new = self._state(state.z + step_size * self._velocity(r_half), r_half)
+        new = self.state(state.z + step_size * self.velocity(r_half), r_half)
         new.r = r_half - 0.5 * step_size * new.grad
         return new
 
-    def _inverse_mass(self) -> torch.Tensor:
+    def inverse_mass(self) -> torch.Tensor:
         return self.adapter.mass_matrix_adapter.inverse_mass_matrix[BLOCK]
 
-    def _velocity(self, r: torch.Tensor) -> torch.Tensor:
-        inverse_mass = self._inverse_mass()
+    def velocity(self, r: torch.Tensor) -> torch.Tensor:
+        inverse_mass = self.inverse_mass()
         return inverse_mass @ r if inverse_mass.dim() == 2 else inverse_mass * r
 
-    def _hamiltonian(self, state: _State) -> torch.Tensor:
-        return state.potential + 0.5 * (state.r @ self._velocity(state.r))
+    def energy(self, state: _State) -> torch.Tensor:
+        return state.potential + 0.5 * (state.r @ self.velocity(state.r))
 
-    def _with_fresh_momentum(self, state: _State) -> _State:
+    def with_fresh_momentum(self, state: _State) -> _State:
         r"""``state`` with :math:`r \sim \mathcal{N}(0, M)`."""
-        inverse_mass = self._inverse_mass()
+        inverse_mass = self.inverse_mass()
         noise = torch.randn_like(state.z)
         if inverse_mass.dim() == 2:  # M = (M^{-1})^{-1} = L L^T with L = chol(M)
             momentum = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(inverse_mass))) @ noise
@@ -284,15 +298,15 @@ class MultinomialNUTS(MCMCKernel):
             momentum = noise / inverse_mass.sqrt()
         return _State(state.z, momentum, state.potential, state.grad)
 
-    def _find_reasonable_step_size(self, params: dict[str, torch.Tensor]) -> float:
+    def reasonable_step_size(self, params: dict[str, torch.Tensor]) -> float:
         r"""Hoffman and Gelman's heuristic (2014, Algorithm 4): double or halve the step size
         until one leapfrog step's acceptance probability crosses 0.8."""
         step_size = self.adapter.step_size
-        start = self._with_fresh_momentum(self._state(params[BLOCK[0]], torch.zeros_like(params[BLOCK[0]])))
-        energy = self._hamiltonian(start)
+        start = self.with_fresh_momentum(self.state(params[BLOCK[0]], torch.zeros_like(params[BLOCK[0]])))
+        energy = self.energy(start)
 
         def log_accept(size: float) -> float:
-            error = energy - self._hamiltonian(self._leapfrog(start, size))
+            error = energy - self.energy(self.leapfrog(start, size))
             return float(error) if torch.isfinite(error) else -math.inf
 
         direction = 1 if log_accept(step_size) > math.log(0.8) else -1
@@ -302,10 +316,10 @@ class MultinomialNUTS(MCMCKernel):
                 break
         return min(max(step_size, MIN_STEP_SIZE), MAX_STEP_SIZE)
 
-    def _flatten(self, values: dict[str, torch.Tensor]) -> torch.Tensor:
+    def flatten(self, values: dict[str, torch.Tensor]) -> torch.Tensor:
         return torch.cat([values[name].reshape(-1) for name in self.shapes])
 
-    def _unflatten(self, z: torch.Tensor) -> dict[str, torch.Tensor]:
+    def unflatten(self, z: torch.Tensor) -> dict[str, torch.Tensor]:
         values, start = {}, 0
         for name, shape in self.shapes.items():
             size = math.prod(shape)

@@ -67,7 +67,11 @@ class _Trees:
 
 def _where(mask: torch.Tensor, first: Any, second: Any) -> Any:
     r"""Per chain, ``first`` where ``mask`` holds, else ``second`` (tensors ``C`` or ``C x D``, or
-    records of them)."""
+    records of them); where every chain or none takes ``first``, no selection is made."""
+    if bool(mask.all()):
+        return first
+    if not bool(mask.any()):
+        return second
     return _select(mask, mask[:, None], first, second)
 
 
