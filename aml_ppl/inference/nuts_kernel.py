@@ -129,13 +129,15 @@ class MultinomialNUTS(MCMCKernel):
             dense_mass=full_mass,
         )
         self.transforms: dict[str, Any] | None = None
+        self._initial_params: dict[str, torch.Tensor] | None = None
         self.records: dict[str, list[float]] = {name: [] for name in SAMPLE_STATS}
 
     # -- Pyro's kernel contract -------------------------------------------------------------
 
     def setup(self, warmup_steps: int, *args: Any, **kwargs: Any) -> None:
         start, potential_fn, self.transforms, _ = initialize_model(
-            self.model, args, kwargs, jit_compile=self.jit_compile, skip_jit_warnings=self.ignore_jit_warnings
+            self.model, args, kwargs, jit_compile=self.jit_compile, skip_jit_warnings=self.ignore_jit_warnings,
+            initial_params=self._initial_params,  # a start given to pyro.infer.MCMC, else Pyro's init_to_uniform
         )
         self.dynamics = Hamiltonian(potential_fn, {name: value.shape for name, value in sorted(start.items())}, self.adapter)
         self._initial_params = start
