@@ -28,7 +28,7 @@ from pyro.infer.autoguide import AutoContinuous
 from pyro.poutine.util import prune_subsample_sites, site_is_subsample
 from torch.distributions import biject_to
 
-from aml_ppl.inference.replay import DRAWS_PLATE, _batched, _padded, _subsample_chunks, contracted
+from aml_ppl.inference.replay import DRAWS_PLATE, on_draws_plate, on_draws_dim, subsample_chunks, contracted
 from aml_ppl.inference.structure import Structure
 
 
@@ -96,11 +96,11 @@ def _pass(
     r"""Traces of the model (and the guide), all draws on a plate (``num_draws``) or one
     unbatched draw (``None``): one pair, or one per subsample where a plate subsamples."""
     nesting = structure.max_plate_nesting
-    shaped = {name: _padded(value, structure.sites[name], num_draws, nesting) for name, value in draws.items()}
+    shaped = {name: on_draws_dim(value, structure.sites[name], num_draws, nesting) for name, value in draws.items()}
     log_p, log_q = torch.zeros(num_draws or 1), torch.zeros(num_draws or 1)
-    for counted, indices in enumerate(_subsample_chunks(structure.subsampled)):
+    for counted, indices in enumerate(subsample_chunks(structure.subsampled)):
         enumerated = poutine.enum(
-            poutine.condition(_batched(model, num_draws, nesting), {**shaped, **indices}),
+            poutine.condition(on_draws_plate(model, num_draws, nesting), {**shaped, **indices}),
             first_available_dim=-nesting - (2 if num_draws else 1),
         )
         joint = poutine.trace(enumerated).get_trace(*args, **kwargs)
@@ -113,7 +113,7 @@ def _pass(
             for name, value in shaped.items() if not joint.nodes[name]["fn"].support.is_discrete
         }
         condition = _ConditionGuide(shaped, {**unconstrained, **indices}, _packed(guide, draws, num_draws, nesting))
-        approximate = poutine.trace(condition(_batched(guide, num_draws, nesting))).get_trace(*args, **kwargs)
+        approximate = poutine.trace(condition(on_draws_plate(guide, num_draws, nesting))).get_trace(*args, **kwargs)
         sampled = {name for name, site in approximate.nodes.items() if site["type"] == "sample" and not site_is_subsample(site)}
         log_q = log_q + _summed(approximate, num_draws, nesting, structure, indices, counted) if sampled <= {*shaped, *condition.conditioned} else None
     return log_p, log_q

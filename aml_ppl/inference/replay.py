@@ -88,7 +88,7 @@ def replay(
         The :class:`Replayed` values on all the data.
     """
     structure = structure or inspect_model(model, args, kwargs)
-    chunks = _subsample_chunks(structure.subsampled)
+    chunks = subsample_chunks(structure.subsampled)
     pieces = []
     with torch.no_grad(), pyro.get_param_store().scope():
         for indices in chunks:
@@ -143,7 +143,7 @@ def _prior_pass(
     program = _Unobserve(structure.observed)
     with torch.no_grad(), pyro.get_param_store().scope():
         try:
-            trace = poutine.trace(program(_batched(model, num_draws, nesting))).get_trace(*args, **kwargs)
+            trace = poutine.trace(program(on_draws_plate(model, num_draws, nesting))).get_trace(*args, **kwargs)
             return _per_draw({name: trace.nodes[name]["value"] for name in names if name in trace.nodes}, structure, num_draws, nesting)
         except Exception:
             runs = [poutine.trace(program(model)).get_trace(*args, **kwargs) for _ in range(num_draws)]
@@ -151,7 +151,7 @@ def _prior_pass(
     return {name: torch.cat([single[name] for single in singles]) for name in singles[0]}
 
 
-def _subsample_chunks(subsampled: dict[str, tuple[int, int]]) -> list[dict[str, torch.Tensor]]:
+def subsample_chunks(subsampled: dict[str, tuple[int, int]]) -> list[dict[str, torch.Tensor]]:
     r"""Index sets that cover every subsampled plate, ``subsample_size`` at a time (the
     last one shifted back to stay full-sized; overlaps are written twice, alike)."""
     if not subsampled:
@@ -191,8 +191,8 @@ def _run(
 ) -> Replayed:
     r"""One pass: all draws on a plate (``num_draws``) or a single unbatched draw (``None``)."""
     nesting = structure.max_plate_nesting
-    batched = _batched(model, num_draws, nesting)
-    shaped = {name: _padded(value, structure.sites[name], num_draws, nesting) for name, value in values.items()}
+    batched = on_draws_plate(model, num_draws, nesting)
+    shaped = {name: on_draws_dim(value, structure.sites[name], num_draws, nesting) for name, value in values.items()}
     enum_dim = -nesting - (2 if num_draws else 1)
     result = Replayed()
     discrete: dict[str, torch.Tensor] = {}
@@ -357,7 +357,9 @@ def contracted(trace: Any, names: tuple[str, ...], plates: tuple[str, ...], scal
     return packed.unpack(contract_to_tensor(terms, sum_dims, target_ordinal=target), trace.symbol_to_dim)
 
 
-def _batched(model: Callable, num_draws: int | None, nesting: int) -> Callable:
+def on_draws_plate(model: Callable, num_draws: int | None, nesting: int) -> Callable:
+    r"""``model`` run inside a plate of ``num_draws`` draws left of its ``nesting`` plates (the
+    model itself for ``None``: one unbatched draw)."""
     if num_draws is None:
         return model
 
@@ -368,7 +370,7 @@ def _batched(model: Callable, num_draws: int | None, nesting: int) -> Callable:
     return on_a_draws_plate
 
 
-def _padded(value: torch.Tensor, site: SiteShape, num_draws: int | None, nesting: int) -> torch.Tensor:
+def on_draws_dim(value: torch.Tensor, site: SiteShape, num_draws: int | None, nesting: int) -> torch.Tensor:
     r"""A ``S x ...`` draw reshaped so that ``S`` sits on the draws plate's dimension."""
     if num_draws is None:
         return value
