@@ -1,15 +1,20 @@
 """aml_ppl.testing: capability checks that read behaviour, not method names. The built-in
-models pass; classes with the right names and the wrong behaviour pass ``isinstance`` and
-are caught."""
+models and engines pass; classes with the right names and the wrong behaviour pass
+``isinstance`` and are caught; a posterior built from given draws has the whole surface."""
 
 import dataclasses
 
+import pyro
+import pyro.distributions as dist
 import pytest
 import torch
+from pyro.infer import Predictive
 
+import aml_ppl as aml
+from aml_ppl.inference import MAP, NUTS, SVI, Engine
 from aml_ppl.models import BayesianLinearRegression, GaussianMixture
 from aml_ppl.models.protocols import ClosedFormEM, ExactGaussian
-from aml_ppl.testing import ContractError, check_closed_form_em, check_exact_gaussian
+from aml_ppl.testing import ContractError, check_closed_form_em, check_engine, check_exact_gaussian, posterior_from_draws
 
 
 @pytest.mark.parametrize(
@@ -83,3 +88,62 @@ def test_an_em_step_that_forgets_its_m_step_passes_isinstance_and_fails_the_chec
     torch.manual_seed(0)
     with pytest.raises(ContractError, match="lowered the log-likelihood"):
         check_closed_form_em(impostor, X, iterations=20)
+
+
+@pytest.mark.parametrize(
+    "engine",
+    [
+        lambda: MAP(progress_bar=False),
+        lambda: SVI(num_steps=1000, progress_bar=False),
+        lambda: NUTS(num_samples=300, warmup_steps=300, num_chains=1, progress_bar=False),
+        lambda: MAP(laplace=True, progress_bar=False),
+    ],
+    ids=["map", "svi", "nuts", "laplace"],
+)
+def test_the_built_in_engines_pass_the_engine_check(engine):
+    check_engine(engine())
+
+
+class PriorSampler(Engine):
+    """Right names, wrong behaviour: returns draws from the prior, ignoring the data."""
+
+    name = "prior_sampler"
+
+    def fit(self, model, *args, **kwargs):
+        draws = Predictive(model, num_samples=400)(*args, **kwargs)
+        return posterior_from_draws(model, {"mu": draws["mu"].reshape(1, -1)}, *args, **kwargs)
+
+
+class ShrunkSpread(Engine):
+    """The right mean, a spread a third of the posterior's (an over-confident approximation)."""
+
+    name = "shrunk_spread"
+
+    def fit(self, model, y):
+        precision = 1e-2 + y.numel()
+        draws = y.sum() / precision + torch.randn(1, 400, dtype=y.dtype) / precision**0.5 / 3
+        return posterior_from_draws(model, {"mu": draws}, y)
+
+
+@pytest.mark.parametrize("impostor, message", [(PriorSampler, "mean"), (ShrunkSpread, "sd")])
+def test_an_engine_that_runs_but_is_wrong_fails_the_engine_check(impostor, message):
+    with pytest.raises(ContractError, match=message):
+        check_engine(impostor())
+
+
+def test_a_posterior_from_draws_has_the_whole_surface(tmp_path):
+    def normal(y):
+        mu = pyro.sample("mu", dist.Normal(0.0, 1.0))
+        with pyro.plate("data", len(y)):
+            pyro.sample("y", dist.Normal(mu, 1.0), obs=y)
+
+    y = torch.tensor([0.5, 1.0, 1.5])
+    draws = torch.linspace(-1, 1, 100).reshape(2, 50)
+    post = posterior_from_draws(normal, {"mu": draws}, y)
+    idata = post.to_arviz()
+    torch.testing.assert_close(torch.as_tensor(idata.posterior["mu"].values), draws)
+    expected = dist.Normal(draws[..., None], 1.0).log_prob(y)
+    torch.testing.assert_close(torch.as_tensor(idata.log_likelihood["y"].values), expected)
+    assert post.predict(num_samples=10).samples.shape == (10, 3)
+    post.save(tmp_path / "post.pt")
+    assert torch.equal(aml.load(tmp_path / "post.pt", model=normal).samples["mu"], draws)
