@@ -295,7 +295,7 @@ def neural_networks(report: Report) -> None:
     bayes = report.timed_fit("BNN classifier, 30-32-2", "breast cancer", classifier, (X[train], labels[train]),
                              SVI(num_steps=steps, lr=0.01, progress_bar=False), score, accuracy)
     report.timed_fit("BNN classifier, 30-32-2", "breast cancer", classifier, (X[train], labels[train]),
-                     MAP(optimizer="adam", num_steps=steps, lr=0.01, progress_bar=False), score, accuracy)
+                     MAP(optim="adam", num_steps=steps, lr=0.01, progress_bar=False), score, accuracy)
     probs = aml.analysis.classification_uncertainty(bayes, X[test], num_samples=500).probs
     axis = aml.analysis.plot_reliability_diagram(probs.cpu(), labels[test].cpu())
     report.figure(axis.figure, "bnn_reliability.png", "reliability diagram of the BNN classifier (held out)")

@@ -56,8 +56,8 @@ def test_positional_options_are_refused():
 
 
 def test_exact_refuses_evidence_options_on_a_closed_form_model(regression_data):
-    engine = inference.Exact(learn=False, num_restarts=5, optimizer="adam")
-    with pytest.raises(aml.IncompatibleEngineError, match=r"\['learn', 'num_restarts', 'optimizer'\].*drop them"):
+    engine = inference.Exact(learn=False, num_restarts=5, optim="adam")
+    with pytest.raises(aml.IncompatibleEngineError, match=r"\['learn', 'num_restarts', 'optim'\].*drop them"):
         aml.fit(models.BayesianLinearRegression(), *regression_data, engine=engine)
     # the options that do apply (the fixed-point iterations) are taken
     post = aml.fit(models.BayesianLinearRegression(), *regression_data, engine=inference.Exact(max_iter=50))
@@ -67,7 +67,14 @@ def test_exact_refuses_evidence_options_on_a_closed_form_model(regression_data):
 def test_map_refuses_a_learning_rate_its_line_search_would_ignore():
     with pytest.raises(aml.InputDataError, match="`lr` = 0.1 is Adam's learning rate"):
         inference.MAP(lr=0.1)
-    assert inference.MAP(optimizer="adam", lr=0.1).lr == 0.1
+    assert inference.MAP(optim="adam", lr=0.1).lr == 0.1
+
+
+@pytest.mark.parametrize("engine", [inference.MAP, inference.Exact])
+def test_the_former_name_optimizer_still_works_with_a_future_warning(engine):
+    """``optim`` names the optimiser in SVI, MAP and Exact alike; ``optimizer`` was MAP's and Exact's."""
+    with pytest.warns(FutureWarning, match="`optimizer` is now called `optim`"):
+        assert engine(optimizer="adam").optim == "adam"
 
 
 def test_a_registry_refuses_a_taken_name():

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
@@ -132,3 +133,14 @@ def changed_options(function: Callable, values: Mapping[str, Any]) -> list[str]:
 
 def _same(value: Any, default: Any) -> bool:
     return type(value) is type(default) and value == default
+
+
+def renamed_option(owner: str, old: str, new: str, old_value: Any, value: Any) -> Any:
+    r"""The value of option ``new``; where a caller still passes it under its former name
+    ``old`` (anything but ``None``), that value, with a ``FutureWarning`` naming the new one."""
+    if old_value is None:
+        return value
+    warnings.warn(
+        f"{owner}'s `{old}` is now called `{new}` (the name SVI uses); `{old}` will be removed.", FutureWarning, stacklevel=3
+    )
+    return old_value

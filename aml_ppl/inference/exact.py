@@ -9,7 +9,7 @@ from typing import Any, Callable, ClassVar
 import torch
 from pyro.distributions import MultivariateNormal, Normal
 
-from aml_ppl._core.checks import changed_options
+from aml_ppl._core.checks import changed_options, renamed_option
 from aml_ppl._core.randomness import on_own_stream
 from aml_ppl._data import check_count
 from aml_ppl.errors import ConvergenceWarning, InputDataError, ModelFittingError
@@ -190,7 +190,8 @@ class Exact(Engine):
         max_iter: L-BFGS iterations per run at most (GP; default 1 000; Adam steps,
             default 500; BLR's fixed-point iterations if given).
         learn: ``False`` keeps the hyperparameters as they are (GP).
-        optimizer: ``"lbfgs"`` or ``"adam"`` (GP).
+        optim: ``"lbfgs"`` or ``"adam"`` (GP).
+        optimizer: The former name of ``optim`` (a ``FutureWarning``; to be removed).
         lr: Adam's learning rate.
         early_stop: ``False`` runs every start to convergence on all the data (to check
             the early stop; Adam always runs every start).
@@ -217,23 +218,25 @@ class Exact(Engine):
         raw_samples: int = 64,
         max_iter: int | None = None,
         learn: bool = True,
-        optimizer: str = "lbfgs",
+        optim: str = "lbfgs",
         lr: float = 0.05,
         early_stop: bool = True,
+        optimizer: str | None = None,
         **options: Any,
     ) -> None:
-        if optimizer not in ("lbfgs", "adam"):
-            raise InputDataError(f"`optimizer` must be 'lbfgs' or 'adam'; got {optimizer!r}.")
+        optim = renamed_option("Exact", "optimizer", "optim", optimizer, optim)
+        if optim not in ("lbfgs", "adam"):
+            raise InputDataError(f"`optim` must be 'lbfgs' or 'adam'; got {optim!r}.")
         self.num_restarts = check_count("num_restarts", num_restarts)
         self.raw_samples = check_count("raw_samples", raw_samples, minimum=0)
         self.max_iter = None if max_iter is None else check_count("max_iter", max_iter)
-        self.learn, self.optimizer, self.lr, self.early_stop = learn, optimizer, lr, early_stop
+        self.learn, self.optim, self.lr, self.early_stop = learn, optim, lr, early_stop
         self.options = options
         # Options of the evidence maximisation alone, set away from their defaults.
         self.evidence_options = changed_options(
             Exact.__init__,
             {
-                "num_restarts": num_restarts, "raw_samples": raw_samples, "learn": learn, "optimizer": optimizer,
+                "num_restarts": num_restarts, "raw_samples": raw_samples, "learn": learn, "optim": optim,
                 "lr": lr, "early_stop": early_stop,
             },
         )
@@ -269,7 +272,7 @@ class Exact(Engine):
         if not objective.start:
             return objective.latents(objective.start, []), {}
         starts = self._starts(objective)
-        if self.optimizer == "adam":
+        if self.optim == "adam":
             return self._maximise_one_by_one(objective, starts)
         flat = FlatObjective(objective)
         points = flat.pack(starts)

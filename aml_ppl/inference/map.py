@@ -6,7 +6,7 @@ from typing import Any, Callable, ClassVar
 
 import pyro.optim
 
-from aml_ppl._core.checks import changed_options
+from aml_ppl._core.checks import changed_options, renamed_option
 from aml_ppl._data import check_count, check_positive
 from aml_ppl.errors import InputDataError
 from aml_ppl.inference.base import Engine, register_engine
@@ -37,7 +37,8 @@ class MAP(Engine):
     Args:
         num_steps: L-BFGS iterations (or Adam steps) at most.
         laplace: Return a Laplace approximation rather than a point mass.
-        optimizer: ``"lbfgs"`` or ``"adam"`` (for minibatched models).
+        optim: ``"lbfgs"`` or ``"adam"`` (for minibatched models).
+        optimizer: The former name of ``optim`` (a ``FutureWarning``; to be removed).
         lr: The Adam learning rate (L-BFGS uses its line search).
         progress_bar: Show a tqdm bar (Adam only).
         distributed, data_plate, timeout: Data-parallel over the ranks of a ``torchrun``
@@ -60,7 +61,7 @@ class MAP(Engine):
     non_finite_advice: ClassVar[str] = (
         "Check that the model has a posterior mode: a hierarchical scale's joint mode lies at 0, "
         "where none is finite (fit such a model by SVI or NUTS); else try standardised data, or "
-        "MAP(optimizer='adam') with a small `lr`."
+        "MAP(optim='adam') with a small `lr`."
     )
 
     def __init__(
@@ -68,26 +69,28 @@ class MAP(Engine):
         *,
         num_steps: int = 500,
         laplace: bool = False,
-        optimizer: str = "lbfgs",
+        optim: str = "lbfgs",
         lr: float = 0.01,
         progress_bar: bool = True,
         distributed: bool = False,
         data_plate: str = "data",
         timeout: float = 300.0,
+        optimizer: str | None = None,
     ) -> None:
-        if optimizer not in ("lbfgs", "adam"):
-            raise InputDataError(f"`optimizer` must be 'lbfgs' or 'adam'; got {optimizer!r}.")
-        if optimizer == "lbfgs" and changed_options(MAP.__init__, {"lr": lr}):
+        optim = renamed_option("MAP", "optimizer", "optim", optimizer, optim)
+        if optim not in ("lbfgs", "adam"):
+            raise InputDataError(f"`optim` must be 'lbfgs' or 'adam'; got {optim!r}.")
+        if optim == "lbfgs" and changed_options(MAP.__init__, {"lr": lr}):
             raise InputDataError(
-                f"`lr` = {lr} is Adam's learning rate, and L-BFGS (the default `optimizer`) takes its "
-                "steps by line search; drop `lr`, or pass optimizer='adam'."
+                f"`lr` = {lr} is Adam's learning rate, and L-BFGS (the default `optim`) takes its "
+                "steps by line search; drop `lr`, or pass optim='adam'."
             )
         check_count("num_steps", num_steps)
         check_positive("lr", lr)
         check_positive("timeout", timeout)
         self.num_steps = num_steps
         self.laplace = laplace
-        self.optimizer = optimizer
+        self.optim = optim
         self.lr = lr
         self.progress_bar = progress_bar
         self.parallel = Parallel(distributed, data_plate, timeout)
@@ -100,12 +103,12 @@ class MAP(Engine):
                 "the model's own fixed forward process; a point estimate of them is not an estimate "
                 "of the network"
             )
-        if reason is None and self.optimizer == "lbfgs":
+        if reason is None and self.optim == "lbfgs":
             subsampled = sorted(inspect_model(model, args, kwargs).subsampled)
             if subsampled:
                 return (
                     f"L-BFGS needs a deterministic objective, and the plates {subsampled} "
-                    "subsample the data; use MAP(optimizer='adam') or drop subsample_size"
+                    "subsample the data; use MAP(optim='adam') or drop subsample_size"
                 )
         return reason
 
@@ -123,7 +126,7 @@ class MAP(Engine):
     def _optimise(
         self, model: Callable, guide: Callable, loss: Any, args: tuple, kwargs: dict, ranks: Ranks
     ) -> tuple[list[float], int | None]:
-        if self.optimizer == "adam":
+        if self.optim == "adam":
             steps = StepLoop(self.num_steps, pyro.optim.Adam({"lr": self.lr}), progress=self.name if self.progress_bar else None)
             return steps.run(loss, model, guide, args, kwargs, ranks)
         result = minimise_elbo_lbfgs(

@@ -95,7 +95,7 @@ def test_generic_em_refuses_options_it_cannot_honour():
 def test_lbfgs_map_refuses_a_subsampled_model_and_adam_runs_it():
     with pytest.raises(aml.IncompatibleEngineError, match="subsample"):
         aml.fit(subsampled_regression, SUB_X, SUB_Y, engine=MAP())
-    post = aml.fit(subsampled_regression, SUB_X, SUB_Y, engine=MAP(optimizer="adam", num_steps=300, lr=0.05, progress_bar=False))
+    post = aml.fit(subsampled_regression, SUB_X, SUB_Y, engine=MAP(optim="adam", num_steps=300, lr=0.05, progress_bar=False))
     assert post.is_point_estimate
 
 

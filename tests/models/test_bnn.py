@@ -136,7 +136,7 @@ def test_a_bnn_is_better_calibrated_than_the_same_network_as_a_point_estimate():
     errors = {}
     for name, engine in (
         ("bayes", SVI(num_steps=2000, lr=0.01, progress_bar=False)),
-        ("point", MAP(optimizer="adam", num_steps=2000, lr=0.01, progress_bar=False)),
+        ("point", MAP(optim="adam", num_steps=2000, lr=0.01, progress_bar=False)),
     ):
         network = BayesianNeuralNetwork(
             2, hidden=(32, 32), out_features=2, likelihood="categorical", prior_scale=10.0,

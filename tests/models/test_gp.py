@@ -118,7 +118,7 @@ def test_learned_hyperparameters_reach_scikit_learns_marginal_likelihood(gp_data
 def test_adam_reaches_the_lbfgs_optimum(gp_data):
     X, y = gp_data
     lbfgs = aml.fit(GaussianProcess(), X, y).log_marginal_likelihood.item()
-    adam = aml.fit(GaussianProcess(), X, y, engine=Exact(optimizer="adam", lr=0.05, max_iter=400))
+    adam = aml.fit(GaussianProcess(), X, y, engine=Exact(optim="adam", lr=0.05, max_iter=400))
     assert adam.log_marginal_likelihood.item() == pytest.approx(lbfgs, abs=0.05)
 
 
