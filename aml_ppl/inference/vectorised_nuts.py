@@ -138,7 +138,7 @@ class ChainPotential:
 
     def __call__(self, points: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if self.how == "vmap":
-            with pyro.validation_enabled(False), _distribution_validation(False):
+            with pyro.validation_enabled(False):  # torch's argument checks too: a branch on a value
                 grads, values = self.mapped(points)
             return values.detach(), grads.detach()
         points = points.detach().requires_grad_(True)
@@ -169,20 +169,6 @@ class ChainPotential:
                 if not agree:
                     return True
         return False
-
-
-class _distribution_validation:
-    r"""Switch torch's distribution argument checks (a data-dependent branch) for a block."""
-
-    def __init__(self, enabled: bool) -> None:
-        self.enabled = enabled
-
-    def __enter__(self) -> None:
-        self.previous = torch.distributions.Distribution._validate_args
-        torch.distributions.Distribution.set_default_validate_args(self.enabled)
-
-    def __exit__(self, *exc: Any) -> None:
-        torch.distributions.Distribution.set_default_validate_args(self.previous)
 
 
 class VectorisedNUTS:
