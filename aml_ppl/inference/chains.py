@@ -20,7 +20,7 @@ import sys
 import threading
 import time
 import warnings
-from concurrent.futures import Executor, ProcessPoolExecutor
+from concurrent.futures import Executor
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, Callable, Iterator
 
@@ -37,8 +37,8 @@ def default_chains() -> int:
 
 
 def chain_executor(executor: str | Executor | None, num_chains: int, model: Callable) -> Executor | str | None:
-    r"""Where chains run: the user's ``Executor``; ``"fork"`` (forked workers); ``"pool"``
-    (a spawned process pool the run owns); or ``None`` (in turn, in this process).
+    r"""Where chains run: the user's ``Executor``; ``"fork"`` (forked workers); ``"spawn"``
+    (spawned workers); or ``None`` (in turn, in this process).
 
     Args:
         executor: ``"auto"`` (processes when there are several chains and cores and the
@@ -55,7 +55,7 @@ def chain_executor(executor: str | Executor | None, num_chains: int, model: Call
         return "fork"
     reason = _unsendable(model)
     if reason is None:
-        return "pool"
+        return "spawn"
     if executor == "processes":
         warnings.warn(f"chains run one after another: {reason}.", ChainsInTurnWarning, stacklevel=4)
     return None
@@ -87,29 +87,17 @@ def run_chains(
     """
     if executor is None:
         return [chain(seed, None) for seed in seeds]
-    if executor == "fork":
-        return _forked_chains(chain, seeds, timeout, label)
-    owned = executor == "pool"
-    if owned:
-        context = multiprocessing.get_context("spawn")
-        executor = ProcessPoolExecutor(min(len(seeds), os.cpu_count() or 1), mp_context=context)
-    with _main_hidden() if owned else contextlib.nullcontext():  # workers start on submit
-        futures = [executor.submit(chain, seed, 1) for seed in seeds]
+    if executor in ("fork", "spawn"):
+        return _chains_in_processes(chain, seeds, timeout, label, start=executor)
+    futures = [executor.submit(chain, seed, 1) for seed in seeds]
     results = []
-    try:
-        for index, future in enumerate(futures):
-            try:
-                results.append(future.result(timeout=timeout))
-            except FutureTimeout as error:
-                raise ModelFittingError(f"{label} {index} did not finish within timeout = {timeout} s.") from error
-            except Exception as error:  # a dead worker (BrokenProcessPool) or an error in the chain
-                raise ModelFittingError(f"{label} {index} failed in its worker: {type(error).__name__}: {error}") from error
-    finally:
-        if owned:
-            if len(results) < len(futures):  # a failed run leaves no worker behind
-                for process in list(getattr(executor, "_processes", {}).values()):
-                    process.terminate()
-            executor.shutdown(wait=False, cancel_futures=True)
+    for index, future in enumerate(futures):
+        try:
+            results.append(future.result(timeout=timeout))
+        except FutureTimeout as error:
+            raise ModelFittingError(f"{label} {index} did not finish within timeout = {timeout} s.") from error
+        except Exception as error:  # a dead worker (BrokenProcessPool) or an error in the chain
+            raise ModelFittingError(f"{label} {index} failed in its worker: {type(error).__name__}: {error}") from error
     return results
 
 
@@ -119,43 +107,35 @@ class ChainsInTurnWarning(AmlPplWarning):
 
 def _can_fork() -> bool:
     r"""Whether chains may run in forked processes: on Linux, before CUDA is initialised here
-    (a forked child cannot use it), before JAX runs here (its runtime's threads deadlock a
-    forked child, as JAX itself warns), while every other Python thread is a library's daemon
-    (tqdm's monitor, a resource sharer) and none is the user's. A fork copies only the
-    calling thread, so a lock another thread holds stays locked in the child; the daemons
-    here sleep between short checks, and Pyro's own chains and PyTorch's data loaders fork
-    beside them."""
+    (a forked child cannot use it), before JAX is imported here (its runtime's threads, once
+    started, deadlock a forked child, as JAX itself warns; whether they have started is
+    JAX's private state, so the import is taken as the sign), while every other Python thread
+    is a library's daemon (tqdm's monitor, a resource sharer) and none is the user's. A fork
+    copies only the calling thread, so a lock another thread holds stays locked in the
+    child; the daemons here sleep between short checks, and Pyro's own chains and PyTorch's
+    data loaders fork beside them."""
     others = [thread for thread in threading.enumerate() if thread is not threading.current_thread()]
     return (
         sys.platform == "linux"
         and not torch.cuda.is_initialized()
-        and not _jax_running()
+        and "jax" not in sys.modules
         and threading.current_thread() is threading.main_thread()
         and all(thread.daemon for thread in others)
     )
 
 
-def _jax_running() -> bool:
-    r"""Whether JAX has started its backends (and their threads) in this process; where its
-    private flag is missing, that it has once JAX is imported."""
-    if "jax" not in sys.modules:
-        return False
-    try:
-        from jax._src import xla_bridge
+def _chains_in_processes(
+    chain: Callable[[int, int], Any], seeds: list[int], timeout: float | None, label: str, start: str
+) -> list[Any]:
+    r"""Each chain in a worker process of its own, as many at a time as there are cores.
 
-        return bool(xla_bridge.backends_are_initialized())
-    except (ImportError, AttributeError):
-        return True
-
-
-def _forked_chains(chain: Callable[[int, int], Any], seeds: list[int], timeout: float | None, label: str) -> list[Any]:
-    r"""Each chain in a process forked from this one, as many at a time as there are cores.
-
-    A forked worker starts with this process's memory: torch, Pyro and the model are
-    already loaded (a spawned one spends seconds importing them), and the model need not be
-    importable or picklable; only the draws come back, through a pipe. A worker that dies
-    or runs past ``timeout`` fails the run naming its chain, and no worker outlives it."""
-    context = multiprocessing.get_context("fork")
+    A forked worker (``start="fork"``) starts with this process's memory: torch, Pyro and
+    the model are already loaded, and the model need not be importable or picklable; a
+    spawned one (``"spawn"``) spends seconds importing them and takes the chain pickled.
+    Only the draws come back, through a pipe. A worker that dies or runs past ``timeout``
+    fails the run naming its chain, and no worker outlives it: each is a process the run
+    owns and terminates, not a pool's."""
+    context = multiprocessing.get_context(start)
     running: dict[Any, tuple[int, Any, float]] = {}  # receiving end -> (chain, process, deadline)
     results: dict[int, Any] = {}
     waiting = list(enumerate(seeds))
@@ -165,8 +145,8 @@ def _forked_chains(chain: Callable[[int, int], Any], seeds: list[int], timeout: 
                 index, seed = waiting.pop(0)
                 receiver, sender = context.Pipe(duplex=False)
                 process = context.Process(target=_chain_to_pipe, args=(sender, chain, seed), daemon=True)
-                with warnings.catch_warnings():  # Python 3.12+ warns of any thread at a fork; see _can_fork
-                    warnings.simplefilter("ignore", DeprecationWarning)
+                with warnings.catch_warnings(), _main_hidden() if start == "spawn" else contextlib.nullcontext():
+                    warnings.simplefilter("ignore", DeprecationWarning)  # Python 3.12+ warns of any thread at a fork; see _can_fork
                     process.start()
                 sender.close()
                 running[receiver] = (index, process, math.inf if timeout is None else time.monotonic() + timeout)
@@ -196,7 +176,7 @@ def _forked_chains(chain: Callable[[int, int], Any], seeds: list[int], timeout: 
 
 
 def _chain_to_pipe(sender: Any, chain: Callable[[int, int], Any], seed: int) -> None:
-    r"""A forked worker's work: one chain on one thread, its draws (or its error) sent back."""
+    r"""A worker's work: one chain on one thread, its draws (or its error) sent back."""
     _own_tqdm_lock()
     try:
         message = ("done", chain(seed, 1))

@@ -3,8 +3,6 @@ r"""The No-U-Turn sampler (Stan's multinomial NUTS under Pyro's ``MCMC``) behind
 from __future__ import annotations
 
 import functools
-import os
-import sys
 import warnings
 from concurrent.futures import Executor
 from typing import Any, Callable, ClassVar
@@ -26,6 +24,7 @@ from aml_ppl.inference.io import register_posterior, stored
 from aml_ppl.inference.nuts_kernel import SAMPLE_STATS, MultinomialNUTS
 from aml_ppl.inference.vectorised_nuts import BatchingError, VectorisedNUTS
 from aml_ppl.inference.structure import inspect_model
+from aml_ppl.inference.tracing import agree, frozen_value
 
 
 
@@ -253,11 +252,6 @@ class NUTS(Engine):
             )
         return problem is None
 
-# Where a JIT trace freezes a tensor into a Python value, torch warns; in torch's and Pyro's
-# own code (and ours) these are checks of arguments, in a user's model control flow.
-_TRUSTED_SOURCES = tuple(os.path.dirname(module.__file__) for module in (torch, pyro, sys.modules["aml_ppl"]))
-
-
 def jit_problem(model: Callable, args: tuple, kwargs: dict, num_points: int = 4) -> str | None:
     r"""Why the JIT-traced potential energy of ``model`` cannot be trusted, or ``None``.
 
@@ -283,35 +277,13 @@ def jit_problem(model: Callable, args: tuple, kwargs: dict, num_points: int = 4)
                     potential_grad(potential, {name: v.detach().clone() for name, v in point.items()})
                     for potential in (traced, plain)
                 )
-                if not _agree(traced_value, value) or not all(_agree(traced_grads[k], grads[k]) for k in grads):
+                if not agree(traced_value, value) or not all(agree(traced_grads[k], grads[k]) for k in grads):
                     return "the traced potential differs from the model's away from the point it was traced at"
     except Exception as error:  # tracing fails in many ways
         return f"{type(error).__name__}: {str(error).splitlines()[0][:200] if str(error) else ''}"
     finally:
         pyro.util.set_rng_state(state)
-    for warning in caught:
-        frozen = issubclass(warning.category, torch.jit.TracerWarning) and "to a Python" in str(warning.message)
-        if frozen and not warning.filename.startswith(_TRUSTED_SOURCES):
-            return f"{os.path.basename(warning.filename)}, line {warning.lineno}: {str(warning.message).split('.')[0]}"
-    return None
-
-
-def _agree(traced: torch.Tensor, plain: torch.Tensor) -> bool:
-    r"""Whether a traced and a plain evaluation agree to floating-point error: the same
-    non-finite entries, and elsewhere :math:`\lVert t - p \rVert \le \tau (\lVert p \rVert + 1)`
-    with :math:`\tau = \max(\sqrt{\varepsilon}, 10^{-6})` (:math:`\varepsilon` the dtype's
-    machine epsilon: 3e-4 in float32, 1e-6 in float64). A JIT reorders and fuses operations,
-    which moves the last digits, more where a gradient entry is a difference of large terms,
-    and by up to :math:`\kappa \varepsilon` through a solve with a matrix of condition number
-    :math:`\kappa` (a GP's kernel: 1e-6 covers :math:`\kappa` to about 5e9 in float64); a
-    branch frozen into the trace moves the leading digits. (An entrywise ``rtol = 1e-6``
-    flagged float32 GPs at some points and not others.)"""
-    finite = torch.isfinite(plain)
-    if not torch.equal(finite, torch.isfinite(traced)):
-        return False
-    same_non_finite = (traced[~finite] == plain[~finite]) | (traced[~finite].isnan() & plain[~finite].isnan())
-    tolerance = max(torch.finfo(plain.dtype).eps ** 0.5, 1e-6) * (plain[finite].norm() + 1)
-    return bool(same_non_finite.all()) and bool((traced[finite] - plain[finite]).norm() <= tolerance)
+    return frozen_value(caught)
 
 
 def sample_chain(

@@ -35,6 +35,7 @@ from pyro.poutine.messenger import Messenger
 from torch.distributions import MultivariateNormal
 
 from aml_ppl.inference.structure import CoupledObservations, SiteShape, Structure, inspect_model
+from aml_ppl.inference.tracing import per_draw
 
 DRAWS_PLATE = "_aml_draws"
 # The groups of a replay that hold one value per draw, and whether their values carry the
@@ -82,7 +83,8 @@ def replay(
         structure: The model's :class:`Structure` for these arguments, if known.
         draw_discrete: Whether to draw the enumerated sites from their posterior; without
             (only the log-likelihood is wanted, which sums the plate-local ones out) the
-            replicates and deterministic sites are not those of the posterior.
+            replicates and deterministic sites are not those of the posterior, and a model
+            replayed one draw at a time returns none.
 
     Returns:
         The :class:`Replayed` values on all the data.
@@ -95,11 +97,7 @@ def replay(
             try:
                 pieces.append(_run(model, draws, num_draws, args, kwargs, structure, indices, draw_discrete))
             except Exception:  # the model does not broadcast over a draws plate
-                single = [
-                    _run(model, {k: v[s] for k, v in draws.items()}, None, args, kwargs, structure, indices, draw_discrete)
-                    for s in range(num_draws)
-                ]
-                pieces.append(_stack(single))
+                pieces.append(_one_draw_at_a_time(model, draws, num_draws, args, kwargs, structure, indices, draw_discrete))
     return _assemble(pieces, chunks, structure)
 
 
@@ -397,6 +395,34 @@ def _per_draw(
         value = value.expand(target)
         shaped[name] = value.unsqueeze(0) if num_draws is None else value.reshape((num_draws, *tail))
     return shaped
+
+
+def _one_draw_at_a_time(
+    model: Callable,
+    draws: dict[str, torch.Tensor],
+    num_draws: int,
+    args: tuple,
+    kwargs: dict,
+    structure: Structure,
+    indices: dict[str, torch.Tensor],
+    draw_discrete: bool,
+) -> Replayed:
+    r"""The replay of a model that does not broadcast over a draws plate, a run per draw;
+    where only the log-likelihood is wanted (``draw_discrete=False``), those runs compiled
+    once (:func:`~aml_ppl.inference.tracing.per_draw`) and the other groups left empty."""
+    if not draw_discrete:
+        observed: dict[str, torch.Tensor] = {}  # the first run's (the data: the same in every run)
+
+        def log_likelihood(values: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+            replayed = _run(model, values, None, args, kwargs, structure, indices, draw_discrete)
+            observed.update({} if observed else replayed.observed)
+            return replayed.log_likelihood
+
+        return Replayed(log_likelihood=per_draw(log_likelihood, draws, num_draws), observed=observed)
+    return _stack([
+        _run(model, {k: v[s] for k, v in draws.items()}, None, args, kwargs, structure, indices, draw_discrete)
+        for s in range(num_draws)
+    ])
 
 
 def _stack(singles: list[Replayed]) -> Replayed:

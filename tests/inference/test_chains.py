@@ -77,11 +77,34 @@ def test_a_dead_or_stuck_worker_fails_the_run_naming_the_chain():
     assert time.perf_counter() - start < 50
 
 
+@pytest.mark.slow
+def test_spawned_workers_draw_what_forked_ones_do_and_none_outlives_a_failed_run():
+    r"""With a thread of the user's alive a fork is not safe: an importable model's chains run
+    in spawned workers (seconds of imports each), draw what the chains in turn draw, and a
+    worker that dies or hangs fails the run naming its chain, its sibling terminated."""
+    X, y = data()
+    release = threading.Event()
+    other = threading.Thread(target=release.wait)
+    other.start()
+    try:
+        spawned = aml.fit(regression, X, y, engine=engine(executor="processes"), seed=4)
+        with pytest.raises(ModelFittingError, match="NUTS chain [01] failed in its worker"):
+            aml.fit(dies_in_a_worker, X, y, engine=engine(executor="processes"), seed=0)
+        with pytest.raises(ModelFittingError, match="NUTS chain 0 did not finish within timeout = 20"):
+            aml.fit(hangs_in_a_worker, X, y, engine=engine(executor="processes", timeout=20), seed=0)
+    finally:
+        release.set()
+        other.join()
+    assert multiprocessing.active_children() == []
+    in_turn = aml.fit(regression, X, y, engine=engine(executor=None), seed=4)
+    assert torch.equal(spawned.samples["beta"], in_turn.samples["beta"])
+
+
 def test_a_model_from_main_runs_in_forked_workers_and_in_turn_where_only_spawning_is_safe():
     r"""On Linux with no other thread running, chains run in forked workers, which need not
     import or unpickle the model: one defined in ``__main__`` (a notebook's) runs there too,
-    and a closure over a lock. With another thread alive a fork is not safe; the spawned
-    pool cannot import ``__main__``, so the chains run in turn with a warning."""
+    and a closure over a lock. With another thread alive a fork is not safe; a spawned
+    worker cannot import ``__main__``, so the chains run in turn with a warning."""
     X, y = data()
     lock = threading.Lock()  # unpicklable
 
@@ -107,21 +130,17 @@ def test_a_model_from_main_runs_in_forked_workers_and_in_turn_where_only_spawnin
         NUTS(executor="threads")
 
 
-def test_no_fork_once_jax_runs(monkeypatch) -> None:
+def test_no_fork_once_jax_is_imported(monkeypatch) -> None:
     r"""JAX's runtime threads are invisible to ``threading`` and deadlock a forked child
-    (JAX warns so itself); with JAX's backends started (a stand-in JAX here) the chains take
-    the spawned pool, which cannot import a ``__main__`` model, so they run in turn with a
-    warning."""
+    (JAX warns so itself); with JAX imported (a stand-in module here) the chains take spawned
+    workers, which cannot import a ``__main__`` model, so they run in turn with a warning."""
     X, y = data()
 
     def local(X, y=None):
         regression(X, y)
 
     local.__module__ = "__main__"
-    bridge = types.SimpleNamespace(backends_are_initialized=lambda: True)
     monkeypatch.setitem(sys.modules, "jax", types.ModuleType("jax"))
-    monkeypatch.setitem(sys.modules, "jax._src", types.SimpleNamespace(xla_bridge=bridge))
-    monkeypatch.setitem(sys.modules, "jax._src.xla_bridge", bridge)
     with pytest.warns(ChainsInTurnWarning, match="defined in __main__"):
         aml.fit(local, X, y, engine=engine(executor="processes"), seed=0)
 

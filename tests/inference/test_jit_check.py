@@ -41,3 +41,22 @@ def test_the_check_is_silent_on_pyros_gp_tutorial_and_lkj_example(seed):
     pyro.set_rng_seed(seed)
     assert jit_problem(regression.model, (), {}) is None
     assert jit_problem(lkj_covariance, (y,), {}) is None
+
+
+def test_runs_per_draw_are_compiled_where_faithful_and_plain_where_a_branch_froze():
+    r"""``tracing.per_draw``: a smooth run gives the plain runs' values from its trace; a run
+    with a Python branch on the draw (frozen into a trace at the first draw) is run plainly,
+    so the draws past the branch still get their own value."""
+    from aml_ppl.inference.tracing import per_draw
+
+    draws = {"a": torch.linspace(-2.0, 2.0, 20, dtype=torch.float64)}
+
+    def smooth(values):
+        return {"out": (values["a"].exp() + values["a"] ** 2).reshape(1)}
+
+    def branchy(values):
+        return {"out": (values["a"] if values["a"] > 0 else -10 * values["a"]).reshape(1)}
+
+    for run in (smooth, branchy):
+        plain = torch.cat([run({"a": a})["out"] for a in draws["a"]])
+        torch.testing.assert_close(per_draw(run, draws, 20)["out"], plain, rtol=1e-12, atol=0)
