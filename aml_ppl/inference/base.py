@@ -139,11 +139,20 @@ class Posterior(ArvizExport, ABC):
 
     @on_own_stream
     def sample(self, num_samples: int = 1000) -> dict[str, torch.Tensor]:
-        r"""Draw from the posterior of the latent sites.
+        r"""Draw from the posterior of the latent sites, in the data's units.
 
         Returns:
-            Site name to a ``num_samples x ...`` tensor (ArviZ's ``posterior`` group).
+            Site name to a ``num_samples x ...`` tensor (ArviZ's ``posterior`` group; an exact
+            GP fitted on standardised data reports its hyperparameters in ``y``'s units, as
+            :attr:`params` does, where :meth:`model_draws` gives the fit's own).
         """
+        return self.reported_draws(self.model_draws(num_samples))
+
+    @on_own_stream
+    def model_draws(self, num_samples: int = 1000) -> dict[str, torch.Tensor]:
+        r"""Draws of the latent sites in the units the fit's program takes them: what
+        ``predict``, ``log_prob`` and the ArviZ export replay (:meth:`sample`'s unless the fit
+        transformed the data)."""
         check_count("num_samples", num_samples)
         predictive.check_sampleable(self.model)
         with torch.no_grad():
@@ -210,7 +219,7 @@ class Posterior(ArvizExport, ABC):
         return self._botorch_form(num_samples)
 
     def _botorch_form(self, num_samples: int) -> Any:
-        draws = self.sample(1 if self.is_point_estimate else num_samples)
+        draws = self.model_draws(1 if self.is_point_estimate else num_samples)
         return self.model.botorch_ensemble(draws, *self.data_args, **self.data_kwargs)
 
     @on_own_stream
@@ -236,7 +245,7 @@ class Posterior(ArvizExport, ABC):
     ) -> Replayed:
         r"""The replay of ``num_draws`` posterior draws (or of ``draws``, if given); only the
         ``(group, site)`` in ``keep``, if given."""
-        draws = self.sample(num_draws) if draws is None else draws
+        draws = self.model_draws(num_draws) if draws is None else draws
         return predictive.replay_draws(self, draws, num_draws, args, kwargs, keep)
 
     def _statistics(self) -> dict[str, torch.Tensor] | None:

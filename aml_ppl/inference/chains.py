@@ -107,21 +107,34 @@ class ChainsInTurnWarning(AmlPplWarning):
 
 def _can_fork() -> bool:
     r"""Whether chains may run in forked processes: on Linux, before CUDA is initialised here
-    (a forked child cannot use it), before JAX is imported here (its runtime's threads, once
-    started, deadlock a forked child, as JAX itself warns; whether they have started is
-    JAX's private state, so the import is taken as the sign), while every other Python thread
-    is a library's daemon (tqdm's monitor, a resource sharer) and none is the user's. A fork
-    copies only the calling thread, so a lock another thread holds stays locked in the
-    child; the daemons here sleep between short checks, and Pyro's own chains and PyTorch's
-    data loaders fork beside them."""
+    (a forked child cannot use it), before JAX runs here (its runtime's threads deadlock a
+    forked child, as JAX itself warns), while every other Python thread is a library's daemon
+    (tqdm's monitor, a resource sharer) and none is the user's. A fork copies only the
+    calling thread, so a lock another thread holds stays locked in the child; the daemons
+    here sleep between short checks, and Pyro's own chains and PyTorch's data loaders fork
+    beside them."""
     others = [thread for thread in threading.enumerate() if thread is not threading.current_thread()]
     return (
         sys.platform == "linux"
         and not torch.cuda.is_initialized()
-        and "jax" not in sys.modules
+        and not _jax_running()
         and threading.current_thread() is threading.main_thread()
         and all(thread.daemon for thread in others)
     )
+
+
+def _jax_running() -> bool:
+    r"""Whether JAX has started its backends (and their threads) in this process. JAX offers
+    no public way to ask, and importing it is no sign (BoTorch imports it wherever it is
+    installed), so its own flag is read; where that is missing, JAX is taken to run."""
+    if "jax" not in sys.modules:
+        return False
+    try:
+        from jax._src import xla_bridge
+
+        return bool(xla_bridge.backends_are_initialized())
+    except (ImportError, AttributeError):
+        return True
 
 
 def _chains_in_processes(

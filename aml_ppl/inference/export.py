@@ -27,9 +27,10 @@ class ArvizExport:
     ``sample_stats``); :func:`to_inference_data` reads only these and the public surface."""
 
     def draws_by_chain(self, num_samples: int) -> dict[str, torch.Tensor]:
-        r"""Draws shaped ``chain x draw x ...``; one chain unless the engine has several."""
+        r"""Draws in the fit's units (:meth:`model_draws`) shaped ``chain x draw x ...``; one
+        chain unless the engine has several."""
         count = 1 if self.is_point_estimate else num_samples
-        return {name: value.unsqueeze(0) for name, value in self.sample(count).items()}
+        return {name: value.unsqueeze(0) for name, value in self.model_draws(count).items()}
 
     def reported_draws(self, draws: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         r"""The draws as the ArviZ export reports them (a hook: a fit on transformed data

@@ -79,7 +79,7 @@ def log_predictive_density(
     if isinstance(posterior.model, ConditionalPredictive):
         terms = conditional_log_likelihood(posterior, num_samples, site, args, kwargs)
         return torch.logsumexp(terms, 0) - math.log(terms.shape[0])
-    return log_mean_likelihood(posterior, posterior.sample(num_samples), site, args, kwargs)
+    return log_mean_likelihood(posterior, posterior.model_draws(num_samples), site, args, kwargs)
 
 
 # Values per returned tensor of a replayed chunk of draws: 8 MB in float64. The replay holds a
@@ -244,7 +244,7 @@ def conditional_predictives(
     posterior: "Posterior", num_samples: int, site: str | None, args: tuple, kwargs: dict, draws: dict | None = None
 ) -> list[Any]:
     r"""Per posterior draw, the model's predictive given that draw and the fitting data."""
-    draws = posterior.sample(num_samples) if draws is None else draws
+    draws = posterior.model_draws(num_samples) if draws is None else draws
     results = []
     with torch.no_grad():
         for index in range(num_samples):

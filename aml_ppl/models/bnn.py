@@ -223,14 +223,16 @@ class BayesianNeuralNetwork(Model):
 
     def forward_pass(self, X: torch.Tensor, weights: dict[str, torch.Tensor]) -> torch.Tensor:
         r""":math:`f(X \mid \theta)`: ``n x out``, or ``S x n x out`` for weights with a batch of
-        draws ``S x 1 x ...`` (the 1 is the data plate's slot, dropped at the end)."""
+        draws ``S x 1 x ...`` (the 1 is the data plate's slot, dropped at the end) or ``S x ...``
+        (as ``pyro.infer.Predictive(parallel=True)`` shapes them: no slot for a site outside
+        every plate whose event has as many dimensions as the plates nest)."""
         hidden = X
         for weight_site, bias_site, last in self._layers():
             hidden = hidden @ weights[weight_site].transpose(-1, -2) + weights[bias_site].unsqueeze(-2)
             if not last:
                 hidden = ACTIVATIONS[self.activation](hidden)
-        batched = weights[self._layers()[0][0]].dim() > 2
-        return hidden.squeeze(-3) if batched else hidden
+        slotted = weights[self._layers()[0][0]].dim() > 3
+        return hidden.squeeze(-3) if slotted else hidden
 
     def _weight_prior(self, X: torch.Tensor, shape: tuple[int, ...]) -> dist.TorchDistribution:
         return dist.Normal(X.new_zeros(shape), self._prior_scale(shape)).to_event(len(shape))

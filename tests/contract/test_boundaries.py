@@ -15,7 +15,7 @@ import aml_ppl as aml
 from aml_ppl.inference import EM, MAP, NUTS, SVI
 from aml_ppl.inference.guides import BoundaryWarning
 from aml_ppl.models import BayesianLinearRegression, GaussianProcess
-from tests.contract.cases import (
+from aml_ppl.testing.cases import (
     MIX_Y,
     SCHOOLS_SIGMA,
     SCHOOLS_Y,

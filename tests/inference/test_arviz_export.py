@@ -13,7 +13,7 @@ from pyro.infer import Predictive
 
 import aml_ppl as aml
 from aml_ppl.inference import MAP, NUTS, SVI
-from tests.contract.cases import SCHOOLS_SIGMA, SCHOOLS_Y
+from aml_ppl.testing.cases import SCHOOLS_SIGMA, SCHOOLS_Y
 
 ENGINES = {
     "nuts": NUTS(num_samples=100, warmup_steps=100, num_chains=2, progress_bar=False),

@@ -130,17 +130,21 @@ def test_a_model_from_main_runs_in_forked_workers_and_in_turn_where_only_spawnin
         NUTS(executor="threads")
 
 
-def test_no_fork_once_jax_is_imported(monkeypatch) -> None:
+def test_no_fork_once_jax_runs(monkeypatch) -> None:
     r"""JAX's runtime threads are invisible to ``threading`` and deadlock a forked child
-    (JAX warns so itself); with JAX imported (a stand-in module here) the chains take spawned
-    workers, which cannot import a ``__main__`` model, so they run in turn with a warning."""
+    (JAX warns so itself); with JAX's backends started (a stand-in JAX here) the chains take
+    spawned workers, which cannot import a ``__main__`` model, so they run in turn with a
+    warning."""
     X, y = data()
 
     def local(X, y=None):
         regression(X, y)
 
     local.__module__ = "__main__"
+    bridge = types.SimpleNamespace(backends_are_initialized=lambda: True)
     monkeypatch.setitem(sys.modules, "jax", types.ModuleType("jax"))
+    monkeypatch.setitem(sys.modules, "jax._src", types.SimpleNamespace(xla_bridge=bridge))
+    monkeypatch.setitem(sys.modules, "jax._src.xla_bridge", bridge)
     with pytest.warns(ChainsInTurnWarning, match="defined in __main__"):
         aml.fit(local, X, y, engine=engine(executor="processes"), seed=0)
 

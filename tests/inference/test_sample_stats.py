@@ -14,7 +14,7 @@ import torch
 import aml_ppl as aml
 from aml_ppl.analysis import ParetoKWarning
 from aml_ppl.inference import EM, MAP, SVI
-from tests.contract.cases import SCHOOLS_SIGMA, SCHOOLS_Y
+from aml_ppl.testing.cases import SCHOOLS_SIGMA, SCHOOLS_Y
 from tests.inference.test_arviz_export import mixture, schools, subsampled
 from tests.models.test_mixture import regression_mixture
 

@@ -1,12 +1,18 @@
-"""Small models, written as Pyro's docs write them, that cover every kind of site.
+r"""The contract's cases: small models, written as Pyro's docs write them, that cover every kind
+of site (a ``pyro.factor``, a built-in model of each family that an engine runs on a plain
+program, a deterministic site, a subsampled plate, plate-local and global enumerated sites, a
+multivariate normal observation, ``pyro.param`` sites).
 
-Each case has the model, its data, and an oracle in plain torch: given draws of the
-latent sites (``S x ...``), the pointwise log-likelihood ``S x n`` and the mean of a
-replicated observation ``S x n``. A new model joins the contract by one entry in CASES.
+Each :class:`Case` holds the model, its data, and an oracle in plain torch: given draws of the
+latent sites (``S x ...``), the pointwise log-likelihood ``S x n`` of the observed site
+``"obs"`` and the mean of its replicate ``S x n``. :data:`CASES` lists them;
+:func:`~aml_ppl.testing.check_engine` runs an engine on each it can run. A case of your own
+is one more :class:`Case`.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -16,11 +22,27 @@ import torch
 from pyro.distributions import constraints
 from pyro.ops.indexing import Vindex
 
-from aml_ppl.models import BayesianLinearRegression, GaussianMixture
+from aml_ppl.models import BayesianLinearRegression, BayesianNeuralNetwork, GaussianMixture, GaussianProcess
 
 
 @dataclass
 class Case:
+    r"""One model and its data, with what the posterior surface must give on it.
+
+    Attributes:
+        name: The case's name (in errors).
+        model: The Pyro program, observed site ``"obs"``.
+        args, kwargs: Its data; the observations are ``args[-1]``.
+        oracle: ``oracle(draws, args)`` (``oracle(draws, args, params)`` where the model has
+            ``params``): ``"log_likelihood"`` (``S x n``, the exported terms), ``"mean"``
+            (``S x n``, :math:`E[y^{rep} \mid \theta_s]`) and, where ``log_prob`` averages
+            other terms than the exported ones (a GP's predictive given all the data),
+            ``"log_prob"``.
+        new_args: New inputs for ``predict`` (observations left out).
+        deterministic, discrete, params, factors: The model's sites of each kind.
+        rebuilt_from_file: A built-in model that ``aml_ppl.load`` rebuilds without ``model=``.
+    """
+
     name: str
     model: Callable
     args: tuple
@@ -31,6 +53,7 @@ class Case:
     discrete: tuple[str, ...] = ()
     params: tuple[str, ...] = ()
     factors: tuple[str, ...] = ()
+    rebuilt_from_file: bool = False
 
 
 def _generator(seed: int) -> torch.Generator:
@@ -42,7 +65,7 @@ def _generator(seed: int) -> torch.Generator:
 NORMAL_Y = 1.5 + torch.randn(20, generator=_generator(0))
 
 
-def conjugate_normal(y):
+def conjugate_normal(y: torch.Tensor) -> None:
     mu = pyro.sample("mu", dist.Normal(0.0, 10.0))
     pyro.factor("shrink", -0.5 * mu**2 / 4.0)  # a second Gaussian factor on mu, not data
     with pyro.plate("data", y.shape[0]):
@@ -55,7 +78,7 @@ def conjugate_normal_posterior(y: torch.Tensor) -> tuple[float, float]:
     return (y.sum() / precision).item(), precision**-0.5
 
 
-def normal_oracle(draws, args):
+def normal_oracle(draws: dict[str, torch.Tensor], args: tuple) -> dict[str, torch.Tensor]:
     (y,) = args
     mu = draws["mu"][:, None]
     return {"log_likelihood": dist.Normal(mu, 1.0).log_prob(y), "mean": mu.expand(-1, y.shape[0])}
@@ -69,7 +92,7 @@ BLR_Y = BLR_X @ torch.tensor([1.0, -2.0, 0.5], dtype=torch.float64) + 0.5 * torc
 )
 
 
-def blr_oracle(draws, args):
+def blr_oracle(draws: dict[str, torch.Tensor], args: tuple) -> dict[str, torch.Tensor]:
     X, y = args
     mean = draws["beta"] @ X.T
     scale = draws["noise_precision"].rsqrt()[:, None]
@@ -82,7 +105,7 @@ SCHOOLS_Y = torch.tensor([28.0, 8.0, -3.0, 7.0, -1.0, 1.0, 18.0, 12.0])
 SCHOOLS_SIGMA = torch.tensor([15.0, 10.0, 16.0, 11.0, 9.0, 11.0, 10.0, 18.0])
 
 
-def eight_schools(sigma, y=None):
+def eight_schools(sigma: torch.Tensor, y: torch.Tensor | None = None) -> None:
     mu = pyro.sample("mu", dist.Normal(0.0, 5.0))
     tau = pyro.sample("tau", dist.HalfCauchy(5.0))
     with pyro.plate("schools", sigma.shape[0]):
@@ -91,7 +114,7 @@ def eight_schools(sigma, y=None):
         pyro.sample("obs", dist.Normal(theta, sigma), obs=y)
 
 
-def schools_oracle(draws, args):
+def schools_oracle(draws: dict[str, torch.Tensor], args: tuple) -> dict[str, torch.Tensor]:
     sigma, y = args
     theta = draws["mu"][:, None] + draws["tau"][:, None] * draws["theta_tilde"]
     return {"log_likelihood": dist.Normal(theta, sigma).log_prob(y), "mean": theta}
@@ -103,7 +126,7 @@ SUB_X = torch.linspace(-2, 2, 50)
 SUB_Y = 1.0 + 2.0 * SUB_X + 0.5 * torch.randn(50, generator=_generator(3))
 
 
-def subsampled_regression(x, y=None, batch_size=16):
+def subsampled_regression(x: torch.Tensor, y: torch.Tensor | None = None, batch_size: int = 16) -> None:
     intercept = pyro.sample("intercept", dist.Normal(0.0, 10.0))
     slope = pyro.sample("slope", dist.Normal(0.0, 10.0))
     with pyro.plate("data", x.shape[0], subsample_size=batch_size) as index:
@@ -111,7 +134,7 @@ def subsampled_regression(x, y=None, batch_size=16):
         pyro.sample("obs", dist.Normal(intercept + slope * x[index], 0.5), obs=observed)
 
 
-def subsampled_oracle(draws, args):
+def subsampled_oracle(draws: dict[str, torch.Tensor], args: tuple) -> dict[str, torch.Tensor]:
     x, y = args
     mean = draws["intercept"][:, None] + draws["slope"][:, None] * x
     return {"log_likelihood": dist.Normal(mean, 0.5).log_prob(y), "mean": mean}
@@ -122,7 +145,7 @@ def subsampled_oracle(draws, args):
 MIX_Y = torch.cat([torch.randn(25, generator=_generator(4)) - 2.5, torch.randn(15, generator=_generator(5)) + 2.5])
 
 
-def enumerated_mixture(y):
+def enumerated_mixture(y: torch.Tensor) -> None:
     weights = pyro.sample("weights", dist.Dirichlet(torch.ones(2)))
     locs = pyro.sample("locs", dist.Normal(0.0, 5.0).expand([2]).to_event(1))
     with pyro.plate("data", y.shape[0]):
@@ -130,7 +153,7 @@ def enumerated_mixture(y):
         pyro.sample("obs", dist.Normal(Vindex(locs)[..., z], 1.0), obs=y)
 
 
-def mixture_oracle(draws, args):
+def mixture_oracle(draws: dict[str, torch.Tensor], args: tuple) -> dict[str, torch.Tensor]:
     (y,) = args
     joint = torch.log(draws["weights"])[:, None, :] + dist.Normal(draws["locs"][:, None, :], 1.0).log_prob(y[:, None])
     log_likelihood = torch.logsumexp(joint, -1)  # z_i summed out
@@ -146,7 +169,7 @@ GMM_X = torch.cat([
 ]).double()
 
 
-def gmm_oracle(draws, args):
+def gmm_oracle(draws: dict[str, torch.Tensor], args: tuple) -> dict[str, torch.Tensor]:
     """log p(x_i) = log sum_j w_j prod_d N(x_id; mu_jd, s_jd); E[x_rep,i] = sum_j r_ij mu_j."""
     (X,) = args
     locs, scales = draws["locs"][:, None], draws["scales"][:, None]  # S x 1 x k x d
@@ -156,12 +179,55 @@ def gmm_oracle(draws, args):
     return {"log_likelihood": log_likelihood, "mean": (responsibilities[..., None] * locs).sum(-2)}
 
 
+# -- the built-in exact GP (one multivariate normal observation) and BNN (a plate of points) ------
+
+GP_X = torch.rand(20, 1, generator=_generator(12), dtype=torch.float64)
+GP_Y = torch.sin(3 * GP_X[:, 0]) + 0.1 * torch.randn(20, generator=_generator(13), dtype=torch.float64)
+
+
+def gp_oracle(draws: dict[str, torch.Tensor], args: tuple) -> dict[str, torch.Tensor]:
+    r"""With :math:`K = s\,k_\ell(X, X)`, :math:`Q = (K + \sigma^2 I)^{-1}`, :math:`g = Q(y - m)`:
+    each coordinate's leave-one-out :math:`\log p(y_i \mid y_{-i}) = \tfrac12 \log(Q_{ii}/2\pi)
+    - g_i^2 / 2Q_{ii}` (R&W §5.4.2; the exported terms), the conditional mean :math:`m + Kg`,
+    and ``log_prob``'s terms, the predictive given all the data,
+    :math:`\mathcal{N}(y_i; m + (Kg)_i, (K - KQK)_{ii} + \sigma^2)` (R&W §2.2)."""
+    X, y = args
+    outputscale = draws["covar_module.outputscale"].reshape(-1, 1, 1)
+    lengthscale = draws["covar_module.base_kernel.lengthscale"].reshape(-1, 1, 1)
+    noise = draws["likelihood.noise_covar.noise"].reshape(-1, 1, 1)
+    constant = draws["mean_module.constant"].reshape(-1, 1)
+    kernel = outputscale * torch.exp(-0.5 * (X - X.T) ** 2 / lengthscale**2)
+    precision = torch.linalg.inv(kernel + noise * torch.eye(len(y), dtype=y.dtype))
+    weights = (precision @ (y - constant)[..., None])[..., 0]
+    diagonal = precision.diagonal(dim1=-2, dim2=-1)
+    mean = constant + (kernel @ weights[..., None])[..., 0]
+    variance = (kernel - kernel @ precision @ kernel).diagonal(dim1=-2, dim2=-1) + noise[..., 0]
+    return {
+        "log_likelihood": 0.5 * torch.log(diagonal / (2 * math.pi)) - weights**2 / (2 * diagonal),
+        "mean": mean,
+        "log_prob": dist.Normal(mean, variance.sqrt()).log_prob(y),  # given every point, y_i included
+    }
+
+
+BNN_X = torch.linspace(-1.0, 1.0, 20)[:, None]
+BNN_Y = torch.sin(3 * BNN_X[:, 0]) + 0.1 * torch.randn(20, generator=_generator(14))
+
+
+def bnn_oracle(draws: dict[str, torch.Tensor], args: tuple) -> dict[str, torch.Tensor]:
+    """One relu layer of 4: f(x) = W1 relu(W0 x + b0) + b1, y_i ~ N(f(x_i), 1 / precision)."""
+    X, y = args
+    hidden = torch.relu(X @ draws["layers.0.weight"].transpose(-1, -2) + draws["layers.0.bias"][:, None, :])
+    mean = (hidden @ draws["layers.1.weight"].transpose(-1, -2))[..., 0] + draws["layers.1.bias"]
+    scale = draws["noise_precision"].rsqrt()[:, None]
+    return {"log_likelihood": dist.Normal(mean, scale).log_prob(y), "mean": mean}
+
+
 # -- a change point: a global enumerated site ----------------------------------------------------
 
 COUNTS = torch.cat([torch.poisson(torch.full((12,), 6.0), _generator(6)), torch.poisson(torch.full((18,), 1.5), _generator(7))])
 
 
-def change_point(counts):
+def change_point(counts: torch.Tensor) -> None:
     early = pyro.sample("early", dist.Exponential(0.3))
     late = pyro.sample("late", dist.Exponential(0.3))
     switch = pyro.sample(
@@ -172,7 +238,7 @@ def change_point(counts):
         pyro.sample("obs", dist.Poisson(torch.where(time < switch, early, late)), obs=counts)
 
 
-def change_point_oracle(draws, args):
+def change_point_oracle(draws: dict[str, torch.Tensor], args: tuple) -> dict[str, torch.Tensor]:
     (counts,) = args
     time = torch.arange(counts.shape[0])
     # rates[s, switch, t] for every possible switch point
@@ -192,14 +258,14 @@ def change_point_oracle(draws, args):
 PARAM_Y = 0.7 + 0.4 * torch.randn(40, generator=_generator(8))
 
 
-def param_and_sample(y):
+def param_and_sample(y: torch.Tensor) -> None:
     scale = pyro.param("scale", torch.tensor(1.0), constraint=constraints.positive)
     mu = pyro.sample("mu", dist.Normal(0.0, 10.0))
     with pyro.plate("data", y.shape[0]):
         pyro.sample("obs", dist.Normal(mu, scale), obs=y)
 
 
-def param_oracle(draws, args, params):
+def param_oracle(draws: dict[str, torch.Tensor], args: tuple, params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     (y,) = args
     mu = draws["mu"][:, None]
     return {"log_likelihood": dist.Normal(mu, params["scale"]).log_prob(y), "mean": mu.expand(-1, y.shape[0])}
@@ -208,7 +274,7 @@ def param_oracle(draws, args, params):
 # -- pyro.param unknowns and an enumerated site only (generic EM) -----------------------------------
 
 
-def param_mixture(y):
+def param_mixture(y: torch.Tensor) -> None:
     weights = pyro.param("weights", torch.ones(2) / 2, constraint=constraints.simplex)
     locs = pyro.param("locs", torch.tensor([-1.0, 1.0]))
     with pyro.plate("data", y.shape[0]):
@@ -216,7 +282,7 @@ def param_mixture(y):
         pyro.sample("obs", dist.Normal(locs[z], 1.0), obs=y)
 
 
-def param_mixture_oracle(draws, args, params):
+def param_mixture_oracle(draws: dict[str, torch.Tensor], args: tuple, params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     (y,) = args
     joint = torch.log(params["weights"]) + dist.Normal(params["locs"], 1.0).log_prob(y[:, None])
     log_likelihood = torch.logsumexp(joint, -1)
@@ -228,7 +294,7 @@ CASES: list[Case] = [
     Case("conjugate_normal", conjugate_normal, (NORMAL_Y,), oracle=normal_oracle, factors=("shrink",)),
     Case(
         "blr", BayesianLinearRegression(noise_scale=None), (BLR_X, BLR_Y), oracle=blr_oracle,
-        new_args=(BLR_X[:7],),
+        new_args=(BLR_X[:7],), rebuilt_from_file=True,
     ),
     Case(
         "eight_schools", eight_schools, (SCHOOLS_SIGMA, SCHOOLS_Y), oracle=schools_oracle,
@@ -240,22 +306,21 @@ CASES: list[Case] = [
     ),
     Case("mixture", enumerated_mixture, (MIX_Y,), oracle=mixture_oracle, discrete=("z",)),
     Case("change_point", change_point, (COUNTS,), oracle=change_point_oracle, discrete=("switch",)),
-    Case("gmm", GaussianMixture(2, covariance_type="diag"), (GMM_X,), oracle=gmm_oracle, discrete=("assignment",)),
+    Case(
+        "gmm", GaussianMixture(2, covariance_type="diag"), (GMM_X,), oracle=gmm_oracle, discrete=("assignment",),
+        rebuilt_from_file=True,
+    ),
+    Case("gp", GaussianProcess(), (GP_X, GP_Y), oracle=gp_oracle, new_args=(GP_X[:5],)),
+    Case(
+        "bnn", BayesianNeuralNetwork(1, hidden=(4,)), (BNN_X, BNN_Y), oracle=bnn_oracle,
+        new_args=(BNN_X[:7],), deterministic=("mean", "noise_variance"), rebuilt_from_file=True,
+    ),
     Case("param_and_sample", param_and_sample, (PARAM_Y,), oracle=param_oracle, params=("scale",)),
     Case("param_mixture", param_mixture, (MIX_Y,), oracle=param_mixture_oracle, params=("weights", "locs"), discrete=("z",)),
 ]
 
-# Which registered engine runs which case (the capability checks must agree).
-CAPABLE: dict[str, set[str]] = {
-    "exact": {"blr"},
-    "svi": {case.name for case in CASES},
-    "map": {case.name for case in CASES} - {"subsampled"},
-    "nuts": {case.name for case in CASES} - {"param_and_sample", "param_mixture", "subsampled"},
-    "em": {"param_mixture", "gmm"},
-}
-
-
 def oracle(case: Case, draws: dict[str, torch.Tensor], params: dict[str, torch.Tensor], args: tuple) -> dict[str, Any]:
+    r"""The case's oracle at ``draws`` (and the learned ``params``, where it has them)."""
     if case.params:
         return case.oracle(draws, args, params)
     return case.oracle(draws, args)
