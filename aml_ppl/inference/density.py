@@ -18,17 +18,17 @@ A model or guide that does not broadcast over the draws plate is evaluated one d
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Callable
 
 import pyro
 import torch
 from pyro import poutine
 from pyro.poutine.messenger import Messenger
 from pyro.infer.autoguide import AutoContinuous
-from pyro.poutine.util import prune_subsample_sites, site_is_subsample
+from pyro.poutine.util import site_is_subsample
 from torch.distributions import biject_to
 
-from aml_ppl.inference.replay import DRAWS_PLATE, on_draws_plate, on_draws_dim, subsample_chunks, contracted
+from aml_ppl.inference.draws_plate import on_draws_dim, on_draws_plate, subsample_chunks, summed_log_density
 from aml_ppl.inference.structure import Structure
 
 
@@ -39,6 +39,7 @@ def log_densities(
     args: tuple,
     kwargs: dict,
     structure: Structure,
+    log_p: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     r"""Per draw, :math:`\log p(y, \theta_s)` and :math:`\log q(\theta_s)`.
 
@@ -49,6 +50,8 @@ def log_densities(
         args: The model's arguments, observations included.
         kwargs: Its keyword arguments.
         structure: The model's :class:`~aml_ppl.inference.structure.Structure` for them.
+        log_p: :math:`\log p(y, \theta_s)` where known (the export's replay computed it):
+            returned as it is, and only :math:`\log q` computed.
 
     Returns:
         ``log p`` (``S``) and ``log q`` (``S``), the latter ``None`` where there is no guide
@@ -59,19 +62,23 @@ def log_densities(
     """
     if structure.enumerated and structure.subsampled:
         return None, None
+    if log_p is not None and guide is None:
+        return log_p, None
     num_draws = next(iter(draws.values())).shape[0] if draws else 1
+    score_model = log_p is None
     with torch.no_grad(), pyro.get_param_store().scope():
         try:
-            return _pass(model, guide, draws, num_draws, args, kwargs, structure)
+            computed, log_q = _pass(model, guide, draws, num_draws, args, kwargs, structure, score_model)
+            return (computed if score_model else log_p), log_q
         except Exception:  # the model or guide does not broadcast over a draws plate
             try:
                 singles = [
-                    _pass(model, guide, {name: value[index] for name, value in draws.items()}, None, args, kwargs, structure)
+                    _pass(model, guide, {name: value[index] for name, value in draws.items()}, None, args, kwargs, structure, score_model)
                     for index in range(num_draws)
                 ]
             except Exception:  # nor runs under one draw (a site without a density): no statistics
                 return None, None
-    joint = torch.cat([single[0] for single in singles])
+    joint = torch.cat([single[0] for single in singles]) if score_model else log_p
     return joint, None if any(single[1] is None for single in singles) else torch.cat([single[1] for single in singles])
 
 
@@ -81,7 +88,7 @@ def log_joint(
     r"""Per draw, :math:`\log p(y, \theta_s)`, the ``S`` draws of every latent site on one
     plate in one trace, enumerated sites summed out; differentiable in the draws (a batched
     sampler's potential energy). Raises where the model does not broadcast over the plate."""
-    return _pass(model, None, draws, next(iter(draws.values())).shape[0], args, kwargs, structure)[0]
+    return _pass(model, None, draws, next(iter(draws.values())).shape[0], args, kwargs, structure, True)[0]
 
 
 def _pass(
@@ -92,9 +99,12 @@ def _pass(
     args: tuple,
     kwargs: dict,
     structure: Structure,
+    score_model: bool,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     r"""Traces of the model (and the guide), all draws on a plate (``num_draws``) or one
-    unbatched draw (``None``): one pair, or one per subsample where a plate subsamples."""
+    unbatched draw (``None``), one per subsample where a plate subsamples: the model's log
+    density (zeros without ``score_model``: its trace then gives the guide its supports) and
+    the guide's."""
     nesting = structure.max_plate_nesting
     shaped = {name: on_draws_dim(value, structure.sites[name], num_draws, nesting) for name, value in draws.items()}
     log_p, log_q = torch.zeros(num_draws or 1), torch.zeros(num_draws or 1)
@@ -104,7 +114,8 @@ def _pass(
             first_available_dim=-nesting - (2 if num_draws else 1),
         )
         joint = poutine.trace(enumerated).get_trace(*args, **kwargs)
-        log_p = log_p + _summed(joint, num_draws, nesting, structure, indices, counted)
+        if score_model:
+            log_p = log_p + summed_log_density(joint, num_draws, nesting, structure, indices, counted)
         if guide is None or log_q is None:
             log_q = None
             continue
@@ -115,7 +126,7 @@ def _pass(
         condition = _ConditionGuide(shaped, {**unconstrained, **indices}, _packed(guide, draws, num_draws, nesting))
         approximate = poutine.trace(condition(on_draws_plate(guide, num_draws, nesting))).get_trace(*args, **kwargs)
         sampled = {name for name, site in approximate.nodes.items() if site["type"] == "sample" and not site_is_subsample(site)}
-        log_q = log_q + _summed(approximate, num_draws, nesting, structure, indices, counted) if sampled <= {*shaped, *condition.conditioned} else None
+        log_q = log_q + summed_log_density(approximate, num_draws, nesting, structure, indices, counted) if sampled <= {*shaped, *condition.conditioned} else None
     return log_p, log_q
 
 
@@ -165,47 +176,3 @@ class _ConditionGuide(Messenger):
         if name not in self.draws:
             self.conditioned.add(name)
         msg["value"], msg["is_observed"] = value, True
-
-
-def _summed(
-    trace: Any, num_draws: int | None, nesting: int, structure: Structure, indices: dict[str, torch.Tensor], counted: int
-) -> torch.Tensor:
-    r"""The trace's log density per draw (every sample site's log probability, with the
-    model's own masks and scales): enumerated dimensions summed out by Pyro's contraction,
-    else a plain sum; in the ``counted``-th subsample (``indices``), a subsampled plate's
-    points unscaled and only those no earlier subsample covered, other sites only in the
-    first."""
-    trace = prune_subsample_sites(trace)
-    trace.compute_log_prob()
-    if any(site["type"] == "sample" and site["infer"].get("_enumerate_dim") is not None for site in trace.nodes.values()):
-        return _contracted(trace, num_draws)
-    total = torch.zeros(num_draws or 1)
-    for site in trace.nodes.values():
-        if site["type"] != "sample":
-            continue
-        log_prob = site["log_prob"]
-        frames = [frame for frame in site["cond_indep_stack"] if frame.name in indices]
-        if not frames and counted:
-            continue
-        for frame in frames:  # undo the plate's scaling; count each point once
-            fresh = indices[frame.name] >= counted * structure.subsampled[frame.name][1]
-            log_prob = log_prob * frame.size / frame.full_size * fresh.reshape((-1,) + (1,) * (-1 - frame.dim))
-        total = total + _per_draw_sum(log_prob, num_draws, nesting)
-    return total
-
-
-def _per_draw_sum(log_prob: torch.Tensor, num_draws: int | None, nesting: int) -> torch.Tensor:
-    r"""A site's log probabilities summed over all but the draws plate's dimension."""
-    log_prob = torch.as_tensor(log_prob)
-    if num_draws is None:
-        return log_prob.sum().reshape(1)
-    log_prob = log_prob.reshape((1,) * max(0, nesting + 1 - log_prob.dim()) + log_prob.shape)
-    per_draw = log_prob.movedim(-nesting - 1, 0)
-    return per_draw.reshape(per_draw.shape[0], -1).sum(-1).expand(num_draws)
-
-
-def _contracted(trace: Any, num_draws: int | None) -> torch.Tensor:
-    r"""Enumerated dimensions summed out and plates multiplied out down to the draws plate
-    (:func:`~aml_ppl.inference.replay.contracted`)."""
-    names = tuple(name for name, site in trace.nodes.items() if site["type"] == "sample")
-    return contracted(trace, names, (DRAWS_PLATE,)).reshape(-1).expand(num_draws or 1).clone()

@@ -58,10 +58,10 @@ class MixturePosterior(Posterior):
     def is_point_estimate(self) -> bool:
         return self.replicates is None
 
-    def sample_stats(self, draws: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
+    def sample_stats(self, draws: dict[str, torch.Tensor], lp: torch.Tensor | None = None) -> dict[str, np.ndarray]:
         r"""``lp`` at the estimate (each bootstrap replicate): the mean log-likelihood EM
         climbs, times the number of points, plus the log prior."""
-        return self.fitted.log_density_stats(draws)
+        return self.fitted.log_density_stats(draws, lp=lp)
 
     def _draw(self, num_samples: int) -> dict[str, torch.Tensor]:
         if not self._closed_form:

@@ -37,9 +37,10 @@ class ArvizExport:
         reports them in the data's units); these by default."""
         return draws
 
-    def sample_stats(self, draws: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
+    def sample_stats(self, draws: dict[str, torch.Tensor], lp: torch.Tensor | None = None) -> dict[str, np.ndarray]:
         r"""ArviZ ``sample_stats`` of the exported ``draws`` (``chain x draw x ...``), each
-        ``chain x draw``; none by default."""
+        ``chain x draw``; none by default. ``lp``: :math:`\log p(y, \theta)` of each draw on
+        the fitting data (flat), where the export's replay gave it."""
         return {}
 
     @on_own_stream
@@ -164,6 +165,8 @@ def to_inference_data(
     if point:
         flat = {name: value.expand(replicates, *value.shape[1:]) for name, value in flat.items()}
     replayed = posterior.replay(replicates, args, kwargs, draws=flat)
+    on_fitting_data = args is posterior.fitted.args and kwargs is posterior.fitted.kwargs
+    lp = replayed.joint["lp"][: chains * draws] if on_fitting_data and "lp" in replayed.joint else None
 
     def grouped(values: dict[str, torch.Tensor], count: int = draws) -> dict[str, np.ndarray]:
         return {
@@ -179,7 +182,7 @@ def to_inference_data(
         "log_likelihood": grouped(replayed.log_likelihood),
         "observed_data": _numpy(replayed.observed),
         "constant_data": _numpy(posterior.param_sites),
-        "sample_stats": posterior.sample_stats(by_chain),
+        "sample_stats": posterior.sample_stats(by_chain, lp),
     }
     if prior is not None:
         prior_latent, prior_replayed = predictive.prior_draws(posterior, prior, args, kwargs)

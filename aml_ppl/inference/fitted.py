@@ -151,13 +151,16 @@ class Fitted:
             raise InputDataError(f"the model has log-likelihood terms {terms}; name one with `site=`.")
         return self.observed_site(site)
 
-    def log_density_stats(self, draws: dict[str, torch.Tensor], guide: Callable | None = None) -> dict[str, np.ndarray]:
+    def log_density_stats(
+        self, draws: dict[str, torch.Tensor], guide: Callable | None = None, lp: torch.Tensor | None = None
+    ) -> dict[str, np.ndarray]:
         r"""``lp`` (:math:`\log p(y, \theta)` on the fitting data, as NUTS reports it) and, with
         a ``guide``, ``log_q`` (:math:`\log q(\theta)`) of each draw (``chain x draw x ...``),
-        each ``chain x draw``: what ``arviz_stats.loo_approximate_posterior`` takes."""
+        each ``chain x draw``: what ``arviz_stats.loo_approximate_posterior`` takes. ``lp``
+        (one per draw, flat), where the caller has it, is taken as it is."""
         chains, count = next(iter(draws.values())).shape[:2] if draws else (1, 1)
         flat = {name: value.flatten(0, 1) for name, value in draws.items()}
         with isolated_param_store(), evaluation_mode(self.model):
-            log_p, log_q = log_densities(self.evaluation_model(), guide, flat, self.args, self.kwargs, self.structure)
+            log_p, log_q = log_densities(self.evaluation_model(), guide, flat, self.args, self.kwargs, self.structure, lp)
         stats = {name: value for name, value in (("lp", log_p), ("log_q", log_q)) if value is not None}
         return {name: value.reshape(chains, count).cpu().numpy() for name, value in stats.items()}

@@ -50,7 +50,7 @@ class GuidePosterior(Posterior):
     def is_point_estimate(self) -> bool:
         return self._point_estimate
 
-    def sample_stats(self, draws: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
+    def sample_stats(self, draws: dict[str, torch.Tensor], lp: torch.Tensor | None = None) -> dict[str, np.ndarray]:
         r"""``lp`` and, unless this is a point estimate, ``log_q`` of each draw
         (:meth:`~aml_ppl.inference.fitted.Fitted.log_density_stats`): what LOO for an
         approximate posterior weights by (Magnusson et al. 2019). None for a model known
@@ -58,7 +58,7 @@ class GuidePosterior(Posterior):
         if isinstance(self.model, VariationalBound):
             return {}
         guide = None if self.is_point_estimate else substituted(self.guide, self.guide_params)
-        return self.fitted.log_density_stats(draws, guide)
+        return self.fitted.log_density_stats(draws, guide, lp)
 
     def _draw(self, num_samples: int) -> dict[str, torch.Tensor]:
         r"""Draw in one vectorised pass when the guide broadcasts (autoguides do),

@@ -64,7 +64,7 @@ class SamplePosterior(Posterior):
     def draws_by_chain(self, num_samples: int) -> dict[str, torch.Tensor]:
         return self.samples
 
-    def sample_stats(self, draws: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
+    def sample_stats(self, draws: dict[str, torch.Tensor], lp: torch.Tensor | None = None) -> dict[str, np.ndarray]:
         return {name: value.cpu().numpy() for name, value in self.stats.items()}
 
     def _state(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:

@@ -20,27 +20,31 @@ model that does not broadcast over that plate. Every kind of site is handled:
 from __future__ import annotations
 
 import math
-from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 import pyro
-import pyro.ops.packed as packed
 import torch
 from pyro.distributions.util import scale_and_mask
 from pyro import poutine
 from pyro.infer import infer_discrete
-from pyro.ops.contract import contract_to_tensor
 from pyro.poutine.messenger import Messenger
 from torch.distributions import MultivariateNormal
 
+from aml_ppl.inference.draws_plate import (
+    DRAWS_PLATE,
+    contracted,
+    on_draws_dim,
+    on_draws_plate,
+    subsample_chunks,
+    summed_log_density,
+)
 from aml_ppl.inference.structure import CoupledObservations, SiteShape, Structure, inspect_model
 from aml_ppl.inference.tracing import per_draw
 
-DRAWS_PLATE = "_aml_draws"
 # The groups of a replay that hold one value per draw, and whether their values carry the
 # site's event dims (log-likelihoods do not).
-PER_DRAW_GROUPS = {"predictive": True, "log_likelihood": False, "deterministic": True, "discrete": True}
+PER_DRAW_GROUPS = {"predictive": True, "log_likelihood": False, "deterministic": True, "discrete": True, "joint": False}
 
 
 @dataclass
@@ -53,6 +57,9 @@ class Replayed:
         observed: The observations (one copy).
         deterministic: Values of the ``pyro.deterministic`` sites, ``S x ...``.
         discrete: Posterior draws of the enumerated sites, ``S x ...``.
+        joint: ``{"lp": S}``, :math:`\log p(y, \theta_s)` on the arguments' observations,
+            where the replay's trace gives it whole (every observed site observed there, no
+            enumerated site, no subsampled plate); else empty.
     """
 
     predictive: dict[str, torch.Tensor] = field(default_factory=dict)
@@ -60,6 +67,7 @@ class Replayed:
     observed: dict[str, torch.Tensor] = field(default_factory=dict)
     deterministic: dict[str, torch.Tensor] = field(default_factory=dict)
     discrete: dict[str, torch.Tensor] = field(default_factory=dict)
+    joint: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 def replay(
@@ -149,18 +157,6 @@ def _prior_pass(
     return {name: torch.cat([single[name] for single in singles]) for name in singles[0]}
 
 
-def subsample_chunks(subsampled: dict[str, tuple[int, int]]) -> list[dict[str, torch.Tensor]]:
-    r"""Index sets that cover every subsampled plate, ``subsample_size`` at a time (the
-    last one shifted back to stay full-sized; overlaps are written twice, alike)."""
-    if not subsampled:
-        return [{}]
-    count = max(math.ceil(size / batch) for size, batch in subsampled.values())
-    return [
-        {plate: torch.arange(batch) + min(chunk * batch, size - batch) for plate, (size, batch) in subsampled.items()}
-        for chunk in range(count)
-    ]
-
-
 class _Unobserve(Messenger):
     r"""Resample the named observed sites, keeping their observations in ``infer["obs"]``
     (``poutine.uncondition`` would also turn deterministic and factor sites into draws)."""
@@ -239,7 +235,32 @@ def _run(
         **_per_draw({name: value for name, value in single.items() if name in joint}, structure, num_draws, nesting),
         **{name: value for name, value in log_likelihood.items() if name in structure.coupled},
     }
+    scored = {name for name in structure.observed if name in trace.nodes}
+    if observations and set(observations) == scored and not structure.enumerated and not structure.subsampled:
+        result.joint = {"lp": _log_joint(trace, observations, log_likelihood, joint, structure, num_draws)}
     return result
+
+
+def _log_joint(
+    trace: Any,
+    observations: dict[str, torch.Tensor],
+    log_likelihood: dict[str, torch.Tensor],
+    joint: set[str],
+    structure: Structure,
+    num_draws: int | None,
+) -> torch.Tensor:
+    r""":math:`\log p(y, \theta_s)` per draw from the replay's own trace: each observed site's
+    log-likelihood, computed already (a joint normal's density, not its leave-one-out terms),
+    put in the trace as Pyro's ``compute_log_prob`` puts it (scaled and masked as the site
+    is), every other site's computed (:func:`~aml_ppl.inference.draws_plate.summed_log_density`):
+    the export's ``lp`` without a second trace of the model on all the draws."""
+    for name, observation in observations.items():
+        site = trace.nodes[name]
+        unscaled = site["fn"].log_prob(observation) if name in joint else log_likelihood[name]
+        site["unscaled_log_prob"] = unscaled
+        site["log_prob"] = scale_and_mask(unscaled, site["scale"], site["mask"])
+        site["log_prob_sum"] = site["log_prob"].sum()
+    return summed_log_density(trace, num_draws, structure.max_plate_nesting, structure, {}, 0)
 
 
 def is_joint_normal(fn: Any, site: SiteShape) -> bool:
@@ -312,68 +333,6 @@ def _shared_plates(term: torch.Tensor, group: CoupledObservations, structure: St
     target = [num_draws, *target] if num_draws else target
     term = term.reshape((1,) * max(0, len(target) - term.dim()) + term.shape).expand(target)
     return term.reshape(num_draws or 1, *sizes)
-
-
-def contracted(trace: Any, names: tuple[str, ...], plates: tuple[str, ...], scaled: bool = True) -> torch.Tensor:
-    r""":math:`\log \sum_z \prod_{\text{site}} p` over the named sample sites of a trace run
-    under ``poutine.enum``: every enumerated dimension summed out and every plate not in
-    ``plates`` multiplied out, by the tensor contraction ``TraceEnum_ELBO`` runs (the forward
-    algorithm on an HMM). A masked-out entry of an enumerated site counts as the uniform
-    :math:`1/K`, not as Pyro's factor 1, so that it sums to 1 rather than adding
-    :math:`\log K` (a sequence padded past its length).
-
-    Without ``scaled`` the terms are not scaled (by a subsampled plate, or ``poutine.scale``):
-    observations' own log-likelihoods.
-
-    Returns:
-        A tensor with the kept plates (``plates`` found in the trace) at their dims.
-    """
-    trace.compute_log_prob()
-    for name in names:
-        site = trace.nodes[name]
-        if not scaled:
-            site["log_prob"] = scale_and_mask(site["unscaled_log_prob"], mask=site["mask"])
-        if site["infer"].get("_enumerate_dim") is not None and isinstance(site["mask"], torch.Tensor):
-            uniform = -math.log(site["fn"].enumerate_support(expand=False).shape[0])
-            site["log_prob"] = torch.where(site["mask"], site["log_prob"], site["log_prob"].new_tensor(uniform))
-    trace.pack_tensors()
-    symbols = trace.plate_to_symbol
-    terms: OrderedDict = OrderedDict()
-    sum_dims: set = set()
-    for name in names:
-        site = trace.nodes[name]
-        ordinal = frozenset(symbols[frame.name] for frame in site["cond_indep_stack"] if frame.vectorized and frame.size > 1)
-        log_prob = site["packed"]["log_prob"]
-        if not hasattr(log_prob, "_pyro_dims"):  # a constant term (a number, not a tensor)
-            log_prob = torch.as_tensor(log_prob, dtype=torch.get_default_dtype())
-            log_prob._pyro_dims = ""
-        sum_dims.update(frozenset(log_prob._pyro_dims) - ordinal)
-        terms.setdefault(ordinal, []).append(log_prob)
-    target = frozenset(symbols[plate] for plate in plates if plate in symbols)
-    if not terms:
-        return torch.zeros(())
-    return packed.unpack(contract_to_tensor(terms, sum_dims, target_ordinal=target), trace.symbol_to_dim)
-
-
-def on_draws_plate(model: Callable, num_draws: int | None, nesting: int) -> Callable:
-    r"""``model`` run inside a plate of ``num_draws`` draws left of its ``nesting`` plates (the
-    model itself for ``None``: one unbatched draw)."""
-    if num_draws is None:
-        return model
-
-    def on_a_draws_plate(*args: Any, **kwargs: Any) -> Any:
-        with pyro.plate(DRAWS_PLATE, num_draws, dim=-nesting - 1):
-            return model(*args, **kwargs)
-
-    return on_a_draws_plate
-
-
-def on_draws_dim(value: torch.Tensor, site: SiteShape, num_draws: int | None, nesting: int) -> torch.Tensor:
-    r"""A ``S x ...`` draw reshaped so that ``S`` sits on the draws plate's dimension."""
-    if num_draws is None:
-        return value
-    pad = (1,) * (nesting - len(site.batch_shape))
-    return value.reshape((num_draws, *pad, *site.shape))
 
 
 def _per_draw(

@@ -160,3 +160,30 @@ def test_a_guide_that_samples_a_discrete_latent_gets_its_mass_in_log_q():
     p, count = flat(idata, "p"), flat(idata, "count")
     expected = dist.Beta(post.guide_params["a"], 1.0).log_prob(p) + dist.Poisson(post.guide_params["rate"]).log_prob(count)
     np.testing.assert_allclose(flat(idata, "log_q", "sample_stats"), expected, rtol=1e-5, atol=1e-4)
+
+
+def test_the_exports_lp_from_its_replay_is_the_models_density_traced_again():
+    r"""Where the export's replay gives ``lp`` (no enumerated site, no subsampled plate), it
+    is what tracing the model again on the same draws gives (the path every other model
+    takes): with a ``pyro.factor`` and a deterministic site, learned noise, a ``pyro.param``
+    beside a sample site, a masked observation and a user's ``poutine.scale``."""
+    from aml_ppl.testing.cases import BLR_X, BLR_Y, NORMAL_Y, PARAM_Y, conjugate_normal, param_and_sample
+
+    def masked_and_scaled(y):
+        mu = pyro.sample("mu", dist.Normal(0.0, 10.0))
+        with pyro.plate("data", y.shape[0]), pyro.poutine.mask(mask=torch.arange(y.shape[0]) % 3 > 0), pyro.poutine.scale(scale=2.0):
+            pyro.sample("obs", dist.Normal(mu, 1.0), obs=y)
+
+    fits = [
+        (conjugate_normal, (NORMAL_Y,)), (schools, (SCHOOLS_SIGMA, SCHOOLS_Y)),
+        (aml.models.BayesianLinearRegression(noise_scale=None), (BLR_X, BLR_Y)),
+        (param_and_sample, (PARAM_Y,)), (masked_and_scaled, (NORMAL_Y,)),
+    ]
+    for model, args in fits:
+        post = aml.fit(model, *args, engine=SVI(num_steps=20, progress_bar=False), seed=0)
+        by_chain = post.draws_by_chain(50)
+        replayed = post.replay(50, post.fitted.args, post.fitted.kwargs, draws={k: v.flatten(0, 1) for k, v in by_chain.items()})
+        from_replay = post.sample_stats(by_chain, replayed.joint["lp"])
+        traced = post.sample_stats(by_chain)
+        np.testing.assert_allclose(from_replay["lp"], traced["lp"], rtol=1e-6)
+        np.testing.assert_array_equal(from_replay["log_q"], traced["log_q"])
