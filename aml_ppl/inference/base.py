@@ -100,12 +100,12 @@ class Posterior(ArvizExport, ABC):
         r"""``num_samples`` joint draws of the latent sites, stacked on dim 0."""
 
     @abstractmethod
-    def _state(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-        r"""Tensors and JSON-compatible metadata from which :meth:`_from_state` rebuilds."""
+    def state(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        r"""Tensors and JSON-compatible metadata from which :meth:`from_state` rebuilds."""
 
     @classmethod
     @abstractmethod
-    def _from_state(
+    def from_state(
         cls, fitted: Fitted, tensors: dict[str, torch.Tensor], meta: dict[str, Any], guide: Callable | None
     ) -> "Posterior":
         r"""Rebuild a posterior saved by :meth:`save` (``guide``: a guide of the user's own)."""
@@ -248,10 +248,10 @@ class Posterior(ArvizExport, ABC):
         draws = self.model_draws(num_draws) if draws is None else draws
         return predictive.replay_draws(self, draws, num_draws, args, kwargs, keep)
 
-    def _statistics(self) -> dict[str, torch.Tensor] | None:
+    def fit_statistics(self) -> dict[str, torch.Tensor] | None:
         r"""Precomputed statistics of a closed-form fit (a GP's transforms), else ``None``."""
         return None
 
-    def _predictive_samples(self, site: str, num_draws: int, args: tuple, kwargs: dict, draws: dict) -> torch.Tensor:
+    def predictive_replicates(self, site: str, num_draws: int, args: tuple, kwargs: dict, draws: dict) -> torch.Tensor:
         r"""Replicates of ``site`` for a joint-likelihood model (a hook: a closed form draws its own)."""
         return predictive.predictive_samples(self, site, num_draws, args, kwargs, draws)

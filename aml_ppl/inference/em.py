@@ -120,14 +120,14 @@ class MixturePosterior(Posterior):
             raise AmlPplError("`sample_data` needs a model with `em_sample_data`, such as GaussianMixture.")
         return self.model.em_sample_data(self.params, num_points)
 
-    def _state(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    def state(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         tensors = {f"param:{k}": v for k, v in self.params.items()}
         if self.replicates is not None:
             tensors.update({f"replicate:{k}": v for k, v in self.replicates.items()})
         return tensors, {"converged": self.converged}
 
     @classmethod
-    def _from_state(cls, fitted, tensors, meta, guide):
+    def from_state(cls, fitted, tensors, meta, guide):
         return cls(
             fitted, params=stored(tensors, "param"), replicates=stored(tensors, "replicate") or None, converged=meta["converged"]
         )

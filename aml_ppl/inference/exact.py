@@ -74,10 +74,10 @@ class GaussianPosterior(Posterior):
         convert = getattr(self.model, "in_data_units", None)
         return convert(draws, self.latents.statistics) if convert else draws
 
-    def _statistics(self) -> dict[str, torch.Tensor]:
+    def fit_statistics(self) -> dict[str, torch.Tensor]:
         return self.latents.statistics
 
-    def _predictive_samples(self, site: str, num_draws: int, args: tuple, kwargs: dict, draws: dict) -> torch.Tensor:
+    def predictive_replicates(self, site: str, num_draws: int, args: tuple, kwargs: dict, draws: dict) -> torch.Tensor:
         r"""Replicates from the closed-form predictive, computed once."""
         return self._predictive(site, args, kwargs)[1].sample((num_draws,))
 
@@ -141,7 +141,7 @@ class GaussianPosterior(Posterior):
         )
         return marginal.interval(level)
 
-    def _state(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    def state(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         tensors = {f"loc:{k}": v for k, v in self.latents.loc.items()}
         tensors.update({f"covariance:{k}": v for k, v in self.latents.covariance.items()})
         tensors.update({f"fixed:{k}": v for k, v in self.latents.fixed.items()})
@@ -151,7 +151,7 @@ class GaussianPosterior(Posterior):
         return tensors, {f"convergence:{k}": v for k, v in self.convergence.items()}
 
     @classmethod
-    def _from_state(cls, fitted, tensors, meta, guide):
+    def from_state(cls, fitted, tensors, meta, guide):
         latents = GaussianLatents(
             loc=stored(tensors, "loc"),
             covariance=stored(tensors, "covariance"),

@@ -84,7 +84,7 @@ class GuidePosterior(Posterior):
                     draws[name].append(trace.nodes[name]["value"])
         return {name: torch.stack(values) for name, values in draws.items()}
 
-    def _state(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    def state(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         tensors = {f"guide_param:{k}": v for k, v in self.guide_params.items()}
         if isinstance(self.guide, torch.nn.Module):
             tensors.update(
@@ -93,7 +93,7 @@ class GuidePosterior(Posterior):
         return tensors, {"guide": self.guide_spec}
 
     @classmethod
-    def _from_state(cls, fitted, tensors, meta, guide):
+    def from_state(cls, fitted, tensors, meta, guide):
         model, args, kwargs = fitted.model, fitted.args, fitted.kwargs
         spec = meta["guide"]
         if spec == "model":

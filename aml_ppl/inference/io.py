@@ -30,7 +30,7 @@ register_posterior = POSTERIORS.register  # class decorator: ``load`` rebuilds t
 def save(posterior: "Posterior", path: str | Path) -> None:
     r"""Write ``posterior`` to ``path`` (read back by :func:`load`), whole or not at all: a
     save killed midway leaves the file that was there."""
-    tensors, meta = posterior._state()
+    tensors, meta = posterior.state()
     model = posterior.model
     model_spec = None
     if isinstance(model, Model) and model.get_config() is not None:
@@ -88,7 +88,7 @@ def load(path: str | Path, model: Callable | None = None, guide: Callable | None
         model, tuple(payload["args"]), dict(payload["kwargs"]), engine=meta["engine"], objective=meta["objective"],
         history=tensors["_history"], params=stored(tensors, "model_param"),
     )
-    posterior = POSTERIORS[payload["kind"]]._from_state(fitted, tensors, meta, guide)
+    posterior = POSTERIORS[payload["kind"]].from_state(fitted, tensors, meta, guide)
     # A seeded fit's draws go on where the saved posterior's stopped.
     posterior.random_stream = RandomStream.from_state_tensors(payload.get("random_stream", {}))
     return posterior

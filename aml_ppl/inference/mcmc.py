@@ -67,13 +67,13 @@ class SamplePosterior(Posterior):
     def sample_stats(self, draws: dict[str, torch.Tensor], lp: torch.Tensor | None = None) -> dict[str, np.ndarray]:
         return {name: value.cpu().numpy() for name, value in self.stats.items()}
 
-    def _state(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    def state(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         tensors = {f"sample:{name}": value for name, value in self.samples.items()}
         tensors.update({f"stat:{name}": value for name, value in self.stats.items()})
         return tensors, {}
 
     @classmethod
-    def _from_state(cls, fitted, tensors, meta, guide):
+    def from_state(cls, fitted, tensors, meta, guide):
         return cls(fitted, samples=stored(tensors, "sample"), stats=stored(tensors, "stat"))
 
 

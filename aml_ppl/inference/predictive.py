@@ -216,11 +216,11 @@ def joint_replay(posterior: "Posterior", draws: dict, num_draws: int, args: tupl
     with torch.no_grad():
         for index in range(distinct):
             values = {name: value[index] for name, value in draws.items()}
-            held_out = posterior.model.leave_one_out(values, *args, statistics=posterior._statistics(), **kwargs)
+            held_out = posterior.model.leave_one_out(values, *args, statistics=posterior.fit_statistics(), **kwargs)
             for site, observation in structure.observations.items():
                 terms[site].append(held_out[site].log_prob(observation))
         replicates = {
-            site: posterior._predictive_samples(site, num_draws, args, kwargs, draws) for site in structure.observed
+            site: posterior.predictive_replicates(site, num_draws, args, kwargs, draws) for site in structure.observed
         }
     log_likelihood = {
         site: torch.stack(values).expand(num_draws, -1) if distinct == 1 else torch.stack(values)
