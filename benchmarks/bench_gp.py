@@ -12,7 +12,10 @@ fit seconds, the reached log marginal likelihood on y's scale, predict seconds f
 points, the ratio of each peer's fit time to ours with defaults, and peak memory of fresh
 child processes. Threads: torch's default (the machine's cores) unless `--threads`. Above
 `--equal-up-to` (default 2 000) only the defaults run (8 starts of the peers take hours).
-Usage: python benchmarks/bench_gp.py [--sizes 200 500] [--restarts 8] [--threads 1] [--no-memory]
+`--predict-only`: predict alone for 1000 points at each n, hyperparameters fixed at their
+starting values (ours `Exact(learn=False)`, scikit-learn `optimizer=None`): the first call on a
+fresh posterior, then the median of 5 interleaved calls.
+Usage: python benchmarks/bench_gp.py [--sizes 200 500] [--restarts 8] [--threads 1] [--no-memory] [--predict-only]
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ import torch
 from gpytorch.kernels import RBFKernel, ScaleKernel
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _common import machine_line  # noqa: E402
+from _common import interleaved, machine_line  # noqa: E402
 
 import aml_ppl as aml  # noqa: E402
 from aml_ppl.inference import Exact  # noqa: E402
@@ -161,6 +164,28 @@ def main(sizes: list[int], restarts: int, memory: bool, equal_up_to: int) -> Non
             print(f"{n:>5} {label:>20} {fit_seconds:>8.2f} {value:>11.3f} {predict_seconds:>10.3f} {ratio:>10} {peak:>9}", flush=True)
 
 
+def predict_only(sizes: list[int]) -> None:
+    from sklearn.gaussian_process import GaussianProcessRegressor
+    from sklearn.gaussian_process.kernels import RBF, ConstantKernel, WhiteKernel
+
+    print(machine_line(), "predict 1000 points, hyperparameters fixed")
+    for n in sizes:
+        X, y = data(n)
+        X_test = data(1000, seed=1)[0]
+        post = aml.fit(GaussianProcess(ScaleKernel(RBFKernel(ard_num_dims=3))), X, y, engine=Exact(learn=False), seed=0)
+        peer = GaussianProcessRegressor(ConstantKernel() * RBF(np.ones(3)) + WhiteKernel(), normalize_y=True, optimizer=None)
+        peer.fit(X.numpy(), y.numpy())
+        runs = {"ours": lambda: post.predict(X_test), "sklearn": lambda: peer.predict(X_test.numpy(), return_std=True)}
+        first = {}
+        for name, run in runs.items():
+            start = time.perf_counter()
+            run()
+            first[name] = time.perf_counter() - start
+        median = interleaved(runs, 5)
+        print(f"n = {n}: first call ours {first['ours']:.3f} s, sklearn {first['sklearn']:.3f} s; median ours "
+              f"{median['ours']:.3f} s, sklearn {median['sklearn']:.3f} s, ratio {median['ours'] / median['sklearn']:.2f}", flush=True)
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--sizes", type=int, nargs="*", default=[200, 500, 2000, 5000])
@@ -169,10 +194,13 @@ if __name__ == "__main__":
     parser.add_argument("--equal-up-to", type=int, default=2000, help="largest n for the rows with R starts each")
     parser.add_argument("--child", nargs=3)
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory child runs (they repeat each fit)")
+    parser.add_argument("--predict-only", action="store_true", help="time predict alone, hyperparameters fixed")
     options = parser.parse_args()
     if options.threads:
         torch.set_num_threads(options.threads)
     if options.child:
         child(options.child[0], int(options.child[1]), int(options.child[2]) or None)
+    elif options.predict_only:
+        predict_only(options.sizes)
     else:
         main(options.sizes, options.restarts, not options.no_memory, options.equal_up_to)

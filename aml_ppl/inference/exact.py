@@ -95,7 +95,9 @@ class GaussianPosterior(Posterior):
     ) -> tuple[str, Normal, tuple, dict]:
         args, kwargs = self.fitted.arguments(args, kwargs)
         predictives = self.model.exact_predictive(self.latents, *args, **kwargs)
-        if site is None or site not in predictives:  # other sites: the observed ones
+        if site is None:  # the protocol lists the observed site first: no trace of the model
+            site = next(iter(predictives))  # (at n = 5 000 a GP's trace is a 0.6 s Cholesky)
+        elif site not in predictives:  # other sites: the observed ones
             site = self.fitted.observed_site(site)
         return site, predictives[site], args, kwargs
 

@@ -125,7 +125,8 @@ class ExactGaussian(Protocol):
 
     def exact_predictive(self, latents: GaussianLatents, *args: Any, **kwargs: Any) -> dict[str, Any]:
         r"""Site name to a ``torch.distributions`` predictive at new arguments (``predict``,
-        ``log_prob``): the observed site's, and any noise-free site the model offers."""
+        ``log_prob``): the observed site's first (what ``predict`` gives without ``site=``),
+        then any noise-free site the model offers."""
         ...
 
 
