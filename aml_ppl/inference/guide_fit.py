@@ -160,8 +160,8 @@ def first_evaluation(
 def freeze(fitted: Fitted, guide: Callable, spec: str) -> GuidePosterior:
     r"""The trained guide and its parameter values copied into an immutable posterior (a
     Laplace guide turned into its Gaussian approximation first)."""
-    model, args, kwargs = fitted.model, fitted.args, fitted.kwargs
-    warn_if_collapsed(model, guide, args, kwargs)
+    args, kwargs = fitted.args, fitted.kwargs
+    warn_if_collapsed(guide, fitted)
     if isinstance(guide, AutoLaplaceApproximation):
         warn_if_on_boundary(guide, args, kwargs)
         try:

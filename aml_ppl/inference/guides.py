@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import copy
 import warnings
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import pyro.distributions as dist
 import torch
@@ -31,6 +31,9 @@ from aml_ppl.inference.losses import finite_or_nan
 from aml_ppl.inference.optimise import OptimisationResult, minimise_lbfgs
 from aml_ppl.inference.structure import Structure, inspect_model, is_enumerated
 from aml_ppl.models.protocols import InitialValues
+
+if TYPE_CHECKING:
+    from aml_ppl.inference.fitted import Fitted
 
 
 class BoundaryWarning(AmlPplWarning):
@@ -172,17 +175,19 @@ def warn_if_on_boundary(guide: AutoLaplaceApproximation, args: tuple, kwargs: di
         )
 
 
-def warn_if_collapsed(model: Callable, guide: Callable, args: tuple, kwargs: dict) -> None:
+def warn_if_collapsed(guide: Callable, fitted: "Fitted") -> None:
     r"""Warn, naming the sites, where a fitted autoguide's median puts a latent that the prior
     of :func:`group_effects` depends on (a group scale) within :math:`e^{-10}` of its support's
     boundary in the unconstrained space: the hierarchy collapsed onto its joint mode (the
     effects pooled to one value, their sds near 0), which no posterior is centred on. A
     point-mass guide (MAP) and a Laplace approximation are left alone: a mode is what was
-    asked for (the latter warns of a boundary mode itself)."""
+    asked for (the latter warns of a boundary mode itself). The model, its data and its
+    structure come from the ``fitted`` record (the structure the posterior reuses)."""
     if not isinstance(guide, AutoGuide) or isinstance(guide, (AutoDelta, AutoLaplaceApproximation)):
         return
+    model, args, kwargs = fitted.model, fitted.args, fitted.kwargs
     parents = prior_parents(model, args, kwargs)
-    effects = group_effects(inspect_model(model, args, kwargs), parents) if parents else []
+    effects = group_effects(fitted.structure, parents) if parents else []
     if not effects:
         return
     with isolated_param_store(), torch.no_grad():
