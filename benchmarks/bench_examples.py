@@ -32,7 +32,7 @@ from _common import machine_line  # noqa: E402
 
 import aml_ppl as aml  # noqa: E402
 from aml_ppl.inference.structure import inspect_model, is_enumerated  # noqa: E402
-from tests.contract.cases import MIX_Y, SCHOOLS_SIGMA, SCHOOLS_Y, eight_schools, enumerated_mixture  # noqa: E402
+from aml_ppl.testing.cases import MIX_Y, SCHOOLS_SIGMA, SCHOOLS_Y, eight_schools, enumerated_mixture  # noqa: E402
 from tests.inference.test_hierarchical_svi import (  # noqa: E402
     GROUP, GROUP_Y, TEAM, TEAM_X, TEAM_Y, hierarchical_logistic, partially_pooled_with_logit, varying_intercepts,
 )
