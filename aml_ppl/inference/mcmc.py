@@ -205,7 +205,7 @@ class NUTS(Engine):
         kernel_options = {**self.kernel_options, "jit_compile": self._use_jit(model, args, kwargs)}
         settings = (kernel_options, self.num_samples, self.warmup_steps, self.progress_bar)
         chain = functools.partial(sample_chain, model, args, kwargs, settings)
-        results = self._vectorised(model, args, kwargs, kernel_options["jit_compile"]) if self.vectorized else None
+        results = self._vectorised(model, args, kwargs, kernel_options["jit_compile"], seeds) if self.vectorized else None
         if results is None:
             executor = chain_executor(self.executor, self.num_chains, model)
             results = run_chains(chain, seeds, executor, timeout=self.timeout, label="NUTS chain")
@@ -218,13 +218,13 @@ class NUTS(Engine):
         fitted = Fitted(model, args, kwargs, engine=self.name, objective="lp", history=stats["lp"].flatten())
         return SamplePosterior(fitted, samples=samples, stats=stats)
 
-    def _vectorised(self, model: Callable, args: tuple, kwargs: dict, jit: bool) -> list | None:
+    def _vectorised(self, model: Callable, args: tuple, kwargs: dict, jit: bool, seeds: list[int]) -> list | None:
         r"""Every chain in one batch (:class:`~aml_ppl.inference.vectorised_nuts.VectorisedNUTS`):
         each chain's draws and records, as the chains run apart give them; ``None``, with a
         warning, where the model's potential cannot be evaluated for all chains at once."""
         sampler = VectorisedNUTS(
             model, self.num_chains, target_accept_prob=self.kernel_options["target_accept_prob"],
-            max_tree_depth=self.kernel_options["max_tree_depth"], jit=jit,
+            max_tree_depth=self.kernel_options["max_tree_depth"], jit=jit, seeds=seeds,
         )
         try:
             with isolated_param_store():

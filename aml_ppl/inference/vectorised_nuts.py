@@ -9,7 +9,10 @@ sampling, the generalised U-turn criterion with Stan's checks across merged subt
 chain whose trajectory has ended is masked while the others go on, so a doubling costs as
 many batched evaluations as the longest trajectory among the chains. Each chain adapts its
 own step size (dual averaging) and diagonal mass matrix (Welford variances) in Stan's
-windows. A model whose potential cannot be evaluated for all chains at once is refused.
+windows, and draws from its own random stream (:class:`~aml_ppl._core.streams.ChainStreams`:
+its start, momenta and choices, drawn only while it builds), so a chain draws the same in a
+batch of any size as alone. A model whose potential cannot be evaluated for all chains at
+once is refused.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass, replace
-from typing import Any, Callable
+from typing import Any, Callable, Iterator, Sequence
 
 import pyro
 import torch
@@ -26,6 +29,7 @@ from pyro.infer.mcmc.util import initialize_model
 from pyro.ops.dual_averaging import DualAveraging
 from pyro.ops.welford import WelfordCovariance
 
+from aml_ppl._core.streams import ChainStreams
 from aml_ppl.errors import ModelFittingError
 from aml_ppl.inference.density import log_joint
 from aml_ppl.inference.nuts_kernel import MAX_ENERGY_ERROR, MAX_STEP_SIZE, MIN_STEP_SIZE, SAMPLE_STATS
@@ -93,6 +97,8 @@ class ChainPotential:
 
     def __init__(self, model: Callable, args: tuple, kwargs: dict, num_chains: int, jit: bool = True) -> None:
         start, self.pyro_potential, self.transforms, _ = initialize_model(model, args, kwargs, num_chains=num_chains)
+        if num_chains == 1:  # Pyro gives one chain's start without the chains dimension
+            start = {name: value.unsqueeze(0) for name, value in start.items()}
         self.shapes = {name: value.shape[1:] for name, value in sorted(start.items())}
         self.start = torch.cat([start[name].reshape(num_chains, -1) for name in self.shapes], -1).detach()
         self.model, self.args, self.kwargs = model, args, kwargs
@@ -171,6 +177,33 @@ class ChainPotential:
         return False
 
 
+def initial_points(potential: ChainPotential, streams: ChainStreams, attempts: int = 100) -> _Points:
+    r"""Each chain's start drawn uniformly from :math:`[-2, 2]` in the unconstrained space
+    (Pyro's ``init_to_uniform``), drawn again from its own stream where the potential or
+    its gradient is not finite, ``attempts`` times at most."""
+    like = potential.start
+    drawing = torch.ones(like.shape[0], dtype=torch.bool, device=like.device)
+    z = torch.zeros_like(like)
+    for _ in range(attempts):
+        z = torch.where(drawing[:, None], (4 * streams.uniform(drawing, like.shape[1]) - 2).to(like), z)
+        values, grads = potential(z)
+        drawing = ~(torch.isfinite(values) & torch.isfinite(grads).all(-1))
+        if not bool(drawing.any()):
+            return _Points(z, torch.zeros_like(z), values, grads)
+    raise ModelFittingError(
+        f"chains {drawing.nonzero().flatten().tolist()} found no start with a finite potential energy and gradient "
+        f"in {attempts} uniform draws on [-2, 2] (unconstrained); check the model's support."
+    )
+
+
+def warmup_windows(warmup_steps: int) -> list[tuple[int, int]]:
+    r"""Stan's warm-up windows (Pyro's schedule): a first buffer, mass-matrix windows
+    doubling in length, a last buffer."""
+    adapter = WarmupAdapter(adapt_step_size=True, adapt_mass_matrix=True)
+    adapter.configure(warmup_steps, mass_matrix_shape={("z",): (1,)})
+    return [(window.start, window.end) for window in adapter.adaptation_schedule] or [(0, -1)]
+
+
 class VectorisedNUTS:
     r"""``num_chains`` NUTS chains advanced together (see the module's description).
 
@@ -181,6 +214,8 @@ class VectorisedNUTS:
         max_tree_depth: Doublings at most per transition.
         jit: Trace the batched potential with the PyTorch JIT (kept only where it agrees
             with the model's potential).
+        seeds: One per chain: a chain's draws depend on its seed alone (by default drawn
+            from torch's generator).
 
     Example:
         >>> import pyro, pyro.distributions as dist, torch
@@ -194,8 +229,12 @@ class VectorisedNUTS:
     """
 
     def __init__(
-        self, model: Callable, num_chains: int, *, target_accept_prob: float = 0.8, max_tree_depth: int = 10, jit: bool = True
+        self, model: Callable, num_chains: int, *, target_accept_prob: float = 0.8, max_tree_depth: int = 10, jit: bool = True,
+        seeds: Sequence[int] | None = None,
     ) -> None:
+        if seeds is not None and len(seeds) != num_chains:
+            raise ValueError(f"`seeds` must hold one seed per chain ({num_chains}); got {len(seeds)}.")
+        self.seeds = list(seeds) if seeds is not None else torch.randint(2**31 - 1, (num_chains,)).tolist()
         self.model = model
         self.jit = jit
         self.num_chains = num_chains
@@ -208,13 +247,13 @@ class VectorisedNUTS:
         r"""Warm up and sample. Returns the constrained draws (site to ``C x num_samples x ...``)
         and the per-draw statistics (name to ``C x num_samples``)."""
         self.potential = ChainPotential(self.model, args, kwargs, self.num_chains, jit=self.jit)
-        z = self.potential.start
-        values, grads = self.potential(z)
-        current = _Points(z, torch.zeros_like(z), values, grads)
+        self.streams = ChainStreams(self.seeds, self.potential.start.device)
+        current = initial_points(self.potential, self.streams)
+        z = current.z
         self.inverse_mass = torch.ones_like(z)
-        step_size = self._reasonable_step_size(current, torch.ones_like(values))
+        step_size = self._reasonable_step_size(current, torch.ones_like(current.potential))
         averaging, variances = DualAveraging(prox_center=(10 * step_size).log()), WelfordCovariance(diagonal=True)
-        windows = self._windows(warmup_steps)
+        windows = warmup_windows(warmup_steps)
         kept: list[torch.Tensor] = []
         stats: dict[str, list[torch.Tensor]] = {name: [] for name in SAMPLE_STATS}
         for iteration in range(warmup_steps + num_samples):
@@ -242,18 +281,16 @@ class VectorisedNUTS:
         }
         return samples, {name: torch.stack(values, 1) if values else torch.empty(self.num_chains, 0) for name, values in stats.items()}
 
-    @staticmethod
-    def _windows(warmup_steps: int) -> list[tuple[int, int]]:
-        r"""Stan's warm-up windows (Pyro's schedule): a first buffer, mass-matrix windows
-        doubling in length, a last buffer."""
-        adapter = WarmupAdapter(adapt_step_size=True, adapt_mass_matrix=True)
-        adapter.configure(warmup_steps, mass_matrix_shape={("z",): (1,)})
-        return [(window.start, window.end) for window in adapter.adaptation_schedule] or [(0, -1)]
+    def _momenta(self, current: _Points) -> _Points:
+        r"""Each chain's fresh momentum :math:`r \sim \mathcal N(0, M)` from its own stream."""
+        every = torch.ones(current.z.shape[0], dtype=torch.bool, device=current.z.device)
+        noise = self.streams.normal(every, current.z.shape[1]).to(current.z)
+        return replace(current, r=noise / self.inverse_mass.sqrt())
 
     # -- the transition -------------------------------------------------------------------------
 
     def _transition(self, current: _Points, step_size: torch.Tensor) -> tuple[_Points, dict[str, torch.Tensor]]:
-        start = replace(current, r=torch.randn_like(current.z) / self.inverse_mass.sqrt())
+        start = self._momenta(current)
         energy = self._hamiltonian(start)
         chains = current.z.shape[0]
         false = torch.zeros(chains, dtype=torch.bool)
@@ -262,12 +299,15 @@ class VectorisedNUTS:
         depth, done = torch.zeros(chains, dtype=torch.long), false
         for level in range(self.max_tree_depth):
             active = ~done
-            forward = torch.rand(chains) < 0.5
+            # The level's choices in one draw per chain: its direction, whether to take the new
+            # subtree's proposal, and one for each of the subtree's 2^level - 1 merges.
+            uniforms = self.streams.uniform(active, 2**level + 1)
+            forward = uniforms[:, 0] < 0.5
             subtree = self._build(_where(forward, tree.right, tree.left), torch.where(forward, step_size, -step_size),
-                                  level, energy, active)
+                                  level, energy, active, iter(uniforms[:, 2:].T))
             ok = active & subtree.valid
             log_weight = torch.logaddexp(tree.log_weight, subtree.log_weight)
-            take = ok & (torch.rand(chains).log() < subtree.log_weight - tree.log_weight)
+            take = ok & (uniforms[:, 1].log() < subtree.log_weight - tree.log_weight)
             proposal = _where(take, subtree.proposal, tree.proposal)
             merged = self._merge(tree, subtree, forward, proposal, log_weight)
             counted = replace(tree, steps=tree.steps + subtree.steps, accept_sum=tree.accept_sum + subtree.accept_sum,
@@ -283,19 +323,25 @@ class VectorisedNUTS:
         }
         return replace(tree.proposal, r=torch.zeros_like(tree.proposal.z)), record
 
-    def _build(self, start: _Points, step: torch.Tensor, depth: int, energy: torch.Tensor, active: torch.Tensor) -> _Trees:
+    def _build(
+        self, start: _Points, step: torch.Tensor, depth: int, energy: torch.Tensor, active: torch.Tensor,
+        uniforms: Iterator[torch.Tensor],
+    ) -> _Trees:
+        r"""A subtree of ``2^depth`` leapfrog steps per chain, masked where not ``active``; each
+        merge takes the next of ``uniforms`` (one per chain, drawn for the level by the chains
+        that build it, valid or not, as a chain alone would)."""
         if depth == 0:
             new = self._leapfrog(start, step)
             error = self._hamiltonian(new) - energy
             error = torch.where(torch.isfinite(error), error, torch.full_like(error, math.inf))
             return _Trees(new, new, new, -error, new.r, active.long(), torch.where(active, (-error).exp().clamp(max=1.0), 0.0),
                           active & (error > MAX_ENERGY_ERROR), torch.zeros_like(active))
-        inner = self._build(start, step, depth - 1, energy, active)
+        inner = self._build(start, step, depth - 1, energy, active, uniforms)
         outer_active = active & inner.valid
         forward = step > 0
-        outer = self._build(_where(forward, inner.right, inner.left), step, depth - 1, energy, outer_active)
+        outer = self._build(_where(forward, inner.right, inner.left), step, depth - 1, energy, outer_active, uniforms)
         log_weight = torch.logaddexp(inner.log_weight, outer.log_weight)
-        take = torch.rand(step.shape).log() < outer.log_weight - log_weight
+        take = next(uniforms).log() < outer.log_weight - log_weight
         merged = self._merge(inner, outer, forward, _where(take, outer.proposal, inner.proposal), log_weight)
         ok = outer_active & outer.valid
         result = _where(ok, merged, inner)
@@ -339,7 +385,7 @@ class VectorisedNUTS:
     def _reasonable_step_size(self, current: _Points, step_size: torch.Tensor) -> torch.Tensor:
         r"""Hoffman and Gelman's heuristic, per chain: double or halve until one leapfrog
         step's acceptance probability crosses 0.8."""
-        start = replace(current, r=torch.randn_like(current.z) / self.inverse_mass.sqrt())
+        start = self._momenta(current)
         energy = self._hamiltonian(start)
 
         def accepts(size: torch.Tensor) -> torch.Tensor:

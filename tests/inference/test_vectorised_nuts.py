@@ -1,5 +1,5 @@
 """NUTS with every chain in one batch (``NUTS(vectorized=True)``): closed-form moments (the
-tolerances from the draws' effective sample sizes), the
+tolerances from the draws' effective sample sizes), each chain the same in the batch as alone, the
 same posterior as the chains run apart (within the two runs' Monte Carlo errors), on eight
 schools and on a model with an enumerated site; seeded reproduction; the fallback for a model
 that cannot be batched, and the options that do not apply."""
@@ -38,6 +38,24 @@ def test_vectorised_chains_have_the_gaussians_moments_within_monte_carlo_error()
         squares = (values / sd) ** 2  # mean 1, variance 2 for a standard normal's square
         assert abs(squares.mean() - 1) < 4 * (2 / float(az.ess(squares.numpy()))) ** 0.5
     assert stats["tree_depth"].shape == (8, 250) and stats["step_size"].unique(dim=None).numel() == 8  # one each
+
+
+@pytest.mark.parametrize("model, args", [(badly_scaled, ()), (eight_schools, (SCHOOLS_SIGMA, SCHOOLS_Y))], ids=["gaussian", "schools"])
+def test_vectorised_chains_equal_the_same_chains_run_one_at_a_time(model, args):
+    r"""Each chain draws its start, momenta and choices from its own stream, only while it
+    builds: three chains in one batch give what each gives alone (the same seed), draw for
+    draw and statistic for statistic, though their trees end at different depths; the batched
+    potential's rounding (a plate's sums over 3 chains or 1) is all that may differ."""
+    seeds = [11, 12, 13]
+    together, together_stats = VectorisedNUTS(model, 3, seeds=seeds).run(args, {}, 40, 40)
+    assert together_stats["tree_depth"].float().std(0).max() > 0  # the chains' trees differ
+    for chain, seed in enumerate(seeds):
+        alone, alone_stats = VectorisedNUTS(model, 1, seeds=[seed]).run(args, {}, 40, 40)
+        for name, draws in alone.items():
+            torch.testing.assert_close(together[name][chain], draws[0], rtol=1e-9, atol=1e-9)
+        assert torch.equal(together_stats["tree_depth"][chain], alone_stats["tree_depth"][0])
+    with pytest.raises(ValueError, match="one seed per chain"):
+        VectorisedNUTS(model, 2, seeds=[1])
 
 
 def test_the_batched_potential_runs_the_model_once_on_a_plate_and_agrees_with_pyros():
