@@ -35,12 +35,20 @@ class RankFailureError(ModelFittingError):
     r"""A collective operation failed: another rank died or did not answer in time."""
 
 
-def _leave_group() -> None:
-    r"""Destroy the process group :meth:`Ranks.join` made, at interpreter exit: left to the
-    interpreter's teardown, gloo's threads were at times destroyed while running and the
-    rank aborted ("terminate called without an active exception") after finishing its work."""
-    if dist.is_initialized():
-        dist.destroy_process_group()
+def _leave_group(wait: float = 30.0) -> None:
+    r"""Destroy the process group :meth:`Ranks.join` made, at interpreter exit, once every
+    rank has come this far (gloo: a barrier of at most ``wait`` seconds; a rank that died is
+    not waited for past it). Left to the interpreter's teardown, gloo's threads were at times
+    destroyed while running, and a rank that tore its group down while another still wrote
+    its results aborted too ("terminate called without an active exception")."""
+    if not dist.is_initialized():
+        return
+    if dist.get_backend() == "gloo":
+        try:
+            dist.monitored_barrier(timeout=timedelta(seconds=wait))
+        except Exception:  # a rank that failed or left: nothing to wait for
+            pass
+    dist.destroy_process_group()
 
 
 class Ranks:
