@@ -81,16 +81,16 @@ def per_draw(
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             traced = torch.jit.trace(flat, tuple(rows[0].values()), check_trace=False)
+        checked = {index: run(rows[index]) for index in (1, num_draws - 1)}  # kept: the result's rows there
         trusted = frozen_value(caught) is None and all(
-            agree(compiled, run(rows[index])[name])
-            for index in (1, num_draws - 1)
+            agree(compiled, checked[index][name])
+            for index in checked
             for name, compiled in zip(outputs, traced(*rows[index].values()))
         )
     except Exception:  # tracing fails in many ways; the plain runs remain
-        trusted = False
-    if not trusted:
-        return _concatenated([first, *(run(row) for row in rows[1:])])
-    return _concatenated([first, *(dict(zip(outputs, traced(*row.values()))) for row in rows[1:])])
+        checked, trusted = {}, False
+    each = run if not trusted else lambda row: dict(zip(outputs, traced(*row.values())))
+    return _concatenated([first, *(checked.get(index) or each(row) for index, row in enumerate(rows[1:], 1))])
 
 
 def _concatenated(runs: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:

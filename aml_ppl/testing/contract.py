@@ -27,6 +27,7 @@ import pyro.distributions as dist
 import torch
 from pyro.infer import Predictive
 
+from aml_ppl._core.randomness import local_seed
 from aml_ppl.analysis import PointEstimateError, loo
 from aml_ppl.api import fit
 from aml_ppl.errors import ContractError
@@ -264,12 +265,8 @@ def check_round_trip(posterior: Posterior, case: Case) -> None:
         loaded = load(path, model=None if case.rebuilt_from_file else case.model)
     _require(type(loaded) is type(posterior) and loaded.engine == posterior.engine, case,
              f"load gave a {type(loaded).__name__} of engine {loaded.engine!r}.")
-    state = pyro.util.get_rng_state()
-    try:
-        replicates = []
-        for which in (posterior, loaded):
-            pyro.set_rng_seed(11)
+    replicates = []
+    for which in (posterior, loaded):
+        with local_seed(11):
             replicates.append(which.predict(num_samples=20).samples)
-    finally:
-        pyro.util.set_rng_state(state)
     _require(torch.allclose(*replicates), case, "the loaded posterior predicts other draws than the one saved.")
