@@ -15,7 +15,12 @@ child processes. Threads: torch's default (the machine's cores) unless `--thread
 `--predict-only`: predict alone for 1000 points at each n, hyperparameters fixed at their
 starting values (ours `Exact(learn=False)`, scikit-learn `optimizer=None`): the first call on a
 fresh posterior, then the median of 5 interleaved calls.
-Usage: python benchmarks/bench_gp.py [--sizes 200 500] [--restarts 8] [--threads 1] [--no-memory] [--predict-only]
+`--paths`: ours alone, `Exact()` with the Cholesky path (up to n = 10 000) and with the
+conjugate-gradient path on all the data (`max_cholesky_size=n - 1`: its screening
+subsets still by Cholesky): fit and predict seconds, the LML each
+reports (the CG path's is an estimate) and, where a Cholesky is affordable, the exact LML at
+the CG path's optimum.
+Usage: python benchmarks/bench_gp.py [--sizes 200 500] [--restarts 8] [--threads 1] [--no-memory] [--predict-only] [--paths]
 """
 
 from __future__ import annotations
@@ -186,6 +191,36 @@ def predict_only(sizes: list[int]) -> None:
               f"{median['ours']:.3f} s, sklearn {median['sklearn']:.3f} s, ratio {median['ours'] / median['sklearn']:.2f}", flush=True)
 
 
+def paths(sizes: list[int]) -> None:
+    print(machine_line(), "ours: Cholesky path against the conjugate-gradient path, 8 starts")
+    for n in sizes:
+        X, y = data(n)
+        X_test = data(1000, seed=1)[0]
+        fits = {}
+        for label, largest in (("cholesky", 10**9), ("cg", n - 1)):
+            if label == "cholesky" and n > 10_000:
+                continue
+            model = GaussianProcess(ScaleKernel(RBFKernel(ard_num_dims=3)), max_cholesky_size=largest)
+            start = time.perf_counter()
+            post = aml.fit(model, X, y, engine=Exact(), seed=0)
+            fit_seconds = time.perf_counter() - start
+            start = time.perf_counter()
+            fits[label] = post.predict(X_test)
+            predict_seconds = time.perf_counter() - start
+            exact = "-"
+            if label == "cg" and n <= 10_000:
+                model.max_cholesky_size = 10**9
+                st = post.latents.statistics
+                value = model.log_marginal_likelihood(post.latents.fixed, st["train_inputs"], (y - st["y_offset"]) / st["y_scale"], st["y_scale"])[0]
+                exact = f"{(value - n * torch.log(st['y_scale'])).item():.3f}"
+            print(f"n = {n} {label:>8}: fit {fit_seconds:8.1f} s, predict {predict_seconds:6.2f} s, LML {post.log_marginal_likelihood.item():.3f} "
+                  f"(exact at this optimum: {exact}), {post.convergence}", flush=True)
+        if len(fits) == 2:
+            mean_gap = (fits["cg"].mean - fits["cholesky"].mean).abs().max().item()
+            sd_ratio = (fits["cg"].variance / fits["cholesky"].variance).sqrt()
+            print(f"n = {n}: predictions, largest mean gap {mean_gap:.2e}, sd ratio {sd_ratio.min().item():.4f}-{sd_ratio.max().item():.4f}", flush=True)
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--sizes", type=int, nargs="*", default=[200, 500, 2000, 5000])
@@ -195,6 +230,7 @@ if __name__ == "__main__":
     parser.add_argument("--child", nargs=3)
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory child runs (they repeat each fit)")
     parser.add_argument("--predict-only", action="store_true", help="time predict alone, hyperparameters fixed")
+    parser.add_argument("--paths", action="store_true", help="ours alone: the Cholesky path against the CG path")
     options = parser.parse_args()
     if options.threads:
         torch.set_num_threads(options.threads)
@@ -202,5 +238,7 @@ if __name__ == "__main__":
         child(options.child[0], int(options.child[1]), int(options.child[2]) or None)
     elif options.predict_only:
         predict_only(options.sizes)
+    elif options.paths:
+        paths(options.sizes)
     else:
         main(options.sizes, options.restarts, not options.no_memory, options.equal_up_to)

@@ -180,8 +180,8 @@ class Exact(Engine):
     (:func:`~aml_ppl.inference.optimise.minimise_lbfgs_batch`, each start with its own
     history, line search and stopping) on that subset, starts that come within
     ``duplicate_tolerance`` of a better one are stopped there, and only the distinct
-    optima found are optimised on all the data (as one batch, the same early stop); the
-    optimum with the highest marginal likelihood is kept (a failing start loses no other).
+    optima found are optimised on all the data (as one batch, the same early stop; from
+    ``2 * warm_up_size`` points, first on ``warm_up_size`` of them); the best is kept (a failing start loses no other).
     ``history`` holds the log marginal likelihood per evaluation of the winning run;
     ``convergence`` says how it stopped and how many ``distinct_optima`` the last stage
     held, and a :class:`ConvergenceWarning` is raised when the winner did not converge.
@@ -211,6 +211,7 @@ class Exact(Engine):
     screening_batch: ClassVar[int] = 16
     subset_size: ClassVar[int] = 256
     smallest_subset: ClassVar[int] = 64
+    warm_up_size: ClassVar[int] = 2048
     duplicate_tolerance: ClassVar[float] = 0.05
 
     def __init__(
@@ -285,6 +286,9 @@ class Exact(Engine):
             screened = self._minimise(FlatObjective(screen), points, 1e-4, 4 * self.duplicate_tolerance)
             failed = int((~torch.isfinite(screened.loss)).sum())
             points = distinct_points(screened, self.duplicate_tolerance) if failed < len(starts) else points
+        if self.early_stop and len(objective) >= 2 * self.warm_up_size:  # far fewer iterations on all the data
+            warmed = self._minimise(FlatObjective(objective.subset(self.warm_up_size)), points, 1e-6, 2 * self.duplicate_tolerance)
+            points = distinct_points(warmed, self.duplicate_tolerance) if torch.isfinite(warmed.loss).any() else points
         result = self._minimise(flat, points)
         failed = failed if staged else int((~torch.isfinite(result.loss)).sum())
         if not torch.isfinite(result.loss).any():
@@ -326,19 +330,16 @@ class Exact(Engine):
         self, flat: FlatObjective, points: torch.Tensor, tolerance_change: float = 1e-9, duplicate_tolerance: float | None = None
     ) -> BatchOptimisationResult:
         return minimise_lbfgs_batch(
-            points, flat, self.max_iter or 1000, tolerance_change=tolerance_change,
+            points, flat, self.max_iter or 1000, tolerance_change=max(tolerance_change, flat.objective.precision),
             duplicate_tolerance=(duplicate_tolerance or self.duplicate_tolerance) if self.early_stop else None,
         )
 
     def _warn_of_cap(self, iterations: int, gradient_norm: float) -> None:
         capped = iterations >= (self.max_iter or 1000)
-        warnings.warn(
-            f"the marginal-likelihood optimisation stopped {'on its iteration cap' if capped else 'where its line search found no higher point'} "
-            f"({iterations} iterations, largest gradient entry {gradient_norm:.2e}); raise `max_iter`, or "
-            "standardise the inputs (normalize_inputs=True).",
-            ConvergenceWarning,
-            stacklevel=4,
-        )
+        where = "on its iteration cap" if capped else "where its line search found no higher point"
+        warnings.warn(f"the marginal-likelihood optimisation stopped {where} ({iterations} iterations, largest gradient "
+                      f"entry {gradient_norm:.2e}); raise `max_iter`, or standardise the inputs (normalize_inputs=True).",
+                      ConvergenceWarning, stacklevel=4)
 
     def _starts(self, objective: EvidenceObjective) -> list[dict[str, torch.Tensor]]:
         r"""The model's start, then the best ``num_restarts - 1`` of ``raw_samples`` random

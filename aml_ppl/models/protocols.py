@@ -136,6 +136,9 @@ class EvidenceObjective(Protocol):
     points: what the ``"exact"`` engine maximises (type-II maximum likelihood)."""
 
     start: dict[str, torch.Tensor]
+    #: How far apart two values must be to tell them apart (0 for an exact value; an
+    #: estimate's error): the optimiser stops when a step gains less.
+    precision: float
 
     def random_starts(self, count: int) -> list[dict[str, torch.Tensor]]:
         r"""``count`` starting points (unconstrained values by site) to screen."""

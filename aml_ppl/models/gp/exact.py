@@ -11,9 +11,15 @@ import pyro.distributions as dist
 import torch
 
 from aml_ppl._core.linalg import plus_diagonal, robust_cholesky, solve_lower
+from aml_ppl._data import check_count
 from aml_ppl.errors import InputDataError
 from aml_ppl.models.base import register_model
 from aml_ppl.models.gp.base import _GaussianProcessBase
+from aml_ppl.models.gp.iterative import (
+    IterativeLogDensity,
+    bilinear_gradient_surrogate,
+    lanczos_inverse_root,
+)
 from aml_ppl.models.gp.likelihood import MarginalLikelihood
 from aml_ppl.models.protocols import GaussianLatents
 
@@ -45,7 +51,14 @@ class GaussianProcess(_GaussianProcessBase):
     (type-II maximum likelihood, AML §6.3) in float64 on standardised targets, from
     a data-driven start and restarts (see :class:`MarginalLikelihood`), with a
     Cholesky that retries with growing jitter before it fails with advice; every
-    output is back in ``y``'s units.
+    output is back in ``y``'s units. Past ``max_cholesky_size`` training points the
+    exact engine uses no Cholesky (:math:`O(n^3)` time, :math:`O(n^2)` memory per
+    factor) but GPyTorch's preconditioned conjugate gradients and Lanczos quadrature
+    (:mod:`aml_ppl.models.gp.iterative`: :math:`O(n^2)` per product with the kernel
+    matrix): the log marginal likelihood is then an estimate (within about a nat of the
+    exact value at n = 5 000) and the predictive variances come from a rank-256 Lanczos
+    root (GPyTorch's LOVE) and the leave-one-out precisions from the preconditioner and
+    the probes.
 
     Args:
         kernel: A GPyTorch kernel; ``ScaleKernel(RBFKernel())`` by default.
@@ -57,6 +70,9 @@ class GaussianProcess(_GaussianProcessBase):
             when the engine learns the hyperparameters; with ``Exact(learn=False)``
             they are the kernel's as given, for ``y`` in its own units.
         priors: Site name to a Pyro distribution, overriding the default priors.
+        max_cholesky_size: The most training points fitted by Cholesky (exact engine);
+            above it, by conjugate gradients (``benchmarks/RESULTS.md``: the Cholesky
+            wins below about 5 000 points on a 2-core CPU).
 
     Example:
         >>> import torch, aml_ppl as aml
@@ -78,11 +94,13 @@ class GaussianProcess(_GaussianProcessBase):
         normalize_inputs: bool = False,
         standardize_outputs: bool | None = None,
         priors: dict[str, dist.Distribution] | None = None,
+        max_cholesky_size: int = 10_000,
     ) -> None:
         super().__init__()
         self._setup(kernel, mean, noise, noise_floor, priors)
         self.normalize_inputs = normalize_inputs
         self.standardize_outputs = standardize_outputs
+        self.max_cholesky_size = check_count("max_cholesky_size", max_cholesky_size)
 
     # -- the Pyro program -------------------------------------------------------------------
 
@@ -137,10 +155,42 @@ class GaussianProcess(_GaussianProcessBase):
                 positive definite even with jitter (``values`` may hold a batch).
 
         Returns:
-            ``(log_marginal_likelihood, cholesky, weights)``, weights :math:`(K+\sigma^2I)^{-1} r`.
+            ``(log_marginal_likelihood, cholesky, weights)``, weights :math:`(K+\sigma^2I)^{-1} r`;
+            past ``max_cholesky_size`` points the conjugate-gradient estimate and no
+            Cholesky factor (``None``).
         """
+        if not self._by_cholesky(y):
+            members, batched = self._members(values)
+            estimates = []
+            for member in members:  # one n x n matrix at a time
+                density = self._iterative_density(member, X, y, y_scale)
+                estimates.append(density.value)
+            value = torch.stack(estimates)
+            return (value if batched else value[0]), None, density.weights
         mean, covariance = self._module_call(values, X)
         return self._log_density(mean, plus_diagonal(covariance, self._noise(values, y_scale)), y, failed_as_nan)
+
+    def _by_cholesky(self, y: torch.Tensor) -> bool:
+        return y.shape[-1] <= self.max_cholesky_size
+
+    def _members(self, values: dict[str, torch.Tensor]) -> tuple[list[dict[str, torch.Tensor]], bool]:
+        r"""Hyperparameters with one leading batch dimension (restarts) as one dict per
+        member, and whether they had one."""
+        site = next(iter(values), None)
+        if site is None or values[site].dim() == self.current_values()[site].dim():
+            return [values], False
+        return [{name: value[member] for name, value in values.items()} for member in range(values[site].shape[0])], True
+
+    def _iterative_density(
+        self, values: dict[str, torch.Tensor], X: torch.Tensor, y: torch.Tensor, y_scale: torch.Tensor | float
+    ) -> IterativeLogDensity:
+        r"""The conjugate-gradient estimate of :math:`\log p(y \mid X)` at one member's
+        hyperparameters (one :math:`n \times n` matrix held, :math:`K + \sigma^2 I` built in place)."""
+        with torch.no_grad():
+            mean, system = self._module_call({site: value.detach() for site, value in values.items()}, X)
+            noise = torch.as_tensor(self._noise(values, y_scale)).detach().to(system).reshape(())
+            system.diagonal().add_(noise)
+            return IterativeLogDensity(mean, system, noise, y)
 
     @staticmethod
     def _log_density(
@@ -178,6 +228,11 @@ class GaussianProcess(_GaussianProcessBase):
         gradient is its own), and a member whose :math:`A` is not positive definite
         even with jitter gets a NaN value instead of an error.
         """
+        if not self._by_cholesky(y):
+            members, batched = self._members(values)
+            parts = [self._iterative_value_and_surrogate(member, X, y, y_scale) for member in members]
+            value = torch.stack([value for value, _ in parts])
+            return (value if batched else value[0]), sum(surrogate for _, surrogate in parts)
         mean, covariance = self._module_call(values, X)
         noise = self._noise(values, y_scale)
         n = y.shape[0]
@@ -194,6 +249,24 @@ class GaussianProcess(_GaussianProcessBase):
             + (weights * mean).sum()
         )
         return value, surrogate
+
+    def _iterative_value_and_surrogate(
+        self, values: dict[str, torch.Tensor], X: torch.Tensor, y: torch.Tensor, y_scale: torch.Tensor | float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        r"""One member's estimated log marginal likelihood and its gradient surrogate
+        (:class:`~aml_ppl.models.gp.iterative.IterativeLogDensity`): the kernel's terms
+        differentiated a block of rows at a time, the noise's (:math:`\partial A = I`), the
+        preconditioner's and the mean's (:math:`\alpha^\top \partial m`) directly."""
+        density = self._iterative_density(values, X, y, y_scale)
+        left, right, coefficients = density.covariance_weights()
+        surrogate = bilinear_gradient_surrogate(
+            lambda rows, leaves: self._module_call(leaves, X[rows], X)[1], values, X.shape[0], left, right, coefficients
+        )
+        noise = torch.as_tensor(self._noise(values, y_scale)).reshape(())
+        noise_term = noise * (coefficients * (left * right).sum(0)).sum()
+        mean, pivot_cross = self._module_call(values, X, X[density.preconditioner.pivots])
+        preconditioner_term = density.preconditioner_surrogate(pivot_cross, noise)
+        return density.value, surrogate + noise_term + preconditioner_term + (density.weights * mean).sum()
 
     def evidence_objective(self, X: torch.Tensor, y: torch.Tensor | None = None, learned: bool = True) -> MarginalLikelihood:
         r"""The log marginal likelihood that the exact engine maximises (AML §6.3).
@@ -221,13 +294,19 @@ class GaussianProcess(_GaussianProcessBase):
     ) -> GaussianLatents:
         r"""The predictive's statistics at hyperparameters ``values`` on transformed data."""
         with torch.no_grad():
-            value, cholesky, weights = self.log_marginal_likelihood(values, X_in, y_in, stats["y_scale"])
+            if self._by_cholesky(y_in):
+                value, cholesky, weights = self.log_marginal_likelihood(values, X_in, y_in, stats["y_scale"])
+                factor = {"cholesky": cholesky}
+            else:  # the weights solved tightly; the variances from a Lanczos root (LOVE)
+                density = self._iterative_density(values, X_in, y_in, stats["y_scale"])
+                value, weights = density.value, density.refined_weights()
+                factor = {"inverse_root": lanczos_inverse_root(density.system, density.residual)}
         history.append(value.item())
         log_evidence = value - y_in.numel() * torch.log(stats["y_scale"])  # back on y's own scale
         return GaussianLatents(
             loc={}, covariance={}, fixed=values, log_marginal_likelihood=log_evidence,
             history=history,
-            statistics={"train_inputs": X_in, "cholesky": cholesky, "weights": weights, **stats},
+            statistics={"train_inputs": X_in, **factor, "weights": weights, **stats},
         )
 
     @staticmethod
@@ -275,15 +354,21 @@ class GaussianProcess(_GaussianProcessBase):
             y_i \mid y_{-i} \sim \mathcal{N}\big(y_i - \alpha_i / [A^{-1}]_{ii},\; 1 / [A^{-1}]_{ii}\big),
             \qquad A = K + \sigma^2 I,\ \alpha = A^{-1}(y - m).
 
-        One Cholesky of :math:`A`, no refit per point; in ``y``'s own units (with the
+        One Cholesky of :math:`A`, no refit per point (past ``max_cholesky_size`` points,
+        :math:`[A^{-1}]_{ii}` estimated: :meth:`~aml_ppl.models.gp.iterative.IterativeLogDensity.precision_diagonal`);
+        in ``y``'s own units (with the
         exact engine's ``statistics``, its transforms are applied first). This is the
         GP's pointwise log-likelihood in ArviZ.
         """
         stats = statistics or self._transforms(X, y, normalize=False, standardize=False)
         X_in = (X.to(stats["x_scale"]) - stats["x_offset"]) / stats["x_scale"]
         y_in = (y.to(stats["y_scale"]) - stats["y_offset"]) / stats["y_scale"]
-        cholesky, weights = self.log_marginal_likelihood(values, X_in, y_in, stats["y_scale"])[1:]
-        precision_diagonal = torch.cholesky_inverse(cholesky).diagonal()
+        if self._by_cholesky(y_in):
+            cholesky, weights = self.log_marginal_likelihood(values, X_in, y_in, stats["y_scale"])[1:]
+            precision_diagonal = torch.cholesky_inverse(cholesky).diagonal()
+        else:
+            density = self._iterative_density(values, X_in, y_in, stats["y_scale"])
+            weights, precision_diagonal = density.refined_weights(), density.precision_diagonal()
         mean = y_in - weights / precision_diagonal
         scale = stats["y_scale"]
         return {"obs": dist.Normal(mean * scale + stats["y_offset"], precision_diagonal.rsqrt() * scale)}
@@ -303,7 +388,8 @@ class GaussianProcess(_GaussianProcessBase):
     def exact_moments(self, fits: list[GaussianLatents], X: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         r"""The posterior means and variances of :math:`f` at ``X`` (each ``len(fits) x m``)
         under exact fits of this GP (AML §6.2), :math:`\mu = m(X) + K_{XD}\alpha` and
-        :math:`\sigma^2 = k(x, x) - \lVert L^{-1}K_{DX}\rVert^2`, in ``y``'s units. Fits with
+        :math:`\sigma^2 = k(x, x) - \lVert L^{-1}K_{DX}\rVert^2` (past ``max_cholesky_size``
+        points :math:`\lVert R K_{DX}\rVert^2`, :math:`R` the Lanczos root), in ``y``'s units. Fits with
         the same hyperparameters, inputs and Cholesky factor (outputs of one problem
         conditioned separately, as a safe-BO loop's objective and constraints) have the same
         covariance: :math:`K_{DX}` and the solve are then done once."""
@@ -315,7 +401,8 @@ class GaussianProcess(_GaussianProcessBase):
                 X_in = (X.to(stats["x_scale"]) - stats["x_offset"]) / stats["x_scale"]
                 prior_mean, prior_variance = self._module_call(fitted.fixed, X_in, diag=True)
                 cross = self._module_call(fitted.fixed, stats["train_inputs"], X_in)[1]
-                variance = (prior_variance - solve_lower(stats["cholesky"], cross).square().sum(0)).clamp_min(0)
+                whitened = solve_lower(stats["cholesky"], cross) if "cholesky" in stats else stats["inverse_root"] @ cross
+                variance = (prior_variance - whitened.square().sum(0)).clamp_min(0)
                 same = prior_mean, cross, variance * stats["y_scale"] ** 2
                 shared.append((fitted, same))
             prior_mean, cross, variance = same
@@ -349,9 +436,10 @@ class GaussianProcess(_GaussianProcessBase):
 def _same_fitted_covariance(fitted: GaussianLatents, other: GaussianLatents) -> bool:
     r"""Whether two exact fits have the same posterior covariance and prior mean: the same
     hyperparameters, transformed inputs and Cholesky factor, on the same scales."""
-    if fitted.fixed.keys() != other.fixed.keys():
+    if fitted.fixed.keys() != other.fixed.keys() or fitted.statistics.keys() != other.statistics.keys():
         return False
-    names = ("train_inputs", "cholesky", "x_offset", "x_scale", "y_scale")
+    factor = "cholesky" if "cholesky" in fitted.statistics else "inverse_root"
+    names = ("train_inputs", factor, "x_offset", "x_scale", "y_scale")
     pairs = [(fitted.fixed[k], other.fixed[k]) for k in fitted.fixed]
     pairs += [(fitted.statistics[k], other.statistics[k]) for k in names]
     return all(a.shape == b.shape and torch.equal(a, b) for a, b in pairs)

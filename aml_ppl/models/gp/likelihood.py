@@ -13,6 +13,7 @@ import torch
 from torch.distributions import biject_to
 
 from aml_ppl.models.gp.base import constraints_for
+from aml_ppl.models.gp.iterative import ESTIMATE_PRECISION
 from aml_ppl.models.protocols import GaussianLatents
 
 if TYPE_CHECKING:
@@ -118,6 +119,12 @@ class MarginalLikelihood:
 
     def __len__(self) -> int:
         return self.inputs.shape[0]
+
+    @property
+    def precision(self) -> float:
+        r"""0 on the Cholesky path; the conjugate-gradient estimate's resolution past
+        ``max_cholesky_size`` points."""
+        return 0.0 if self.model._by_cholesky(self.targets) else ESTIMATE_PRECISION
 
     def subset(self, size: int) -> MarginalLikelihood:
         r"""The same objective on a random subset of at most ``size`` points (cheap screening)."""
