@@ -25,7 +25,8 @@ def run(model, full_mass: bool, seed: int, num_samples: int = 1500, warmup_steps
     return mcmc.get_samples(), kernel.records
 
 
-@pytest.mark.parametrize("full_mass", [pytest.param(False, marks=pytest.mark.slow), True])
+@pytest.mark.slow
+@pytest.mark.parametrize("full_mass", [False, True])
 def test_the_draws_have_the_gaussians_moments_within_monte_carlo_error(full_mass):
     draws, records = run(correlated, full_mass, seed=0)
     x = draws["x"]

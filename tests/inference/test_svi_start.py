@@ -32,7 +32,8 @@ def iq_data():
     return mother, kid, mean, sd
 
 
-@pytest.mark.parametrize("guide", [None, pytest.param("mvn", marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("guide", [None, "mvn"])
 def test_default_svi_reaches_the_exact_posterior_mean_on_unscaled_data(iq_data, guide):
     """From Pyro's prior-median start Adam moves ~lr per step: 2.6 sd (AutoNormal) and 3000 sd
     (full rank) away after the default 2000 steps. From the MAP start: within 0.2 sd."""

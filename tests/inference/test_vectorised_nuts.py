@@ -26,6 +26,7 @@ def badly_scaled():
     pyro.sample("x", dist.Normal(torch.zeros(3, dtype=torch.float64), SCALES).to_event(1))
 
 
+@pytest.mark.slow
 def test_vectorised_chains_have_the_gaussians_moments_within_monte_carlo_error():
     pyro.set_rng_seed(0)
     samples, stats = VectorisedNUTS(badly_scaled, 8).run((), {}, 250, 250)

