@@ -7,8 +7,9 @@ regression on scikit-learn's breast-cancer data (569 x 30, standardised columns,
 normal priors on the intercept and the weights), issue 30's third model. 2 chains x (500 warm-up + 500
 kept draws), seed 0, one thread per process. ESS: ArviZ's bulk ESS, the smallest over the
 parameters. Goals (issue 14): processes <= 0.65x the wall time in turn; ESS/s >= 1.6x Pyro's
-default. aml_ppl's NUTS traces the potential with the JIT by default where the model traces;
-the rows without it and Pyro's own JIT are for comparison. NumPyro (the same models written
+default. aml_ppl's NUTS compiles the potential and its gradient into one graph by default
+where the model traces (`inference/compiled.py`); the rows without it ("no JIT":
+autograd through the model) and Pyro's own JIT are for comparison. NumPyro (the same models written
 in it, float64, 2 chains in parallel on two XLA host devices) runs last, twice: cold, with its
 compilation, and again warm, as a user re-running a fitted model would; and with 32 chains
 vectorised (``chain_method="vectorized"``) beside ``NUTS(num_chains=32, vectorized=True)``

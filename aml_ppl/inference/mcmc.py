@@ -10,8 +10,6 @@ from typing import Any, Callable, ClassVar
 import numpy as np
 import pyro.infer
 import torch
-from pyro.infer.mcmc.util import initialize_model
-from pyro.ops.integrator import potential_grad
 
 from aml_ppl._core.randomness import local_seed
 from aml_ppl._data import check_count, check_positive
@@ -21,7 +19,7 @@ from aml_ppl.inference.chains import chain_executor, default_chains, run_chains
 from aml_ppl.inference.context import isolated_param_store
 from aml_ppl.inference.fitted import Fitted
 from aml_ppl.inference.io import register_posterior, stored
-from aml_ppl.inference.nuts_kernel import SAMPLE_STATS, MultinomialNUTS
+from aml_ppl.inference.nuts_kernel import SAMPLE_STATS, MultinomialNUTS, flatten, model_gradient
 from aml_ppl.inference.vectorised_nuts import BatchingError, VectorisedNUTS
 from aml_ppl.inference.structure import inspect_model
 from aml_ppl.inference.tracing import agree, frozen_value
@@ -177,7 +175,6 @@ class NUTS(Engine):
             "target_accept_prob": target_accept_prob,
             "max_tree_depth": check_count("max_tree_depth", max_tree_depth),
             "full_mass": full_mass,
-            "ignore_jit_warnings": True,
         }
         self.progress_bar = progress_bar
 
@@ -253,31 +250,28 @@ class NUTS(Engine):
         return problem is None
 
 def jit_problem(model: Callable, args: tuple, kwargs: dict, num_points: int = 4) -> str | None:
-    r"""Why the JIT-traced potential energy of ``model`` cannot be trusted, or ``None``.
+    r"""Why the compiled potential energy and gradient of ``model``
+    (:func:`~aml_ppl.inference.nuts_kernel.model_gradient` with ``jit=True``) cannot be
+    trusted, or ``None``.
 
     A trace records one run; a branch on a latent value, or a tensor turned into a Python
-    number, is frozen into it. The potential is traced at Pyro's initial point, and refused
-    when tracing fails, when torch warns that the model's own code turned a tensor into a
-    Python value, or when the traced potential or its gradient differs from the model's at
-    the initial point and ``num_points - 1`` points around it (unconstrained offsets of
-    scale 0.5 to 2). The random state is left as it was.
+    number, is frozen into it (``make_fx`` refuses it, and Pyro's JIT trace warns). The
+    gradient is compiled at Pyro's initial point and refused when compiling fails, when torch
+    warns that the model's own code turned a tensor into a Python value, or when the value or
+    gradient differs from autograd's through the model at the initial point and
+    ``num_points - 1`` points around it (unconstrained offsets of scale 0.5 to 2). The random
+    state is left as it was.
     """
     state = pyro.util.get_rng_state()
     try:
         with isolated_param_store(), warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            start, traced, _, _ = initialize_model(model, args, kwargs, jit_compile=True)
-            plain = initialize_model(model, args, kwargs)[1]
-            points = [start] + [
-                {name: value + scale * torch.randn_like(value) for name, value in start.items()}
-                for scale in torch.linspace(0.5, 2.0, num_points - 1).tolist()
-            ]
-            for point in points:
-                (traced_grads, traced_value), (grads, value) = (
-                    potential_grad(potential, {name: v.detach().clone() for name, v in point.items()})
-                    for potential in (traced, plain)
-                )
-                if not agree(traced_value, value) or not all(agree(traced_grads[k], grads[k]) for k in grads):
+            compiled = model_gradient(model, args, kwargs, jit=True, quiet=False)
+            plain = model_gradient(model, args, kwargs, jit=False, initial_params=compiled.start)
+            z = flatten(compiled.start, compiled.shapes)
+            for scale in [0.0, *torch.linspace(0.5, 2.0, num_points - 1).tolist()]:
+                point = z + scale * torch.randn_like(z)
+                if not all(map(agree, compiled.gradient(point), plain.gradient(point))):
                     return "the traced potential differs from the model's away from the point it was traced at"
     except Exception as error:  # tracing fails in many ways
         return f"{type(error).__name__}: {str(error).splitlines()[0][:200] if str(error) else ''}"

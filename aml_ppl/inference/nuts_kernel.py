@@ -6,7 +6,8 @@ The kernel keeps to Pyro's public kernel contract (:class:`pyro.infer.mcmc.MCMCK
 ``setup``, ``sample``, ``initial_params``, ``transforms``), so ``pyro.infer.MCMC`` drives it,
 and records ArviZ's per-draw statistics as it goes. The potential energy and its
 transforms come from :func:`pyro.infer.mcmc.util.initialize_model` (enumerated discrete
-sites summed out there, the PyTorch JIT on request), the warm-up from Pyro's
+sites summed out there), compiled with its gradient into one graph on request
+(:mod:`aml_ppl.inference.compiled`), the warm-up from Pyro's
 :class:`~pyro.infer.mcmc.adaptation.WarmupAdapter` (Stan's windows: dual averaging of the
 step size, a diagonal or dense mass matrix from the windows' draws). The trajectory works on
 one flat vector of the unconstrained latents.
@@ -15,6 +16,7 @@ one flat vector of the unconstrained latents.
 from __future__ import annotations
 
 import math
+import random
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -22,7 +24,8 @@ import torch
 from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 from pyro.infer.mcmc.adaptation import WarmupAdapter
 from pyro.infer.mcmc.util import initialize_model
-from pyro.ops.integrator import potential_grad
+
+from aml_ppl.inference.compiled import Gradient, compiled_gradient, plain_gradient
 
 # ArviZ's names for the per-draw statistics a chain records.
 SAMPLE_STATS = ("diverging", "energy", "lp", "step_size", "tree_depth", "acceptance_rate", "n_steps")
@@ -32,16 +35,23 @@ MAX_ENERGY_ERROR = 1000.0
 MIN_STEP_SIZE, MAX_STEP_SIZE = 1e-10, 1e10
 # The one mass-matrix block: the whole flat latent vector.
 BLOCK = ("latent",)
+# The U-turn checks of a merge, as entries of (ends x momentum sums) flattened: the whole
+# trajectory's two ends against its sum, the first half's left end and the second's left
+# end against the sum up to the latter, the first's right end and the second's right end
+# against the sum from the former.
+_TURN_PAIRS = torch.tensor([0, 3, 1, 7, 11, 5])
 
 
 @dataclass
 class _State:
-    r"""A point of the trajectory: position, momentum, potential energy and its gradient."""
+    r"""A point of the trajectory: position, momentum, potential energy, its gradient, and the
+    velocity :math:`M^{-1} r`."""
 
     z: torch.Tensor
     r: torch.Tensor
-    potential: torch.Tensor
+    potential: float
     grad: torch.Tensor
+    velocity: torch.Tensor
 
 
 @dataclass
@@ -53,7 +63,7 @@ class _Tree:
     left: _State
     right: _State
     proposal: _State
-    log_weight: torch.Tensor
+    log_weight: float
     momentum_sum: torch.Tensor
     steps: int
     accept_sum: float
@@ -63,6 +73,11 @@ class _Tree:
     @property
     def valid(self) -> bool:
         return not (self.diverging or self.turning)
+
+
+def _logaddexp(a: float, b: float) -> float:
+    high = max(a, b)
+    return high if high == -math.inf else high + math.log1p(math.exp(min(a, b) - high))
 
 
 class MultinomialNUTS(MCMCKernel):
@@ -85,8 +100,8 @@ class MultinomialNUTS(MCMCKernel):
         target_accept_prob: The dual averaging's target mean acceptance statistic.
         max_tree_depth: Doublings at most per transition.
         full_mass: Adapt a dense mass matrix rather than a diagonal one.
-        jit_compile: Compile the potential with the PyTorch JIT (Pyro's ``jit_compile``).
-        ignore_jit_warnings: Silence the JIT's warnings.
+        jit_compile: Evaluate the potential and its gradient as one compiled graph
+            (:func:`~aml_ppl.inference.compiled.compiled_gradient`), else by autograd through the model.
 
     Attributes:
         records: Statistic name to its per-draw values after warm-up (``SAMPLE_STATS``), as
@@ -117,13 +132,11 @@ class MultinomialNUTS(MCMCKernel):
         max_tree_depth: int = 10,
         full_mass: bool = False,
         jit_compile: bool = False,
-        ignore_jit_warnings: bool = True,
     ) -> None:
         self.model = model
         self.max_tree_depth = max_tree_depth
         self.full_mass = full_mass
         self.jit_compile = jit_compile
-        self.ignore_jit_warnings = ignore_jit_warnings
         self.adapter = WarmupAdapter(
             step_size, adapt_step_size=True, target_accept_prob=target_accept_prob, adapt_mass_matrix=True,
             dense_mass=full_mass,
@@ -135,17 +148,14 @@ class MultinomialNUTS(MCMCKernel):
     # -- Pyro's kernel contract -------------------------------------------------------------
 
     def setup(self, warmup_steps: int, *args: Any, **kwargs: Any) -> None:
-        start, potential_fn, self.transforms, _ = initialize_model(
-            self.model, args, kwargs, jit_compile=self.jit_compile, skip_jit_warnings=self.ignore_jit_warnings,
-            initial_params=self._initial_params,  # a start given to pyro.infer.MCMC, else Pyro's init_to_uniform
-        )
-        self.dynamics = Hamiltonian(potential_fn, {name: value.shape for name, value in sorted(start.items())}, self.adapter)
+        built = model_gradient(self.model, args, kwargs, jit=self.jit_compile, initial_params=self._initial_params)
+        start, shapes, self.transforms = built.start, built.shapes, built.transforms
+        z = flatten(start, shapes)
+        self.dynamics = Hamiltonian(built.gradient, shapes, self.adapter)
         self._initial_params = start
         self.warmup_steps = warmup_steps
         self.iteration = 0
         self.records = {name: [] for name in SAMPLE_STATS}
-        z = self.dynamics.flatten(start)
-        self._current = self.dynamics.state(z, torch.zeros_like(z))
         size = z.numel()
         self.adapter.configure(
             warmup_steps, mass_matrix_shape={BLOCK: (size, size) if self.full_mass else (size,)},
@@ -153,6 +163,7 @@ class MultinomialNUTS(MCMCKernel):
             options={"dtype": z.dtype, "device": z.device},
         )
         self.adapter.reset_step_size_adaptation({BLOCK[0]: z})
+        self._current = self.dynamics.state(z, torch.zeros_like(z))
 
     @property
     def initial_params(self) -> dict[str, torch.Tensor]:
@@ -180,7 +191,7 @@ class MultinomialNUTS(MCMCKernel):
             )
         else:
             for name, value in (
-                ("diverging", tree.diverging), ("energy", float(energy)), ("lp", -float(tree.proposal.potential)),
+                ("diverging", tree.diverging), ("energy", energy), ("lp", -tree.proposal.potential),
                 ("step_size", step_size), ("tree_depth", depth), ("acceptance_rate", accept_prob), ("n_steps", tree.steps),
             ):
                 self.records[name].append(value)
@@ -190,13 +201,15 @@ class MultinomialNUTS(MCMCKernel):
 
     # -- the transition -----------------------------------------------------------------------
 
-    def _transition(self, start: _State, energy: torch.Tensor, step_size: float) -> tuple[_Tree, int]:
+    def _transition(self, start: _State, energy: float, step_size: float) -> tuple[_Tree, int]:
         r"""Double the trajectory from ``start`` until it turns, diverges or reaches the depth
-        cap; returns the whole tree (its ``proposal`` the next state) and the depth reached."""
-        tree = _Tree(start, start, start, torch.zeros((), dtype=start.z.dtype), start.r, steps=0, accept_sum=0.0)
+        cap; returns the whole tree (its ``proposal`` the next state) and the depth reached.
+        The choices (direction, proposal) are drawn from Python's generator, which
+        ``pyro.set_rng_seed`` and ``fit(seed=...)`` seed as torch's."""
+        tree = _Tree(start, start, start, 0.0, start.r, steps=0, accept_sum=0.0)
         depth = 0
         while depth < self.max_tree_depth:
-            forward = bool(torch.rand(()) < 0.5)
+            forward = random.random() < 0.5
             subtree = self._build(tree.right if forward else tree.left, forward, depth, energy, step_size)
             tree.steps += subtree.steps
             tree.accept_sum += subtree.accept_sum
@@ -204,24 +217,24 @@ class MultinomialNUTS(MCMCKernel):
                 tree.diverging = subtree.diverging
                 break
             depth += 1
-            if bool(torch.rand(()).log() < subtree.log_weight - tree.log_weight):  # biased towards the new
+            if random.random() < math.exp(min(subtree.log_weight - tree.log_weight, 0.0)):  # biased towards the new
                 tree.proposal = subtree.proposal
             first, second = (tree, subtree) if forward else (subtree, tree)
-            tree = self._merge(first, second, tree.proposal, torch.logaddexp(tree.log_weight, subtree.log_weight), tree)
+            tree = self._merge(first, second, tree.proposal, _logaddexp(tree.log_weight, subtree.log_weight), tree)
             if tree.turning:
                 break
         return tree, depth
 
-    def _build(self, state: _State, forward: bool, depth: int, energy: torch.Tensor, step_size: float) -> _Tree:
+    def _build(self, state: _State, forward: bool, depth: int, energy: float, step_size: float) -> _Tree:
         r"""A subtree of :math:`2^\text{depth}` leapfrog steps from ``state``, in the direction
         given; its proposal drawn uniformly-progressively (proportional to the weights)."""
         if depth == 0:
             new = self.dynamics.leapfrog(state, step_size if forward else -step_size)
             error = self.dynamics.energy(new) - energy
-            error = error if torch.isfinite(error) else torch.full_like(error, math.inf)
+            error = error if math.isfinite(error) else math.inf
             return _Tree(
-                new, new, new, -error, new.r, steps=1, accept_sum=float(torch.exp(-error).clamp(max=1.0)),
-                diverging=bool(error > MAX_ENERGY_ERROR),
+                new, new, new, -error, new.r, steps=1, accept_sum=math.exp(-max(error, 0.0)),
+                diverging=error > MAX_ENERGY_ERROR,
             )
         inner = self._build(state, forward, depth - 1, energy, step_size)
         if not inner.valid:
@@ -232,27 +245,67 @@ class MultinomialNUTS(MCMCKernel):
         if not outer.valid:
             counts.diverging, counts.turning = outer.diverging, outer.turning
             return counts
-        log_weight = torch.logaddexp(inner.log_weight, outer.log_weight)
-        proposal = outer.proposal if bool(torch.rand(()).log() < outer.log_weight - log_weight) else inner.proposal
+        log_weight = _logaddexp(inner.log_weight, outer.log_weight)
+        take_outer = random.random() < math.exp(min(outer.log_weight - log_weight, 0.0))
         first, second = (inner, outer) if forward else (outer, inner)
-        return self._merge(first, second, proposal, log_weight, counts)
+        return self._merge(first, second, outer.proposal if take_outer else inner.proposal, log_weight, counts)
 
-    def _merge(self, first: _Tree, second: _Tree, proposal: _State, log_weight: torch.Tensor, counts: _Tree) -> _Tree:
+    def _merge(self, first: _Tree, second: _Tree, proposal: _State, log_weight: float, counts: _Tree) -> _Tree:
         r"""Two adjacent subtrees (``first`` earlier in time) as one, with the U-turn checks on
-        the whole and across the two halves."""
+        the whole and across the two halves: the generalised criterion, the sharp momenta
+        :math:`M^{-1}r` at a trajectory's ends pointing against its momentum sum :math:`\rho`
+        (all six products in one matrix product)."""
         momentum_sum = first.momentum_sum + second.momentum_sum
-        turning = (
-            self._turns(first.left, second.right, momentum_sum)
-            or self._turns(first.left, second.left, first.momentum_sum + second.left.r)
-            or self._turns(first.right, second.right, first.right.r + second.momentum_sum)
-        )
+        ends = torch.stack((first.left.velocity, second.right.velocity, second.left.velocity, first.right.velocity))
+        sums = torch.stack((momentum_sum, first.momentum_sum + second.left.r, first.right.r + second.momentum_sum))
+        turning = bool((torch.mm(ends, sums.T).flatten()[_TURN_PAIRS] <= 0).any())
         return _Tree(first.left, second.right, proposal, log_weight, momentum_sum, steps=counts.steps,
                      accept_sum=counts.accept_sum, diverging=counts.diverging, turning=turning)
 
-    def _turns(self, left: _State, right: _State, momentum_sum: torch.Tensor) -> bool:
-        r"""The generalised criterion: the sharp momenta :math:`M^{-1}r` at the ends point
-        against the trajectory's momentum sum."""
-        return bool(self.dynamics.velocity(left.r) @ momentum_sum <= 0) or bool(self.dynamics.velocity(right.r) @ momentum_sum <= 0)
+
+@dataclass
+class ModelGradient:
+    r"""A Pyro program's potential energy on the flat unconstrained vector, with its gradient.
+
+    Attributes:
+        start: Site name to its unconstrained initial value.
+        shapes: Site name to its shape, in the flat vector's order.
+        transforms: Site name to its transform to the unconstrained space.
+        gradient: The flat vector's potential energy and its gradient.
+        how: ``"compiled"`` (one graph: :func:`~aml_ppl.inference.compiled.compiled_gradient`),
+            ``"pyro jit"`` (Pyro's JIT-traced potential under autograd) or ``"autograd"``.
+    """
+
+    start: dict[str, torch.Tensor]
+    shapes: dict[str, torch.Size]
+    transforms: dict[str, Any]
+    gradient: Gradient
+    how: str
+
+
+def model_gradient(
+    model: Callable, args: tuple, kwargs: dict, *, jit: bool, initial_params: dict[str, torch.Tensor] | None = None,
+    quiet: bool = True,
+) -> ModelGradient:
+    r"""``model``'s potential energy from :func:`pyro.infer.mcmc.util.initialize_model`
+    (enumerated discrete sites summed out; the start ``initial_params``, else Pyro's
+    ``init_to_uniform``) and its gradient: with ``jit``, compiled with its gradient into one
+    graph, or where ``torch.func`` cannot trace the model (an enumeration's contraction runs
+    a custom ``autograd.Function``) Pyro's JIT-traced potential under autograd, whose
+    warnings ``quiet`` silences; else autograd through the model."""
+    start, potential_fn, transforms, _ = initialize_model(model, args, kwargs, initial_params=initial_params)
+    shapes = {name: value.shape for name, value in sorted(start.items())}
+
+    def on_flat(potential: Callable) -> Callable[[torch.Tensor], torch.Tensor]:
+        return lambda z: potential(unflatten(z, shapes))
+
+    if not jit:
+        return ModelGradient(start, shapes, transforms, plain_gradient(on_flat(potential_fn)), "autograd")
+    try:
+        return ModelGradient(start, shapes, transforms, compiled_gradient(on_flat(potential_fn), flatten(start, shapes)), "compiled")
+    except Exception:  # torch.func and make_fx refuse in many ways; Pyro's trace may still hold
+        traced = initialize_model(model, args, kwargs, initial_params=start, jit_compile=True, skip_jit_warnings=quiet)[1]
+        return ModelGradient(start, shapes, transforms, plain_gradient(on_flat(traced)), "pyro jit")
 
 
 class Hamiltonian:
@@ -262,23 +315,24 @@ class Hamiltonian:
     the leapfrog step, and the step-size search the adapter calls.
 
     Attributes:
-        potential_fn: Pyro's potential energy of a dict of unconstrained values.
+        gradient: The flat vector's potential energy and its gradient.
         shapes: Site name to its shape, in the flat vector's order.
         adapter: The warm-up adapter holding the step size and the mass matrix.
     """
 
-    def __init__(self, potential_fn: Callable, shapes: dict[str, torch.Size], adapter: WarmupAdapter) -> None:
-        self.potential_fn, self.shapes, self.adapter = potential_fn, shapes, adapter
+    def __init__(self, gradient: Gradient, shapes: dict[str, torch.Size], adapter: WarmupAdapter) -> None:
+        self.gradient, self.shapes, self.adapter = gradient, shapes, adapter
 
     def state(self, z: torch.Tensor, r: torch.Tensor) -> _State:
-        grads, potential = potential_grad(self.potential_fn, self.unflatten(z))
-        return _State(z, r, potential.detach(), self.flatten(grads).detach())
+        potential, grad = self.gradient(z)
+        return _State(z, r, float(potential), grad, self.velocity(r))
 
     def leapfrog(self, state: _State, step_size: float) -> _State:
-        r_half = state.r - 0.5 * step_size * state.grad
-        new = self.state(state.z + step_size * self.velocity(r_half), r_half)
-        new.r = r_half - 0.5 * step_size * new.grad
-        return new
+        r_half = state.r.add(state.grad, alpha=-0.5 * step_size)
+        z = state.z.add(self.velocity(r_half), alpha=step_size)
+        potential, grad = self.gradient(z)
+        r = r_half.add(grad, alpha=-0.5 * step_size)
+        return _State(z, r, float(potential), grad, self.velocity(r))
 
     def inverse_mass(self) -> torch.Tensor:
         return self.adapter.mass_matrix_adapter.inverse_mass_matrix[BLOCK]
@@ -287,8 +341,8 @@ class Hamiltonian:
         inverse_mass = self.inverse_mass()
         return inverse_mass @ r if inverse_mass.dim() == 2 else inverse_mass * r
 
-    def energy(self, state: _State) -> torch.Tensor:
-        return state.potential + 0.5 * (state.r @ self.velocity(state.r))
+    def energy(self, state: _State) -> float:
+        return state.potential + 0.5 * float(state.r @ state.velocity)
 
     def with_fresh_momentum(self, state: _State) -> _State:
         r"""``state`` with :math:`r \sim \mathcal{N}(0, M)`."""
@@ -298,7 +352,7 @@ class Hamiltonian:
             momentum = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(inverse_mass))) @ noise
         else:
             momentum = noise / inverse_mass.sqrt()
-        return _State(state.z, momentum, state.potential, state.grad)
+        return _State(state.z, momentum, state.potential, state.grad, self.velocity(momentum))
 
     def reasonable_step_size(self, params: dict[str, torch.Tensor]) -> float:
         r"""Hoffman and Gelman's heuristic (2014, Algorithm 4): double or halve the step size
@@ -309,7 +363,7 @@ class Hamiltonian:
 
         def log_accept(size: float) -> float:
             error = energy - self.energy(self.leapfrog(start, size))
-            return float(error) if torch.isfinite(error) else -math.inf
+            return error if math.isfinite(error) else -math.inf
 
         direction = 1 if log_accept(step_size) > math.log(0.8) else -1
         while MIN_STEP_SIZE < step_size < MAX_STEP_SIZE:  # a flat or broken potential ends the search
@@ -319,12 +373,22 @@ class Hamiltonian:
         return min(max(step_size, MIN_STEP_SIZE), MAX_STEP_SIZE)
 
     def flatten(self, values: dict[str, torch.Tensor]) -> torch.Tensor:
-        return torch.cat([values[name].reshape(-1) for name in self.shapes])
+        return flatten(values, self.shapes)
 
     def unflatten(self, z: torch.Tensor) -> dict[str, torch.Tensor]:
-        values, start = {}, 0
-        for name, shape in self.shapes.items():
-            size = math.prod(shape)
-            values[name] = z[start : start + size].reshape(shape)
-            start += size
-        return values
+        return unflatten(z, self.shapes)
+
+
+def flatten(values: dict[str, torch.Tensor], shapes: dict[str, torch.Size]) -> torch.Tensor:
+    r"""Site values as one flat vector, in the order of ``shapes``."""
+    return torch.cat([values[name].reshape(-1) for name in shapes])
+
+
+def unflatten(z: torch.Tensor, shapes: dict[str, torch.Size]) -> dict[str, torch.Tensor]:
+    r"""A flat vector as site name to its value of the shape in ``shapes``."""
+    values, start = {}, 0
+    for name, shape in shapes.items():
+        size = math.prod(shape)
+        values[name] = z[start : start + size].reshape(shape)
+        start += size
+    return values

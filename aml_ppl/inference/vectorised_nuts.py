@@ -18,7 +18,6 @@ once is refused.
 from __future__ import annotations
 
 import math
-import warnings
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterator, Sequence
 
@@ -31,6 +30,7 @@ from pyro.ops.welford import WelfordCovariance
 
 from aml_ppl._core.streams import ChainStreams
 from aml_ppl.errors import ModelFittingError
+from aml_ppl.inference.compiled import compiled_gradient, plain_gradient
 from aml_ppl.inference.density import log_joint
 from aml_ppl.inference.nuts_kernel import MAX_ENERGY_ERROR, MAX_STEP_SIZE, MIN_STEP_SIZE, SAMPLE_STATS
 from aml_ppl.inference.structure import inspect_model
@@ -90,7 +90,8 @@ class ChainPotential:
     gradient at ``C x D`` unconstrained points, in one evaluation for all chains.
 
     The fast way (``how = "plate"``) runs the model once with the ``C`` points on a plate
-    (:func:`~aml_ppl.inference.density.log_joint`), traced with the PyTorch JIT where asked;
+    (:func:`~aml_ppl.inference.density.log_joint`), with its gradient compiled into one graph
+where asked (``"plate, compiled"``: :func:`~aml_ppl.inference.compiled.compiled_gradient`);
     a model that does not broadcast over that plate is mapped over the chains with
     ``torch.func.vmap`` of Pyro's potential instead (``how = "vmap"``, validation off).
     """
@@ -104,7 +105,7 @@ class ChainPotential:
         self.model, self.args, self.kwargs = model, args, kwargs
         self.structure = inspect_model(model, args, kwargs)
         self.mapped = torch.func.vmap(torch.func.grad_and_value(self.flat_potential))
-        self.how, self.forward = "plate", self.plate_potential
+        self.how, self.evaluate = "plate", plain_gradient(self.plate_potential)
         if self._differs():
             self.how = "vmap"
             if self._differs():
@@ -113,14 +114,13 @@ class ChainPotential:
                     "broadcast over a leading dimension) nor under torch.func.vmap (a branch on a value)"
                 )
         elif jit:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                traced = torch.jit.trace(self.plate_potential, self.start, check_trace=False)
-            plain, self.forward = self.forward, traced
+            plain = self.evaluate
+            try:
+                self.evaluate, self.how = compiled_gradient(self.plate_potential, self.start), "plate, compiled"
+            except Exception:  # tracing fails in many ways; the plain evaluation remains
+                self.evaluate = plain
             if self._differs():
-                self.forward = plain
-            else:
-                self.how = "plate, jit"
+                self.evaluate, self.how = plain, "plate"
 
     def sites(self, z: torch.Tensor) -> dict[str, torch.Tensor]:
         r"""The flat unconstrained points ``... x D`` as site name to ``... x shape``."""
@@ -147,11 +147,7 @@ class ChainPotential:
             with pyro.validation_enabled(False):  # torch's argument checks too: a branch on a value
                 grads, values = self.mapped(points)
             return values.detach(), grads.detach()
-        points = points.detach().requires_grad_(True)
-        with torch.enable_grad():
-            values = self.forward(points)
-            (grads,) = torch.autograd.grad(values.sum(), points)
-        return values.detach(), grads.detach()
+        return self.evaluate(points)
 
     def _differs(self) -> bool:
         r"""Whether this evaluation disagrees with Pyro's potential chain by chain (or fails)
@@ -212,8 +208,8 @@ class VectorisedNUTS:
         num_chains: Chains in the batch.
         target_accept_prob: The dual averaging's target mean acceptance statistic.
         max_tree_depth: Doublings at most per transition.
-        jit: Trace the batched potential with the PyTorch JIT (kept only where it agrees
-            with the model's potential).
+        jit: Compile the batched potential and its gradient into one graph (kept only where
+            it agrees with the model's potential).
         seeds: One per chain: a chain's draws depend on its seed alone (by default drawn
             from torch's generator).
 

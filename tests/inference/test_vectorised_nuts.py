@@ -61,7 +61,7 @@ def test_vectorised_chains_equal_the_same_chains_run_one_at_a_time(model, args):
 
 def test_the_batched_potential_runs_the_model_once_on_a_plate_and_agrees_with_pyros():
     potential = ChainPotential(eight_schools, (SCHOOLS_SIGMA, SCHOOLS_Y), {}, 4)
-    assert potential.how == "plate, jit"
+    assert potential.how == "plate, compiled"
     points = potential.start + torch.randn_like(potential.start)
     values, grads = potential(points)
     for index in range(4):
