@@ -72,7 +72,30 @@ def compiled_gradient(potential: Callable[[torch.Tensor], torch.Tensor], example
         (tensor(7.), tensor([1., 2., 3.]))
     """
 
-    graph = gradient_graph(potential, example)
+    return _frozen(gradient_graph(potential, example), example)
+
+
+def compiled_mapped_gradient(potential: Callable[[torch.Tensor], torch.Tensor], examples: torch.Tensor) -> Gradient:
+    r"""As :func:`compiled_gradient` for a ``potential`` of one point, mapped over ``C x D``
+    points: the one-point graph under ``torch.func.vmap``, traced again into one batched graph.
+    The model's Python runs once, on one point, so a model that ``vmap`` cannot run (Pyro's
+    handlers read ``.data``, which ``make_fx`` refuses under ``vmap``) is mapped all the same.
+
+    Example:
+        >>> import torch
+        >>> gradient = compiled_mapped_gradient(lambda z: 0.5 * (z**2).sum(), torch.ones(2, 3))
+        >>> gradient(torch.tensor([[1.0, 2.0, 3.0], [0.0, 0.0, 1.0]]))
+        (tensor([7.0000, 0.5000]), tensor([[1., 2., 3.],
+                [0., 0., 1.]]))
+    """
+    single = gradient_graph(potential, examples[0])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return _frozen(make_fx(torch.func.vmap(single))(examples.detach()), examples)
+
+
+def _frozen(graph: Callable, example: torch.Tensor) -> Gradient:
+    r"""``graph`` (``z -> (gradient, value)``) traced and frozen by the PyTorch JIT at ``example``."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         frozen = torch.jit.freeze(torch.jit.trace(graph, (example.detach(),), check_trace=False).eval())

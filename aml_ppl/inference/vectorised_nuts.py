@@ -18,6 +18,7 @@ once is refused.
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterator, Sequence
 
@@ -30,7 +31,7 @@ from pyro.ops.welford import WelfordCovariance
 
 from aml_ppl._core.streams import ChainStreams
 from aml_ppl.errors import ModelFittingError
-from aml_ppl.inference.compiled import compiled_gradient, plain_gradient
+from aml_ppl.inference.compiled import compiled_gradient, compiled_mapped_gradient, plain_gradient
 from aml_ppl.inference.density import log_joint
 from aml_ppl.inference.nuts_kernel import MAX_ENERGY_ERROR, MAX_STEP_SIZE, MIN_STEP_SIZE, SAMPLE_STATS
 from aml_ppl.inference.structure import inspect_model
@@ -90,10 +91,13 @@ class ChainPotential:
     gradient at ``C x D`` unconstrained points, in one evaluation for all chains.
 
     The fast way (``how = "plate"``) runs the model once with the ``C`` points on a plate
-    (:func:`~aml_ppl.inference.density.log_joint`), with its gradient compiled into one graph
-where asked (``"plate, compiled"``: :func:`~aml_ppl.inference.compiled.compiled_gradient`);
-    a model that does not broadcast over that plate is mapped over the chains with
-    ``torch.func.vmap`` of Pyro's potential instead (``how = "vmap"``, validation off).
+    (:func:`~aml_ppl.inference.density.log_joint`); a model that does not broadcast over that
+    plate is mapped over the chains with ``torch.func.vmap`` of Pyro's potential instead
+    (``how = "vmap"``, validation off). Either way the potential and its gradient are compiled
+    into one graph where asked and where the graph agrees (``", compiled"``:
+    :func:`~aml_ppl.inference.compiled.compiled_gradient`), else, for a model ``torch.func``
+    cannot trace (an enumeration's contraction), the plate's potential is traced by the
+    PyTorch JIT (``"plate, jit"``).
     """
 
     def __init__(self, model: Callable, args: tuple, kwargs: dict, num_chains: int, jit: bool = True) -> None:
@@ -107,20 +111,38 @@ where asked (``"plate, compiled"``: :func:`~aml_ppl.inference.compiled.compiled_
         self.mapped = torch.func.vmap(torch.func.grad_and_value(self.flat_potential))
         self.how, self.evaluate = "plate", plain_gradient(self.plate_potential)
         if self._differs():
-            self.how = "vmap"
+            self.how, self.evaluate = "vmap", self.mapped_gradient
             if self._differs():
                 raise BatchingError(
                     "the model's potential energy neither runs with the chains on a plate (the model does not "
                     "broadcast over a leading dimension) nor under torch.func.vmap (a branch on a value)"
                 )
-        elif jit:
-            plain = self.evaluate
+        if jit:
+            self._compile()
+
+    def _compile(self) -> None:
+        r"""The potential and its gradient as one graph where it agrees with the plain
+        evaluation; where ``torch.func`` cannot trace the model (an enumeration's contraction),
+        the plate's potential traced by the PyTorch JIT under autograd, where that agrees."""
+        plain = self.evaluate
+        if self.how == "plate":
+            builds = {
+                "compiled": lambda: compiled_gradient(self.plate_potential, self.start),
+                "jit": lambda: plain_gradient(torch.jit.trace(self.plate_potential, self.start, check_trace=False)),
+            }
+        else:
+            builds = {"compiled": lambda: compiled_mapped_gradient(self.flat_potential, self.start)}
+        for how, build in builds.items():
             try:
-                self.evaluate, self.how = compiled_gradient(self.plate_potential, self.start), "plate, compiled"
-            except Exception:  # tracing fails in many ways; the plain evaluation remains
-                self.evaluate = plain
-            if self._differs():
-                self.evaluate, self.how = plain, "plate"
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    self.evaluate = build()
+            except Exception:  # tracing fails in many ways
+                continue
+            if not self._differs():
+                self.how += f", {how}"
+                return
+            self.evaluate = plain
 
     def sites(self, z: torch.Tensor) -> dict[str, torch.Tensor]:
         r"""The flat unconstrained points ``... x D`` as site name to ``... x shape``."""
@@ -142,11 +164,13 @@ where asked (``"plate, compiled"``: :func:`~aml_ppl.inference.compiled.compiled_
             log_det = log_det + constrain.log_abs_det_jacobian(unconstrained, draws[name]).reshape(z.shape[0], -1).sum(-1)
         return -(log_joint(self.model, draws, self.args, self.kwargs, self.structure) + log_det)
 
+    def mapped_gradient(self, points: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        r"""Pyro's potential and its gradient mapped over the chains by ``torch.func.vmap``."""
+        with pyro.validation_enabled(False):  # torch's argument checks too: a branch on a value
+            grads, values = self.mapped(points)
+        return values.detach(), grads.detach()
+
     def __call__(self, points: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.how == "vmap":
-            with pyro.validation_enabled(False):  # torch's argument checks too: a branch on a value
-                grads, values = self.mapped(points)
-            return values.detach(), grads.detach()
         return self.evaluate(points)
 
     def _differs(self) -> bool:

@@ -1,16 +1,19 @@
 """The potential energy and its gradient compiled into one graph (issue 30): equal to autograd
 through the model at points away from where it was traced, on Pyro's examples (eight schools,
-the LKJ covariance model, the GP tutorial's regression); an enumerated model, which
+the LKJ covariance model, the GP tutorial's regression), for one chain and for a batch of
+chains (on a plate, or mapped where the model does not broadcast); an enumerated model, which
 ``torch.func`` cannot trace, on Pyro's JIT instead; a matrix that is not positive definite a
 non-finite energy, as through the model."""
 
 import pyro
+import pyro.distributions as dist
 import pytest
 import torch
 
 from aml_ppl.inference.compiled import compiled_gradient, plain_gradient
 from aml_ppl.inference.nuts_kernel import flatten, model_gradient
 from aml_ppl.inference.tracing import agree
+from aml_ppl.inference.vectorised_nuts import ChainPotential
 from aml_ppl.testing.cases import MIX_Y, SCHOOLS_SIGMA, SCHOOLS_Y, eight_schools, enumerated_mixture
 from tests.inference.test_jit_check import gp_tutorial_regression, lkj_covariance
 
@@ -37,6 +40,33 @@ def test_the_compiled_gradient_is_autograds_through_the_model_away_from_the_trac
         point = z + scale * torch.randn_like(z)
         (value, grad), (expected_value, expected_grad) = compiled.gradient(point), plain.gradient(point)
         assert agree(value, expected_value) and agree(grad, expected_grad), scale
+
+
+def regression(X, y=None):
+    r"""``X @ beta`` does not broadcast over a leading chains dimension of ``beta``."""
+    beta = pyro.sample("beta", dist.Normal(torch.zeros(X.shape[1], dtype=X.dtype), 1.0).to_event(1))
+    with pyro.plate("data", X.shape[0]):
+        pyro.sample("obs", dist.Normal(X @ beta, 0.5), obs=y)
+
+
+@pytest.mark.parametrize(
+    "model, args, how",
+    [
+        (eight_schools, (SCHOOLS_SIGMA, SCHOOLS_Y), "plate, compiled"),
+        (regression, (LKJ_Y, LKJ_Y.sum(-1)), "vmap, compiled"),
+        (enumerated_mixture, (MIX_Y,), "plate, jit"),
+    ],
+    ids=["eight schools", "not broadcasting", "enumerated mixture"],
+)
+def test_the_chains_potential_is_compiled_each_way_and_is_pyros_chain_by_chain(model, args, how):
+    pyro.set_rng_seed(0)
+    potential = ChainPotential(model, args, {}, num_chains=3)
+    assert potential.how == how
+    points = potential.start + torch.randn_like(potential.start)
+    values, grads = potential(points)
+    for chain in range(3):
+        expected_value, expected_grad = plain_gradient(potential.flat_potential)(points[chain])
+        assert agree(values[chain], expected_value) and agree(grads[chain], expected_grad)
 
 
 def test_a_batch_of_points_gets_each_points_value_and_gradient():
