@@ -110,8 +110,10 @@ class NUTS(Engine):
         target_accept_prob: Step-size adaptation target.
         max_tree_depth: NUTS tree depth at most.
         full_mass: Adapt a dense mass matrix.
-        jit_compile: Trace the potential energy and its gradient with the PyTorch JIT
-            (Pyro's ``jit_compile``). ``None`` (the default): where the model traces
+        jit_compile: Compile the potential energy and its gradient into one graph
+            (:func:`~aml_ppl.inference.nuts_kernel.model_gradient`: ``make_fx`` of
+            ``torch.func.grad`` frozen by the PyTorch JIT; Pyro's ``jit_compile`` for an
+            enumerated model). ``None`` (the default): where the model traces
             faithfully (see :func:`jit_problem`), else without it and with a
             ``JitFallbackWarning`` (silently for a model that declares
             ``jit_traceable = False``, the GPs); ``False`` never.

@@ -39,7 +39,7 @@ BLOCK = ("latent",)
 # trajectory's two ends against its sum, the first half's left end and the second's left
 # end against the sum up to the latter, the first's right end and the second's right end
 # against the sum from the former.
-_TURN_PAIRS = torch.tensor([0, 3, 1, 7, 11, 5])
+_TURN_PAIRS = (0, 3, 1, 7, 11, 5)
 
 
 @dataclass
@@ -258,7 +258,8 @@ class MultinomialNUTS(MCMCKernel):
         momentum_sum = first.momentum_sum + second.momentum_sum
         ends = torch.stack((first.left.velocity, second.right.velocity, second.left.velocity, first.right.velocity))
         sums = torch.stack((momentum_sum, first.momentum_sum + second.left.r, first.right.r + second.momentum_sum))
-        turning = bool((torch.mm(ends, sums.T).flatten()[_TURN_PAIRS] <= 0).any())
+        products = torch.mm(ends, sums.T).flatten().tolist()
+        turning = any(products[index] <= 0 for index in _TURN_PAIRS)
         return _Tree(first.left, second.right, proposal, log_weight, momentum_sum, steps=counts.steps,
                      accept_sum=counts.accept_sum, diverging=counts.diverging, turning=turning)
 
