@@ -109,6 +109,9 @@ class MultinomialNUTS(MCMCKernel):
             have been refused, so ``n_steps`` is at most :math:`2^{\text{depth} + 1} - 1`),
             ``acceptance_rate`` is the mean of :math:`\min(1, e^{H_0 - H})` over the
             trajectory's steps, ``energy`` is :math:`H_0`, ``lp`` is :math:`-U` at the draw.
+        choices: The generator of the tree's choices (direction, proposal), the kernel's own,
+            seeded in :meth:`setup` by one draw from torch's, so ``pyro.set_rng_seed`` and
+            ``fit(seed=...)`` fix it.
 
     Example:
         >>> import pyro, pyro.distributions as dist, torch
@@ -156,6 +159,7 @@ class MultinomialNUTS(MCMCKernel):
         self.warmup_steps = warmup_steps
         self.iteration = 0
         self.records = {name: [] for name in SAMPLE_STATS}
+        self.choices = random.Random(int(torch.randint(2**62, ()).item()))
         size = z.numel()
         self.adapter.configure(
             warmup_steps, mass_matrix_shape={BLOCK: (size, size) if self.full_mass else (size,)},
@@ -204,12 +208,12 @@ class MultinomialNUTS(MCMCKernel):
     def _transition(self, start: _State, energy: float, step_size: float) -> tuple[_Tree, int]:
         r"""Double the trajectory from ``start`` until it turns, diverges or reaches the depth
         cap; returns the whole tree (its ``proposal`` the next state) and the depth reached.
-        The choices (direction, proposal) are drawn from Python's generator, which
-        ``pyro.set_rng_seed`` and ``fit(seed=...)`` seed as torch's."""
+        The choices (direction, proposal) are drawn from the kernel's own generator
+        (``choices``), seeded in :meth:`setup` by one draw from torch's."""
         tree = _Tree(start, start, start, 0.0, start.r, steps=0, accept_sum=0.0)
         depth = 0
         while depth < self.max_tree_depth:
-            forward = random.random() < 0.5
+            forward = self.choices.random() < 0.5
             subtree = self._build(tree.right if forward else tree.left, forward, depth, energy, step_size)
             tree.steps += subtree.steps
             tree.accept_sum += subtree.accept_sum
@@ -217,7 +221,7 @@ class MultinomialNUTS(MCMCKernel):
                 tree.diverging = subtree.diverging
                 break
             depth += 1
-            if random.random() < math.exp(min(subtree.log_weight - tree.log_weight, 0.0)):  # biased towards the new
+            if self.choices.random() < math.exp(min(subtree.log_weight - tree.log_weight, 0.0)):  # biased towards the new
                 tree.proposal = subtree.proposal
             first, second = (tree, subtree) if forward else (subtree, tree)
             tree = self._merge(first, second, tree.proposal, _logaddexp(tree.log_weight, subtree.log_weight), tree)
@@ -246,7 +250,7 @@ class MultinomialNUTS(MCMCKernel):
             counts.diverging, counts.turning = outer.diverging, outer.turning
             return counts
         log_weight = _logaddexp(inner.log_weight, outer.log_weight)
-        take_outer = random.random() < math.exp(min(outer.log_weight - log_weight, 0.0))
+        take_outer = self.choices.random() < math.exp(min(outer.log_weight - log_weight, 0.0))
         first, second = (inner, outer) if forward else (outer, inner)
         return self._merge(first, second, outer.proposal if take_outer else inner.proposal, log_weight, counts)
 
