@@ -22,6 +22,7 @@ from botorch.models.model import Model
 from gpytorch.kernels import Kernel
 from gpytorch.likelihoods import FixedNoiseGaussianLikelihood, GaussianLikelihood
 from gpytorch.models import ExactGP
+from scipy.linalg import lapack
 from torch import Tensor
 
 from aml_ppl._core.linalg import plus_diagonal, robust_cholesky, solve_lower
@@ -261,19 +262,28 @@ class _ExactParts(NamedTuple):
         given :math:`f_P` is at most ``tolerance`` :math:`\rho^2`: conditioning on the
         rest of :math:`A` then changes nothing measurable (``tolerance=0`` keeps every point
         with variance left). The targets ``first`` (indices) are tried as pivots first.
-        Without a target, :math:`A` holds every candidate, and the second is 0."""
+        A candidate that is a target point has no variance given :math:`f_A`; only the
+        others are projected and conditioned. Without a target, :math:`A` holds every
+        candidate, and the second is 0."""
         if target is None:
             variance = self.projected(X)[0]
             return variance, torch.zeros_like(variance)
+        position = _rows_in(X, target)
+        outside = position < 0
+        X = X[outside]
         variances, projection = self.projected(torch.cat([X, target]))
         b = X.shape[0]
         variance, projected_X, diagonal, projected_A = variances[:b], projection[:, :b], variances[b:], projection[:, b:]
+        all_variances = diagonal[position.clamp_min(0)].masked_scatter(outside, variance)
+        conditional = torch.zeros_like(all_variances)
+        if b == 0:
+            return all_variances, conditional
 
         def covariance(rows: Tensor, rows_projected: Tensor, index: Tensor) -> Tensor:
             return self.kernel(rows, target[index]).to_dense() - rows_projected.T @ projected_A[:, index]
 
         scale = float(diagonal.detach().mean().clamp_min(1e-12))
-        pivots = _pivots(
+        pivots, pivot_chol = _pivots(
             diagonal,
             lambda index, rows: covariance(target[rows], projected_A[:, rows], index),
             lambda index: covariance(target[index], projected_A[:, index], index),
@@ -281,17 +291,21 @@ class _ExactParts(NamedTuple):
             jitter * scale,
             first,
         )
-        pivot_covariance = covariance(target[pivots], projected_A[:, pivots], pivots)
-        pivot_chol = robust_cholesky(plus_diagonal(pivot_covariance, jitter * scale), "the selected targets' covariance")
         cross = covariance(X, projected_X, pivots)
         explained = torch.linalg.solve_triangular(pivot_chol, cross.T, upper=False).square().sum(0)
-        return variance, (variance - explained).clamp_min(0)
+        return all_variances, conditional.masked_scatter(outside, (variance - explained).clamp_min(0))
+
+
+def _rows_in(points: Tensor, rows: Tensor) -> Tensor:
+    r"""For each of ``points`` (``b x d``), the index of an equal row of ``rows`` (``m x d``), else -1."""
+    equal = (points[:, None, :] == rows[None, :, :]).all(-1)
+    return torch.where(equal.any(1), equal.to(torch.uint8).argmax(1), -1)
 
 
 def _pivots(
     diagonal: Tensor, columns: Callable[[Tensor, Tensor], Tensor], submatrix: Callable[[Tensor], Tensor],
     tolerance: float, jitter: float, first: Tensor | None = None, block: int = 64,
-) -> Tensor:
+) -> tuple[Tensor, Tensor]:
     r"""Indices of a greedy pivoted Cholesky factorisation of an ``m x m`` PSD matrix given
     its diagonal, ``columns(index, rows)`` (its entries at ``rows x index``) and
     ``submatrix(index)`` (the rows and columns ``index``), stopping when every residual
@@ -304,12 +318,14 @@ def _pivots(
     added to the block's diagonal. Points whose residual variance is at most ``tolerance``
     can never be chosen and leave the factorisation, whose cost is the points still open
     times the rank. ``first`` (indices) are offered as the first block, all at once: one
-    large block in place of many small rounds."""
+    large block in place of many small rounds. Returns the indices and the lower Cholesky
+    factor of the matrix at them (in their order; each block's diagonal block with its
+    ``jitter``), as the factorisation formed it."""
     residual = diagonal.detach().clone()
     limit = max(float(tolerance), 1e-12 * float(residual.max().clamp_min(1e-300)))
     open_points = torch.arange(residual.shape[0], device=residual.device)
     factor = residual.new_empty(min(residual.shape[0], 16 * block), residual.shape[0])  # a row per pivot
-    rank, chosen = 0, []
+    rank, chosen, chol_columns = 0, [], []  # the factor's columns at each block's pivots
     while True:
         if first is not None:  # the first round only, before any point has left
             pool, stop, count, first = first[residual[first] > limit], limit, first.numel(), None
@@ -319,7 +335,7 @@ def _pivots(
             largest = residual.topk(min(4 * block + 1, residual.shape[0]))
             pool = largest.indices[: 4 * block][largest.values[: 4 * block] > limit]
             if pool.numel() == 0:
-                return torch.cat(chosen) if chosen else open_points[:0]
+                return _chosen(chosen, chol_columns, residual)
             outside = float(largest.values[4 * block]) if largest.values.shape[0] > 4 * block else 0.0
             stop, count = max(limit, 0.01 * outside), block
         pool_factor = factor[:rank, pool]
@@ -333,6 +349,7 @@ def _pivots(
         if rank:
             selected_rows = selected_rows - pool_factor[:, picked].T @ factor[:rank]
         block_chol = torch.linalg.cholesky(plus_diagonal(pool_matrix[picked][:, picked], jitter))
+        chol_columns.append(torch.cat([factor[:rank, selected], block_chol.T]))
         new = solve_lower(block_chol, selected_rows)
         if rank + new.shape[0] > factor.shape[0]:
             factor = torch.cat([factor[:rank], factor.new_empty(factor.shape)])
@@ -349,24 +366,25 @@ def _pivots(
             residual, open_points = residual[still_open], open_points[still_open]
 
 
+def _chosen(chosen: list[Tensor], chol_columns: list[Tensor], like: Tensor) -> tuple[Tensor, Tensor]:
+    r"""The chosen indices, and the lower Cholesky factor at them assembled from each block's
+    columns (``like``: a tensor of the factor's dtype and device)."""
+    rank = sum(columns.shape[1] for columns in chol_columns)
+    upper = like.new_zeros(rank, rank)
+    start = 0
+    for columns in chol_columns:
+        upper[: columns.shape[0], start : start + columns.shape[1]] = columns
+        start += columns.shape[1]
+    indices = torch.cat(chosen) if chosen else torch.zeros(0, dtype=torch.long, device=like.device)
+    return indices, upper.T
+
+
 def _greedy_pivots(matrix: Tensor, limit: float, count: int) -> Tensor:
     r"""Up to ``count`` pivots of a greedy pivoted Cholesky factorisation of a small PSD
-    ``matrix`` (largest residual variance first, none at or below ``limit``); on NumPy,
-    whose per-operation cost is small next to torch's on such matrices."""
-    residual_matrix = matrix.detach().cpu().numpy()
-    residual = residual_matrix.diagonal().copy()
-    factor = np.zeros((residual.shape[0], count))
-    picked = []
-    for step in range(count):
-        pivot = int(residual.argmax())
-        if residual[pivot] <= limit:
-            break
-        column = (residual_matrix[:, pivot] - factor[:, :step] @ factor[pivot, :step]) / np.sqrt(residual[pivot])
-        factor[:, step] = column
-        residual -= column**2
-        residual[pivot] = 0.0
-        picked.append(pivot)
-    return torch.tensor(picked, dtype=torch.long, device=matrix.device)
+    ``matrix`` (largest residual variance first, none at or below ``limit``): LAPACK's
+    ``dpstrf``, whose blocked loop costs a sixth of a Python one's on 300 pivots."""
+    _, pivots, rank, _ = lapack.dpstrf(matrix.detach().cpu().double().numpy(), tol=limit, lower=1)
+    return torch.from_numpy(pivots[: min(rank, count)].astype(np.int64) - 1).to(matrix.device)
 
 
 def prior_pivots(model: Model, points: Tensor, tolerance: float = 1e-6) -> Tensor:
@@ -392,7 +410,7 @@ def prior_pivots(model: Model, points: Tensor, tolerance: float = 1e-6) -> Tenso
     inputs = model.transform_inputs(points)
     with torch.no_grad(), gpytorch.settings.lazily_evaluate_kernels(False):
         diagonal = parts.kernel(inputs, diag=True)
-        pivots = _pivots(
+        pivots, _ = _pivots(
             diagonal,
             lambda index, rows: parts.kernel(inputs[rows], inputs[index]).to_dense(),
             lambda index: parts.kernel(inputs[index]).to_dense(),

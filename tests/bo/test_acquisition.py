@@ -51,7 +51,7 @@ def closed_form_information(train_X, x, target):
 def test_itl_is_the_closed_form_mutual_information(gp):
     model, train_X = gp
     target = torch.tensor([[0.15], [0.55], [0.9]], dtype=torch.float64)
-    candidates = torch.tensor([[0.05], [0.3], [0.6], [1.2]], dtype=torch.float64)
+    candidates = torch.tensor([[0.05], [0.3], [0.55], [0.6], [1.2]], dtype=torch.float64)  # 0.55: a target point
     ours = ITL(model, target=target, jitter=0.0)(candidates[:, None, :])
     for value, x in zip(ours, candidates):
         assert value.item() == pytest.approx(closed_form_information(train_X, x[None], target), abs=1e-9)
@@ -137,6 +137,7 @@ def test_the_kernel_path_equals_botorchs_joint_posterior(monkeypatch, pending):
     model = SingleTaskGP(train_X, train_Y, input_transform=Normalize(2), outcome_transform=Standardize(1)).eval()
     target = 4 * torch.rand(25, 2, dtype=torch.float64, generator=generator) - 2
     candidates = (4 * torch.rand(40, 2, dtype=torch.float64, generator=generator) - 2)[:, None, :]
+    candidates = torch.cat([candidates, target[:5, None, :]])  # some candidates are target points
     acquisitions = {
         "itl": lambda: ITL(model, target=target, tolerance=0.0),
         "vtl": lambda: VTL(model, target=target),
@@ -173,7 +174,8 @@ def test_models_with_the_same_covariance_are_computed_once(gp, monkeypatch):
 @pytest.mark.parametrize("first", [None, "grid", "crowded", "none"])
 def test_pivots_leave_every_other_target_within_the_tolerance(first):
     r"""The blocked pivoted Cholesky (targets leaving once explained) stops only when every
-    target's variance given the chosen ones, computed directly, is at most the tolerance; on
+    target's variance given the chosen ones, computed directly, is at most the tolerance, and
+    the factor it assembles is theirs; on
     a dense 2-d grid that takes far fewer pivots than targets. So it does when first offered
     a coarse sub-grid, a crowd of neighbours that explain each other, or nothing."""
     from aml_ppl.bo.acquisition import _pivots
@@ -183,12 +185,15 @@ def test_pivots_leave_every_other_target_within_the_tolerance(first):
     covariance = torch.exp(-0.5 * torch.cdist(points, points).square())
     tolerance = 1e-6
     offered = {None: None, "grid": torch.arange(0, 900, 7), "crowded": torch.arange(0, 60), "none": torch.arange(0)}[first]
-    pivots = _pivots(
+    pivots, factor = _pivots(
         covariance.diagonal(), lambda index, rows: covariance[rows][:, index], lambda index: covariance[index][:, index],
         tolerance, 1e-12, offered,
     )
     assert pivots.unique().numel() == pivots.numel() < points.shape[0] // 3
     chol = torch.linalg.cholesky(covariance[pivots][:, pivots])
+    # The factor assembled from the blocks is the chosen points' Cholesky factor (with the jitter).
+    assert torch.equal(factor, factor.tril())
+    torch.testing.assert_close(factor @ factor.T, covariance[pivots][:, pivots], rtol=0, atol=1e-11)
     explained = torch.linalg.solve_triangular(chol, covariance[pivots], upper=False).square().sum(0)
     assert (covariance.diagonal() - explained).max() <= 1.01 * tolerance
 
