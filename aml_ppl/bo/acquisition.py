@@ -369,14 +369,11 @@ def _pivots(
 def _chosen(chosen: list[Tensor], chol_columns: list[Tensor], like: Tensor) -> tuple[Tensor, Tensor]:
     r"""The chosen indices, and the lower Cholesky factor at them assembled from each block's
     columns (``like``: a tensor of the factor's dtype and device)."""
+    if not chosen:
+        return torch.zeros(0, dtype=torch.long, device=like.device), like.new_zeros(0, 0)
     rank = sum(columns.shape[1] for columns in chol_columns)
-    upper = like.new_zeros(rank, rank)
-    start = 0
-    for columns in chol_columns:
-        upper[: columns.shape[0], start : start + columns.shape[1]] = columns
-        start += columns.shape[1]
-    indices = torch.cat(chosen) if chosen else torch.zeros(0, dtype=torch.long, device=like.device)
-    return indices, upper.T
+    upper = torch.cat([torch.nn.functional.pad(columns, (0, 0, 0, rank - columns.shape[0])) for columns in chol_columns], 1)
+    return torch.cat(chosen), upper.T
 
 
 def _greedy_pivots(matrix: Tensor, limit: float, count: int) -> Tensor:

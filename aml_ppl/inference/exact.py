@@ -182,6 +182,7 @@ class Exact(Engine):
     ``duplicate_tolerance`` of a better one are stopped there, and only the distinct
     optima found are optimised on all the data (as one batch, the same early stop; from
     ``2 * warm_up_size`` points, first on ``warm_up_size`` of them); the best is kept (a failing start loses no other).
+    On the conjugate-gradient path a start stops, converged, where no gain is above the estimate's resolution.
     ``history`` holds the log marginal likelihood per evaluation of the winning run;
     ``convergence`` says how it stopped and how many ``distinct_optima`` the last stage
     held, and a :class:`ConvergenceWarning` is raised when the winner did not converge.
@@ -332,6 +333,7 @@ class Exact(Engine):
         return minimise_lbfgs_batch(
             points, flat, self.max_iter or 1000, tolerance_change=max(tolerance_change, flat.objective.precision),
             duplicate_tolerance=(duplicate_tolerance or self.duplicate_tolerance) if self.early_stop else None,
+            resolution=flat.objective.precision,
         )
 
     def _warn_of_cap(self, iterations: int, gradient_norm: float) -> None:

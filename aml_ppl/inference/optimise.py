@@ -183,7 +183,12 @@ class BatchOptimisationResult:
 def _two_loop(gradient: torch.Tensor, steps: torch.Tensor, changes: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     r"""L-BFGS's two-loop recursion per member: :math:`-H g` from the stored step and
     gradient-change pairs (newest first, ``B x m x p``; ``valid`` marks the stored ones),
-    :math:`H_0 = (s^\top y / y^\top y) I` from the newest pair (Nocedal & Wright, Alg. 7.4)."""
+    :math:`H_0 = (s^\top y / y^\top y) I` from the newest pair (Nocedal & Wright, Alg. 7.4).
+    The stored pairs are a prefix of the slots, so the loops stop at the longest one."""
+    stored = int(valid.sum(1).max()) if valid.numel() else 0
+    if stored == 0:
+        return -gradient
+    steps, changes, valid = steps[:, :stored], changes[:, :stored], valid[:, :stored]
     curvature = (steps * changes).sum(-1)
     inverse_curvature = torch.where(valid, 1 / curvature.where(valid, 1.0), 0.0)
     direction = gradient.clone()
@@ -209,20 +214,28 @@ def _weak_wolfe(
     slope: torch.Tensor,
     length: torch.Tensor,
     max_trials: int,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    resolution: float = 0.0,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     r"""A step per member satisfying the weak Wolfe conditions
     :math:`f(x + td) \le f(x) + 10^{-4} t g^\top d` and :math:`\nabla f(x + td)^\top d \ge 0.9\, g^\top d`
     by bracketing (Lewis & Overton 2013): double ``t`` while the first holds and the second
     does not; once a trial fails the first, interpolate (from :math:`t = 0`) or bisect the
     bracket. Each trial evaluates the members still
-    searching at once. Returns ``(found, points, loss, gradient)``: ``found`` where a point
-    satisfying the first condition was reached (the Wolfe point, else the last such one).
+    searching at once. A member stops searching where the next trial's linear gain
+    :math:`-t g^\top d` is below ``resolution`` (an estimated objective's: no trial could
+    show a decrease it can resolve). Returns ``(found, points, loss, gradient, unresolved)``:
+    ``found`` where a point satisfying the first condition was reached (the Wolfe point,
+    else the last such one), ``unresolved`` where none was and the search stopped so.
     """
     low, high = torch.zeros_like(loss), torch.full_like(loss, torch.inf)
     found = torch.zeros_like(loss, dtype=torch.bool)
+    unresolved = torch.zeros_like(found)
     new_points, new_loss, new_gradient = start.clone(), loss.clone(), torch.zeros_like(start)
     searching = slope < 0
     for _ in range(max_trials):
+        below = searching & (-length * slope < resolution)
+        unresolved |= below & ~found
+        searching &= ~below
         if not bool(searching.any()):
             break
         trying = searching.nonzero()[:, 0]
@@ -243,7 +256,7 @@ def _weak_wolfe(
         quadratic = torch.nan_to_num(-slope[trying] * trial**2 / (2 * excess), nan=0.1, posinf=0.1, neginf=0.1)
         shrunk = torch.where(low[trying] == 0, quadratic.clamp(0.1 * trial, 0.5 * trial), (low[trying] + high[trying]) / 2)
         length[trying] = torch.where(torch.isinf(high[trying]), 2 * trial, shrunk)
-    return found, new_points, new_loss, new_gradient
+    return found, new_points, new_loss, new_gradient, unresolved
 
 
 def _mark_duplicates(
@@ -274,6 +287,7 @@ def minimise_lbfgs_batch(
     history_size: int = 20,
     duplicate_tolerance: float | None = None,
     max_trials: int = 25,
+    resolution: float = 0.0,
 ) -> BatchOptimisationResult:
     r"""Minimise a batch of independent problems together: L-BFGS per member (its own
     history, step length and stopping), one call of ``objective`` per line-search trial
@@ -293,6 +307,8 @@ def minimise_lbfgs_batch(
         max_iter, tolerance_grad, tolerance_change, history_size: As :func:`minimise_lbfgs`'s.
         duplicate_tolerance: See above; ``None`` runs every member to its end.
         max_trials: Line-search trials per step before a member stops unconverged.
+        resolution: An estimated objective's resolution: a member whose line search can no
+            longer expect a gain above it stops there, converged to that resolution.
 
     Returns:
         A :class:`BatchOptimisationResult`.
@@ -329,8 +345,8 @@ def minimise_lbfgs_batch(
         slope[uphill] = -gradient[members[uphill]].square().sum(-1)
         unscaled = ~stored[members, 0]  # no curvature pair yet: a first step of at most 1 / |g|_1
         length = torch.where(unscaled, (1 / direction.abs().sum(-1)).clamp(max=1.0), 1.0)
-        moved, new_points, new_loss, new_gradient = _weak_wolfe(
-            evaluate, members, points[members], loss[members], direction, slope, length, max_trials
+        moved, new_points, new_loss, new_gradient, unresolved = _weak_wolfe(
+            evaluate, members, points[members], loss[members], direction, slope, length, max_trials, resolution
         )
         new_gradient = torch.where(moved[:, None], new_gradient, gradient[members])
         step, change = new_points - points[members], new_gradient - gradient[members]
@@ -341,7 +357,7 @@ def minimise_lbfgs_batch(
         small = ((loss[members] - new_loss).abs() < tolerance_change) | (step.abs().amax(-1) <= tolerance_change)
         points[members], loss[members], gradient[members] = new_points, new_loss, new_gradient
         iterations[members] += 1
-        done = moved & (small | (new_gradient.abs().amax(-1) <= tolerance_grad))
+        done = (moved & (small | (new_gradient.abs().amax(-1) <= tolerance_grad))) | unresolved
         converged[members] = done
         active[members] = moved & ~done & (iterations[members] < max_iter)
         if duplicate_tolerance is not None:

@@ -65,6 +65,29 @@ def test_the_batched_optimiser_solves_rosenbrock_per_member():
     assert result.loss[at_one].max() < 1e-8
 
 
+def test_the_line_search_stops_at_an_estimated_objectives_resolution():
+    """A quadratic whose gradient estimate is off by up to 0.02 in each coordinate, an error
+    that changes from point to point (as the conjugate-gradient estimate's value and gradient
+    disagree near the optimum): with ``resolution=1e-3``
+    every member stops converged within that resolution of the minimum, spending at most
+    about two evaluations a step; without it a last line search runs until its trial cap and
+    its member ends unconverged."""
+    centre = torch.tensor([1.0, -2.0, 0.5], dtype=torch.float64)
+
+    def estimated(points):
+        return (points - centre).square().sum(-1), 2 * (points - centre) + 0.02 * torch.sin(1e3 * points)
+
+    starts = torch.randn(4, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    for resolution in (1e-3, 0.0):
+        result = minimise_lbfgs_batch(starts, estimated, 200, tolerance_change=1e-9, resolution=resolution)
+        evaluations = max(len(losses) for losses in result.losses)
+        if resolution:
+            assert result.converged.all() and (result.loss <= 1e-3).all()
+            assert evaluations <= 2 * int(result.iterations.max()) + 2
+        else:
+            assert not result.converged.all() and evaluations >= 25
+
+
 def periodic_data():
     """One input, a period of 1.3 and a weaker one of 4.1: period starts fall into several basins."""
     generator = torch.Generator().manual_seed(3)
