@@ -298,8 +298,11 @@ class _ExactParts(NamedTuple):
 
 def _rows_in(points: Tensor, rows: Tensor) -> Tensor:
     r"""For each of ``points`` (``b x d``), the index of an equal row of ``rows`` (``m x d``), else -1."""
-    equal = (points[:, None, :] == rows[None, :, :]).all(-1)
-    return torch.where(equal.any(1), equal.to(torch.uint8).argmax(1), -1)
+    positions = []
+    for part in points.split(max(1, 2**24 // max(rows.numel(), 1))):  # a bounded b x m x d comparison at a time
+        equal = (part[:, None, :] == rows[None, :, :]).all(-1)
+        positions.append(torch.where(equal.any(1), equal.to(torch.uint8).argmax(1), -1))
+    return torch.cat(positions)
 
 
 def _pivots(
@@ -318,9 +321,8 @@ def _pivots(
     added to the block's diagonal. Points whose residual variance is at most ``tolerance``
     can never be chosen and leave the factorisation, whose cost is the points still open
     times the rank. ``first`` (indices) are offered as the first block, all at once: one
-    large block in place of many small rounds. Returns the indices and the lower Cholesky
-    factor of the matrix at them (in their order; each block's diagonal block with its
-    ``jitter``), as the factorisation formed it."""
+    large block in place of many small rounds. Returns the indices and the lower Cholesky factor
+    of the matrix at them, in their order, as the blocks formed it (``jitter`` on each block)."""
     residual = diagonal.detach().clone()
     limit = max(float(tolerance), 1e-12 * float(residual.max().clamp_min(1e-300)))
     open_points = torch.arange(residual.shape[0], device=residual.device)
@@ -367,8 +369,7 @@ def _pivots(
 
 
 def _chosen(chosen: list[Tensor], chol_columns: list[Tensor], like: Tensor) -> tuple[Tensor, Tensor]:
-    r"""The chosen indices, and the lower Cholesky factor at them assembled from each block's
-    columns (``like``: a tensor of the factor's dtype and device)."""
+    r"""The chosen indices, and their lower Cholesky factor from each block's columns (dtype of ``like``)."""
     if not chosen:
         return torch.zeros(0, dtype=torch.long, device=like.device), like.new_zeros(0, 0)
     rank = sum(columns.shape[1] for columns in chol_columns)
@@ -377,9 +378,8 @@ def _chosen(chosen: list[Tensor], chol_columns: list[Tensor], like: Tensor) -> t
 
 
 def _greedy_pivots(matrix: Tensor, limit: float, count: int) -> Tensor:
-    r"""Up to ``count`` pivots of a greedy pivoted Cholesky factorisation of a small PSD
-    ``matrix`` (largest residual variance first, none at or below ``limit``): LAPACK's
-    ``dpstrf``, whose blocked loop costs a sixth of a Python one's on 300 pivots."""
+    r"""Up to ``count`` pivots of a greedy pivoted Cholesky factorisation of a small PSD ``matrix``
+    (largest residual variance first, none at or below ``limit``; LAPACK's ``dpstrf``)."""
     _, pivots, rank, _ = lapack.dpstrf(matrix.detach().cpu().double().numpy(), tol=limit, lower=1)
     return torch.from_numpy(pivots[: min(rank, count)].astype(np.int64) - 1).to(matrix.device)
 
