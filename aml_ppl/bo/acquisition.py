@@ -14,7 +14,6 @@ from __future__ import annotations
 from typing import Any, Callable, ClassVar, NamedTuple, Sequence
 
 import gpytorch
-import numpy as np
 import torch
 from botorch.acquisition import AcquisitionFunction
 from botorch.models import ModelListGP
@@ -22,10 +21,10 @@ from botorch.models.model import Model
 from gpytorch.kernels import Kernel
 from gpytorch.likelihoods import FixedNoiseGaussianLikelihood, GaussianLikelihood
 from gpytorch.models import ExactGP
-from scipy.linalg import lapack
 from torch import Tensor
 
 from aml_ppl._core.linalg import plus_diagonal, robust_cholesky, solve_lower
+from aml_ppl.bo.pivots import blocked_pivots
 from aml_ppl._core.registry import Registry
 from aml_ppl.errors import InputDataError
 
@@ -283,7 +282,7 @@ class _ExactParts(NamedTuple):
             return self.kernel(rows, target[index]).to_dense() - rows_projected.T @ projected_A[:, index]
 
         scale = float(diagonal.detach().mean().clamp_min(1e-12))
-        pivots, pivot_chol = _pivots(
+        pivots, pivot_chol = blocked_pivots(
             diagonal,
             lambda index, rows: covariance(target[rows], projected_A[:, rows], index),
             lambda index: covariance(target[index], projected_A[:, index], index),
@@ -303,85 +302,6 @@ def _rows_in(points: Tensor, rows: Tensor) -> Tensor:
         equal = (part[:, None, :] == rows[None, :, :]).all(-1)
         positions.append(torch.where(equal.any(1), equal.to(torch.uint8).argmax(1), -1))
     return torch.cat(positions)
-
-
-def _pivots(
-    diagonal: Tensor, columns: Callable[[Tensor, Tensor], Tensor], submatrix: Callable[[Tensor], Tensor],
-    tolerance: float, jitter: float, first: Tensor | None = None, block: int = 64,
-) -> tuple[Tensor, Tensor]:
-    r"""Indices of a greedy pivoted Cholesky factorisation of an ``m x m`` PSD matrix given
-    its diagonal, ``columns(index, rows)`` (its entries at ``rows x index``) and
-    ``submatrix(index)`` (the rows and columns ``index``), stopping when every residual
-    variance is at most ``tolerance``. Blocked: each round takes the ``4 * block`` points of
-    largest residual variance, chooses up to ``block`` pivots among them greedily on their
-    small residual matrix (:func:`_greedy_pivots`: neighbours a chosen pivot already
-    explains are passed over; it stops once the pool's largest residual is below 1 % of the
-    largest outside the pool, so the rank stays near the unblocked greedy one), and only
-    then forms the chosen pivots' columns, conditioning on their values with ``jitter``
-    added to the block's diagonal. Points whose residual variance is at most ``tolerance``
-    can never be chosen and leave the factorisation, whose cost is the points still open
-    times the rank. ``first`` (indices) are offered as the first block, all at once: one
-    large block in place of many small rounds. Returns the indices and the lower Cholesky factor
-    of the matrix at them, in their order, as the blocks formed it (``jitter`` on each block)."""
-    residual = diagonal.detach().clone()
-    limit = max(float(tolerance), 1e-12 * float(residual.max().clamp_min(1e-300)))
-    open_points = torch.arange(residual.shape[0], device=residual.device)
-    factor = residual.new_empty(min(residual.shape[0], 16 * block), residual.shape[0])  # a row per pivot
-    rank, chosen, chol_columns = 0, [], []  # the factor's columns at each block's pivots
-    while True:
-        if first is not None:  # the first round only, before any point has left
-            pool, stop, count, first = first[residual[first] > limit], limit, first.numel(), None
-            if pool.numel() == 0:
-                continue
-        else:
-            largest = residual.topk(min(4 * block + 1, residual.shape[0]))
-            pool = largest.indices[: 4 * block][largest.values[: 4 * block] > limit]
-            if pool.numel() == 0:
-                return _chosen(chosen, chol_columns, residual)
-            outside = float(largest.values[4 * block]) if largest.values.shape[0] > 4 * block else 0.0
-            stop, count = max(limit, 0.01 * outside), block
-        pool_factor = factor[:rank, pool]
-        pool_matrix = submatrix(open_points[pool]) - pool_factor.T @ pool_factor
-        picked = _greedy_pivots(pool_matrix, stop, count)
-        if picked.numel() == 0:  # explained after all: the residual vector rounds differently
-            residual[pool] = 0
-            continue
-        selected = pool[picked]
-        selected_rows = columns(open_points[selected], open_points).T
-        if rank:
-            selected_rows = selected_rows - pool_factor[:, picked].T @ factor[:rank]
-        block_chol = torch.linalg.cholesky(plus_diagonal(pool_matrix[picked][:, picked], jitter))
-        chol_columns.append(torch.cat([factor[:rank, selected], block_chol.T]))
-        new = solve_lower(block_chol, selected_rows)
-        if rank + new.shape[0] > factor.shape[0]:
-            factor = torch.cat([factor[:rank], factor.new_empty(factor.shape)])
-        factor[rank : rank + new.shape[0]] = new
-        rank += new.shape[0]
-        residual = (residual - new.square().sum(0)).clamp_min(0)
-        residual[selected] = 0  # chosen: known up to the added jitter
-        chosen.append(open_points[selected])
-        still_open = residual > limit
-        if int(still_open.sum()) < 0.75 * residual.shape[0]:
-            kept = factor.new_empty(factor.shape[0], int(still_open.sum()))
-            kept[:rank] = factor[:rank, still_open]  # the closed points' columns are never read again
-            factor = kept
-            residual, open_points = residual[still_open], open_points[still_open]
-
-
-def _chosen(chosen: list[Tensor], chol_columns: list[Tensor], like: Tensor) -> tuple[Tensor, Tensor]:
-    r"""The chosen indices, and their lower Cholesky factor from each block's columns (dtype of ``like``)."""
-    if not chosen:
-        return torch.zeros(0, dtype=torch.long, device=like.device), like.new_zeros(0, 0)
-    rank = sum(columns.shape[1] for columns in chol_columns)
-    upper = torch.cat([torch.nn.functional.pad(columns, (0, 0, 0, rank - columns.shape[0])) for columns in chol_columns], 1)
-    return torch.cat(chosen), upper.T
-
-
-def _greedy_pivots(matrix: Tensor, limit: float, count: int) -> Tensor:
-    r"""Up to ``count`` pivots of a greedy pivoted Cholesky factorisation of a small PSD ``matrix``
-    (largest residual variance first, none at or below ``limit``; LAPACK's ``dpstrf``)."""
-    _, pivots, rank, _ = lapack.dpstrf(matrix.detach().cpu().double().numpy(), tol=limit, lower=1)
-    return torch.from_numpy(pivots[: min(rank, count)].astype(np.int64) - 1).to(matrix.device)
 
 
 def prior_pivots(model: Model, points: Tensor, tolerance: float = 1e-6) -> Tensor:
@@ -407,7 +327,7 @@ def prior_pivots(model: Model, points: Tensor, tolerance: float = 1e-6) -> Tenso
     inputs = model.transform_inputs(points)
     with torch.no_grad(), gpytorch.settings.lazily_evaluate_kernels(False):
         diagonal = parts.kernel(inputs, diag=True)
-        pivots, _ = _pivots(
+        pivots, _ = blocked_pivots(
             diagonal,
             lambda index, rows: parts.kernel(inputs[rows], inputs[index]).to_dense(),
             lambda index: parts.kernel(inputs[index]).to_dense(),

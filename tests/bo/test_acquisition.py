@@ -178,14 +178,14 @@ def test_pivots_leave_every_other_target_within_the_tolerance(first):
     the factor it assembles is theirs; on
     a dense 2-d grid that takes far fewer pivots than targets. So it does when first offered
     a coarse sub-grid, a crowd of neighbours that explain each other, or nothing."""
-    from aml_ppl.bo.acquisition import _pivots
+    from aml_ppl.bo.pivots import blocked_pivots
 
     axis = torch.linspace(-2, 2, 30, dtype=torch.float64)
     points = torch.cartesian_prod(axis, axis)
     covariance = torch.exp(-0.5 * torch.cdist(points, points).square())
     tolerance = 1e-6
     offered = {None: None, "grid": torch.arange(0, 900, 7), "crowded": torch.arange(0, 60), "none": torch.arange(0)}[first]
-    pivots, factor = _pivots(
+    pivots, factor = blocked_pivots(
         covariance.diagonal(), lambda index, rows: covariance[rows][:, index], lambda index: covariance[index][:, index],
         tolerance, 1e-12, offered,
     )
