@@ -24,8 +24,8 @@ from gpytorch.models import ExactGP
 from torch import Tensor
 
 from aml_ppl._core.linalg import plus_diagonal, robust_cholesky, solve_lower
-from aml_ppl.bo.pivots import blocked_pivots
 from aml_ppl._core.registry import Registry
+from aml_ppl.bo.pivots import blocked_pivots
 from aml_ppl.errors import InputDataError
 
 
