@@ -22,12 +22,15 @@ demo: install
 	$(VENV)/bin/aml-ppl demo --out out
 
 # The default run (under 5 minutes on 2 cores; the slowest 15 tests printed) and the
-# `slow` set (longer statistical checks and fault injections); CI runs both.
+# `slow` set (longer statistical checks and fault injections); CI runs both. Tests run in
+# one process per core (pytest-xdist, at most 4), each process on one thread.
+XDIST = -n auto --maxprocesses=4
+
 test: install browser
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q --durations=15
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q $(XDIST) --durations=15
 
 test-slow: install
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m slow --durations=15
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m slow $(XDIST) --durations=15
 
 # The report's browser test needs Chromium; on Debian as root, install it when missing (never fatal:
 # without it that one test skips and says why).

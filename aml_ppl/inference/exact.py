@@ -6,6 +6,7 @@ import math
 import warnings
 from typing import Any, Callable, ClassVar
 
+import numpy as np
 import torch
 from pyro.distributions import MultivariateNormal, Normal
 
@@ -279,18 +280,18 @@ class Exact(Engine):
         if self.optim == "adam":
             return self._maximise_one_by_one(objective, starts)
         flat = FlatObjective(objective)
-        points = flat.pack(starts)
+        points, pairs = flat.pack(starts), None
         screen = self._subset(objective)
         failed = 0
         staged = self.early_stop and len(starts) > 1 and screen is not objective
-        if staged:  # distinct optima of a subset, then those alone on all the data
-            screened = self._minimise(FlatObjective(screen), points, 1e-4, 4 * self.duplicate_tolerance)
+        if staged:  # distinct optima of a subset, then those alone on all the data (with their curvature pairs)
+            screened = self._minimise(FlatObjective(screen), points, None, 1e-4, 4 * self.duplicate_tolerance)
             failed = int((~torch.isfinite(screened.loss)).sum())
-            points = distinct_points(screened, self.duplicate_tolerance) if failed < len(starts) else points
+            points, pairs = distinct_optima(screened, self.duplicate_tolerance) if failed < len(starts) else (points, None)
         if self.early_stop and len(objective) >= 2 * self.warm_up_size:  # far fewer iterations on all the data
-            warmed = self._minimise(FlatObjective(objective.subset(self.warm_up_size)), points, 1e-6, 2 * self.duplicate_tolerance)
-            points = distinct_points(warmed, self.duplicate_tolerance) if torch.isfinite(warmed.loss).any() else points
-        result = self._minimise(flat, points)
+            warmed = self._minimise(FlatObjective(objective.subset(self.warm_up_size)), points, pairs, 1e-6, 2 * self.duplicate_tolerance)
+            points, pairs = distinct_optima(warmed, self.duplicate_tolerance) if torch.isfinite(warmed.loss).any() else (points, pairs)
+        result = self._minimise(flat, points, pairs)
         failed = failed if staged else int((~torch.isfinite(result.loss)).sum())
         if not torch.isfinite(result.loss).any():
             raise ModelFittingError("every start of the marginal-likelihood optimisation failed (K + noise I not positive definite).")
@@ -299,7 +300,7 @@ class Exact(Engine):
             "converged": bool(result.converged[best]), "iterations": int(result.iterations[best]),
             "gradient_norm": float(result.gradient_norm[best]), "restarts": len(starts),
             "failed_restarts": failed,
-            "distinct_optima": distinct_points(result, self.duplicate_tolerance).shape[0],
+            "distinct_optima": len(distinct_optima(result, self.duplicate_tolerance)[0]),
         }
         if not result.converged[best]:
             self._warn_of_cap(int(result.iterations[best]), float(result.gradient_norm[best]))
@@ -327,13 +328,12 @@ class Exact(Engine):
         }
         return objective.latents(raw, [-loss for loss in result.losses]), convergence
 
-    def _minimise(
-        self, flat: FlatObjective, points: torch.Tensor, tolerance_change: float = 1e-9, duplicate_tolerance: float | None = None
-    ) -> BatchOptimisationResult:
+    def _minimise(self, flat: FlatObjective, points: torch.Tensor, pairs: tuple | None = None, tolerance_change: float = 1e-9,
+                  duplicate_tolerance: float | None = None) -> BatchOptimisationResult:
         return minimise_lbfgs_batch(
             points, flat, self.max_iter or 1000, tolerance_change=max(tolerance_change, flat.objective.precision),
             duplicate_tolerance=(duplicate_tolerance or self.duplicate_tolerance) if self.early_stop else None,
-            resolution=flat.objective.precision,
+            resolution=flat.objective.precision, pairs=pairs,
         )
 
     def _warn_of_cap(self, iterations: int, gradient_norm: float) -> None:
@@ -435,14 +435,13 @@ class FlatObjective:
             raise ValueError(f"the objective returned {tuple(value.shape)} values for {tuple(points.shape[:-1])} points")
 
 
-def distinct_points(result: BatchOptimisationResult, tolerance: float) -> torch.Tensor:
-    r"""The end points of a batched run that are distinct optima: best first, each kept
-    unless within ``tolerance`` (largest coordinate difference) of a better kept one;
-    members stopped as duplicates and members with no finite loss left out."""
+def distinct_optima(result: BatchOptimisationResult, tolerance: float) -> tuple[torch.Tensor, tuple[np.ndarray, ...]]:
+    r"""The end points of a batched run that are distinct optima, and their members' curvature
+    pairs: best first, each kept unless within ``tolerance`` (largest coordinate difference)
+    of a better kept one; members stopped as duplicates and members with no finite loss left out."""
     order = [int(member) for member in result.loss.argsort() if torch.isfinite(result.loss[member]) and result.duplicate_of[member] < 0]
-    kept: list[torch.Tensor] = []
+    kept: list[int] = []
     for member in order:
-        point = result.points[member]
-        if all((point - other).abs().max() > tolerance for other in kept):
-            kept.append(point)
-    return torch.stack(kept)
+        if all((result.points[member] - result.points[other]).abs().max() > tolerance for other in kept):
+            kept.append(member)
+    return result.points[kept], tuple(pair[kept] for pair in result.pairs)

@@ -8,6 +8,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
+import numpy as np
 import torch
 
 from aml_ppl.inference.distributed import Ranks
@@ -169,6 +170,8 @@ class BatchOptimisationResult:
         duplicate_of: ``-1``, or the member whose optimum this one was heading to when it
             was stopped early (it came within the duplicate tolerance of it).
         losses: Each member's loss at each of its evaluations, in order.
+        pairs: Each member's stored curvature pairs ``(steps, gradient changes, stored)``,
+            ``B x m x p``, ``B x m x p`` and ``B x m``, newest first: a later run's ``pairs``.
     """
 
     points: torch.Tensor
@@ -178,44 +181,44 @@ class BatchOptimisationResult:
     converged: torch.Tensor
     duplicate_of: torch.Tensor
     losses: list[list[float]]
+    pairs: tuple[np.ndarray, np.ndarray, np.ndarray]
 
 
-def _two_loop(gradient: torch.Tensor, steps: torch.Tensor, changes: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+def _two_loop(gradient: np.ndarray, steps: np.ndarray, changes: np.ndarray, valid: np.ndarray) -> np.ndarray:
     r"""L-BFGS's two-loop recursion per member: :math:`-H g` from the stored step and
     gradient-change pairs (newest first, ``B x m x p``; ``valid`` marks the stored ones),
     :math:`H_0 = (s^\top y / y^\top y) I` from the newest pair (Nocedal & Wright, Alg. 7.4).
     The stored pairs are a prefix of the slots, so the loops stop at the longest one."""
-    stored = int(valid.sum(1).max()) if valid.numel() else 0
+    stored = int(valid.sum(1).max()) if valid.size else 0
     if stored == 0:
         return -gradient
     steps, changes, valid = steps[:, :stored], changes[:, :stored], valid[:, :stored]
-    curvature = (steps * changes).sum(-1)
-    inverse_curvature = torch.where(valid, 1 / curvature.where(valid, 1.0), 0.0)
-    direction = gradient.clone()
-    alphas = []
-    for slot in range(steps.shape[1]):
-        alpha = inverse_curvature[:, slot] * (steps[:, slot] * direction).sum(-1)
-        direction -= alpha[:, None] * changes[:, slot]
-        alphas.append(alpha)
-    newest = (changes[:, 0] * changes[:, 0]).sum(-1)
-    direction *= torch.where(valid[:, 0], curvature[:, 0] / newest.where(valid[:, 0], 1.0), 1.0)[:, None]
-    for slot in reversed(range(steps.shape[1])):
-        beta = inverse_curvature[:, slot] * (changes[:, slot] * direction).sum(-1)
-        direction += (alphas[slot] - beta)[:, None] * steps[:, slot]
+    curvature = np.einsum("bmp,bmp->bm", steps, changes)
+    inverse_curvature = np.where(valid, 1 / np.where(valid, curvature, 1.0), 0.0)
+    direction = gradient.copy()
+    alphas = np.empty_like(curvature)
+    for slot in range(stored):
+        alphas[:, slot] = inverse_curvature[:, slot] * np.einsum("bp,bp->b", steps[:, slot], direction)
+        direction -= alphas[:, slot, None] * changes[:, slot]
+    newest = np.einsum("bp,bp->b", changes[:, 0], changes[:, 0])
+    direction *= np.where(valid[:, 0], curvature[:, 0] / np.where(valid[:, 0], newest, 1.0), 1.0)[:, None]
+    for slot in reversed(range(stored)):
+        beta = inverse_curvature[:, slot] * np.einsum("bp,bp->b", changes[:, slot], direction)
+        direction += (alphas[:, slot] - beta)[:, None] * steps[:, slot]
     return -direction
 
 
 def _weak_wolfe(
-    evaluate: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
-    members: torch.Tensor,
-    start: torch.Tensor,
-    loss: torch.Tensor,
-    direction: torch.Tensor,
-    slope: torch.Tensor,
-    length: torch.Tensor,
+    evaluate: Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]],
+    members: np.ndarray,
+    start: np.ndarray,
+    loss: np.ndarray,
+    direction: np.ndarray,
+    slope: np.ndarray,
+    length: np.ndarray,
     max_trials: int,
     resolution: float = 0.0,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     r"""A step per member satisfying the weak Wolfe conditions
     :math:`f(x + td) \le f(x) + 10^{-4} t g^\top d` and :math:`\nabla f(x + td)^\top d \ge 0.9\, g^\top d`
     by bracketing (Lewis & Overton 2013): double ``t`` while the first holds and the second
@@ -227,52 +230,53 @@ def _weak_wolfe(
     ``found`` where a point satisfying the first condition was reached (the Wolfe point,
     else the last such one), ``unresolved`` where none was and the search stopped so.
     """
-    low, high = torch.zeros_like(loss), torch.full_like(loss, torch.inf)
-    found = torch.zeros_like(loss, dtype=torch.bool)
-    unresolved = torch.zeros_like(found)
-    new_points, new_loss, new_gradient = start.clone(), loss.clone(), torch.zeros_like(start)
+    low, high = np.zeros_like(loss), np.full_like(loss, np.inf)
+    found = np.zeros(loss.shape, dtype=bool)
+    unresolved = np.zeros_like(found)
+    new_points, new_loss, new_gradient = start.copy(), loss.copy(), np.zeros_like(start)
     searching = slope < 0
     for _ in range(max_trials):
         below = searching & (-length * slope < resolution)
         unresolved |= below & ~found
         searching &= ~below
-        if not bool(searching.any()):
+        trying = searching.nonzero()[0]
+        if not trying.size:
             break
-        trying = searching.nonzero()[:, 0]
-        trial = length[trying]
+        trial, trial_slope, trial_loss = length[trying], slope[trying], loss[trying]
         at = start[trying] + trial[:, None] * direction[trying]
         value, gradient = evaluate(members[trying], at)
-        decrease = value <= loss[trying] + 1e-4 * trial * slope[trying]
-        curvature = (gradient * direction[trying]).sum(-1) >= 0.9 * slope[trying]
+        decrease = value <= trial_loss + 1e-4 * trial * trial_slope
+        curvature = np.einsum("bp,bp->b", gradient, direction[trying]) >= 0.9 * trial_slope
         better = trying[decrease]
         new_points[better], new_loss[better], new_gradient[better] = at[decrease], value[decrease], gradient[decrease]
         found[better] = True
         searching[trying[decrease & curvature]] = False
-        low[trying] = torch.where(decrease & ~curvature, trial, low[trying])
-        high[trying] = torch.where(decrease, high[trying], trial)
+        low[trying] = np.where(decrease & ~curvature, trial, low[trying])
+        high[trying] = np.where(decrease, high[trying], trial)
         # From a failed first trial, the minimiser of the quadratic through f(0), f'(0) and
         # f(t), kept within [t/10, t/2]; else bisect the bracket, or double.
-        excess = value - loss[trying] - slope[trying] * trial
-        quadratic = torch.nan_to_num(-slope[trying] * trial**2 / (2 * excess), nan=0.1, posinf=0.1, neginf=0.1)
-        shrunk = torch.where(low[trying] == 0, quadratic.clamp(0.1 * trial, 0.5 * trial), (low[trying] + high[trying]) / 2)
-        length[trying] = torch.where(torch.isinf(high[trying]), 2 * trial, shrunk)
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            excess = value - trial_loss - trial_slope * trial
+            quadratic = np.nan_to_num(-trial_slope * trial**2 / (2 * excess), nan=0.1, posinf=0.1, neginf=0.1)
+        shrunk = np.where(low[trying] == 0, quadratic.clip(0.1 * trial, 0.5 * trial), (low[trying] + high[trying]) / 2)
+        length[trying] = np.where(np.isinf(high[trying]), 2 * trial, shrunk)
     return found, new_points, new_loss, new_gradient, unresolved
 
 
 def _mark_duplicates(
-    points: torch.Tensor, loss: torch.Tensor, active: torch.Tensor, kept: torch.Tensor, duplicate_of: torch.Tensor, tolerance: float
+    points: np.ndarray, loss: np.ndarray, active: np.ndarray, kept: np.ndarray, duplicate_of: np.ndarray, tolerance: float
 ) -> None:
     r"""Stop each active member within ``tolerance`` (largest coordinate difference) of a
     kept member at least as good (ranked by loss, then index): it is heading to that
     member's optimum."""
-    order = sorted(kept.nonzero()[:, 0].tolist(), key=lambda member: (loss[member].item(), member))
+    order = sorted(kept.nonzero()[0].tolist(), key=lambda member: (loss[member], member))
     rank = {member: position for position, member in enumerate(order)}
     for member in reversed(order):
         if not active[member]:
             continue
         better = [other for other in order[: rank[member]] if kept[other]]
         if better:
-            distance = (points[better] - points[member]).abs().amax(-1)
+            distance = np.abs(points[better] - points[member]).max(-1)
             if bool((distance <= tolerance).any()):
                 duplicate_of[member] = better[int(distance.argmin())]
                 active[member] = kept[member] = False
@@ -288,6 +292,7 @@ def minimise_lbfgs_batch(
     duplicate_tolerance: float | None = None,
     max_trials: int = 25,
     resolution: float = 0.0,
+    pairs: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
 ) -> BatchOptimisationResult:
     r"""Minimise a batch of independent problems together: L-BFGS per member (its own
     history, step length and stopping), one call of ``objective`` per line-search trial
@@ -299,6 +304,9 @@ def minimise_lbfgs_batch(
     its largest gradient entry is below ``tolerance_grad``, or at ``max_iter``; with
     ``duplicate_tolerance``, also when it comes that close (largest coordinate difference)
     to a member at least as good: the same optimum is not paid for twice.
+    The optimiser's own arithmetic (a few numbers per member) runs in NumPy on the CPU, where
+    an operation costs a microsecond, not torch's several; ``objective`` sees ``points``'
+    dtype and device.
 
     Args:
         points: Starting points, ``B x p``.
@@ -309,59 +317,71 @@ def minimise_lbfgs_batch(
         max_trials: Line-search trials per step before a member stops unconverged.
         resolution: An estimated objective's resolution: a member whose line search can no
             longer expect a gain above it stops there, converged to that resolution.
+        pairs: Curvature pairs to start from, one history per member (an earlier result's
+            ``pairs``, say of the same problem on a subset of the data), instead of none.
 
     Returns:
-        A :class:`BatchOptimisationResult`.
+        A :class:`BatchOptimisationResult` (tensors on ``points``' device).
     """
-    count, size = points.shape
-    points = points.detach().clone()
+    like = points.detach()
+    count, size = like.shape
+    points = like.cpu().double().numpy().copy()
     losses: list[list[float]] = [[] for _ in range(count)]
 
-    def evaluate(members: torch.Tensor, at: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        value, gradient = objective(at)
-        value, gradient = value.detach(), gradient.detach()
-        finite = torch.isfinite(value) & torch.isfinite(gradient).all(-1)
+    def evaluate(members: np.ndarray, at: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        value, gradient = objective(torch.from_numpy(at).to(like))
+        value = value.detach().cpu().double().numpy()
+        gradient = gradient.detach().cpu().double().numpy()
+        finite = np.isfinite(value) & np.isfinite(gradient).all(-1)
         for member, entry in zip(members.tolist(), value.tolist()):
             losses[member].append(entry)
-        return value.where(finite, torch.inf), gradient.where(finite[:, None], 0.0)
+        return np.where(finite, value, np.inf), np.where(finite[:, None], gradient, 0.0)
 
-    everyone = torch.arange(count, device=points.device)
+    everyone = np.arange(count)
     loss, gradient = evaluate(everyone, points)
-    steps = points.new_zeros(count, history_size, size)
-    changes = torch.zeros_like(steps)
-    stored = torch.zeros(count, history_size, dtype=torch.bool, device=points.device)
-    iterations = torch.zeros(count, dtype=torch.long, device=points.device)
-    converged = gradient.abs().amax(-1) <= tolerance_grad
-    active = torch.isfinite(loss) & ~converged
-    kept = torch.isfinite(loss)
-    duplicate_of = torch.full_like(iterations, -1)
-    while bool(active.any()):
-        members = active.nonzero()[:, 0]
+    steps = np.zeros((count, history_size, size))
+    changes = np.zeros_like(steps)
+    stored = np.zeros((count, history_size), dtype=bool)
+    if pairs is not None:
+        steps[:], changes[:], stored[:] = pairs
+    iterations = np.zeros(count, dtype=np.int64)
+    converged = np.abs(gradient).max(-1) <= tolerance_grad
+    active = np.isfinite(loss) & ~converged
+    kept = np.isfinite(loss)
+    duplicate_of = np.full(count, -1)
+    while active.any():
+        members = active.nonzero()[0]
         direction = _two_loop(gradient[members], steps[members], changes[members], stored[members])
-        slope = (gradient[members] * direction).sum(-1)
+        slope = np.einsum("bp,bp->b", gradient[members], direction)
         uphill = ~(slope < 0)  # a stale history: forget it, go down the gradient
         stored[members[uphill]] = False
         direction[uphill] = -gradient[members[uphill]]
-        slope[uphill] = -gradient[members[uphill]].square().sum(-1)
+        slope[uphill] = -np.square(gradient[members[uphill]]).sum(-1)
         unscaled = ~stored[members, 0]  # no curvature pair yet: a first step of at most 1 / |g|_1
-        length = torch.where(unscaled, (1 / direction.abs().sum(-1)).clamp(max=1.0), 1.0)
+        length = np.where(unscaled, np.minimum(1 / np.abs(direction).sum(-1), 1.0), 1.0)
         moved, new_points, new_loss, new_gradient, unresolved = _weak_wolfe(
             evaluate, members, points[members], loss[members], direction, slope, length, max_trials, resolution
         )
-        new_gradient = torch.where(moved[:, None], new_gradient, gradient[members])
+        new_gradient = np.where(moved[:, None], new_gradient, gradient[members])
         step, change = new_points - points[members], new_gradient - gradient[members]
-        store = moved & ((step * change).sum(-1) > 1e-10)
-        steps[members[store]] = torch.cat([step[store, None], steps[members[store], :-1]], 1)
-        changes[members[store]] = torch.cat([change[store, None], changes[members[store], :-1]], 1)
-        stored[members[store]] = torch.cat([stored.new_ones(int(store.sum()), 1), stored[members[store], :-1]], 1)
-        small = ((loss[members] - new_loss).abs() < tolerance_change) | (step.abs().amax(-1) <= tolerance_change)
+        store = moved & (np.einsum("bp,bp->b", step, change) > 1e-10)
+        rows = members[store]  # the new pair first, the oldest dropped
+        steps[rows] = np.concatenate([step[store, None], steps[rows, :-1]], 1)
+        changes[rows] = np.concatenate([change[store, None], changes[rows, :-1]], 1)
+        stored[rows] = np.concatenate([np.ones((rows.size, 1), dtype=bool), stored[rows, :-1]], 1)
+        small = (np.abs(loss[members] - new_loss) < tolerance_change) | (np.abs(step).max(-1) <= tolerance_change)
         points[members], loss[members], gradient[members] = new_points, new_loss, new_gradient
         iterations[members] += 1
-        done = (moved & (small | (new_gradient.abs().amax(-1) <= tolerance_grad))) | unresolved
+        done = (moved & (small | (np.abs(new_gradient).max(-1) <= tolerance_grad))) | unresolved
         converged[members] = done
         active[members] = moved & ~done & (iterations[members] < max_iter)
         if duplicate_tolerance is not None:
             _mark_duplicates(points, loss, active, kept, duplicate_of, duplicate_tolerance)
+
+    def tensor(array: np.ndarray, dtype: torch.dtype | None = None) -> torch.Tensor:
+        return torch.from_numpy(array).to(device=like.device, dtype=dtype)
+
     return BatchOptimisationResult(
-        points, loss, iterations, gradient.abs().amax(-1), converged, duplicate_of, losses
+        tensor(points, like.dtype), tensor(loss, like.dtype), tensor(iterations), tensor(np.abs(gradient).max(-1), like.dtype),
+        tensor(converged), tensor(duplicate_of), losses, (steps, changes, stored),
     )

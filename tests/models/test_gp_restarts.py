@@ -51,6 +51,22 @@ def test_the_batched_optimiser_equals_each_start_run_alone_and_torchs_lbfgs():
         assert -batch.loss[member].item() == pytest.approx(objective.value(raw).item(), abs=1e-5)
 
 
+def test_curvature_pairs_carried_from_a_subset_reach_the_optimum_a_fresh_history_reaches():
+    """The exact engine starts its run on all the data from the screening subset's curvature
+    pairs: a start from those pairs ends at the optimum (loss and point, to the optimiser's
+    tolerance) that the same points reach with no history."""
+    model = GaussianProcess(ScaleKernel(RBFKernel(ard_num_dims=3)))
+    objective, starts = starts_of(model, *ard_data(n=200), count=4)
+    subset, flat = FlatObjective(objective.subset(64)), FlatObjective(objective)
+    screened = minimise_lbfgs_batch(subset.pack(starts), subset, 500)
+    assert screened.pairs[2].any(1).all()
+    fresh = minimise_lbfgs_batch(screened.points, flat, 500)
+    carried = minimise_lbfgs_batch(screened.points, flat, 500, pairs=screened.pairs)
+    assert carried.converged.all()
+    torch.testing.assert_close(carried.loss, fresh.loss, atol=1e-7, rtol=0)
+    torch.testing.assert_close(carried.points, fresh.points, atol=1e-3, rtol=0)
+
+
 def test_the_batched_optimiser_solves_rosenbrock_per_member():
     def rosenbrock(points):
         points = points.detach().requires_grad_(True)
