@@ -68,17 +68,27 @@ def blocked_pivots(
             residual[pool] = 0
             continue
         selected = pool[picked]
-        selected_rows = columns(open_points[selected], open_points).T
+        # The block's residual rows at the other open points: read from the pool's matrix
+        # where formed there, else formed now. At its own pivots the factor is never read
+        # again (they leave the factorisation), so it is neither formed nor solved for.
+        left_in_pool = torch.ones(pool.shape[0], dtype=torch.bool, device=pool.device)
+        left_in_pool[picked] = False
+        outside = torch.ones(residual.shape[0], dtype=torch.bool, device=pool.device)
+        outside[pool] = False
+        outside = outside.nonzero()[:, 0]
+        outside_rows = columns(open_points[selected], open_points[outside]).T
         if rank:
-            selected_rows = selected_rows - pool_factor[:, picked].T @ factor[:rank]
+            outside_rows = outside_rows - pool_factor[:, picked].T @ factor[:rank, outside]
         block_chol = torch.linalg.cholesky(plus_diagonal(pool_matrix[picked][:, picked], jitter))
         chol_columns.append(torch.cat([factor[:rank, selected], block_chol.T]))
-        new = solve_lower(block_chol, selected_rows)
+        others = torch.cat([pool[left_in_pool], outside])
+        new = solve_lower(block_chol, torch.cat([pool_matrix[picked][:, left_in_pool], outside_rows], 1))
         if rank + new.shape[0] > factor.shape[0]:
             factor = torch.cat([factor[:rank], factor.new_empty(factor.shape)])
-        factor[rank : rank + new.shape[0]] = new
+        factor[rank : rank + new.shape[0], others] = new
+        factor[rank : rank + new.shape[0], selected] = 0
         rank += new.shape[0]
-        residual = (residual - new.square().sum(0)).clamp_min(0)
+        residual[others] = (residual[others] - new.square().sum(0)).clamp_min(0)
         residual[selected] = 0  # chosen: known up to the added jitter
         chosen.append(open_points[selected])
         still_open = residual > limit
