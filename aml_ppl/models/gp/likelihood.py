@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import math
+from functools import cached_property
 from typing import TYPE_CHECKING
 
 import gpytorch
@@ -63,7 +64,6 @@ class MarginalLikelihood:
         self.targets = (y - self.stats["y_offset"]) / self.stats["y_scale"]
         self.sites = model.hyperparameters()
         parameters = dict(model.gp.named_parameters())
-        self.scales = _input_scales(self.inputs)
         self.transforms = {site: biject_to(constraints_for(constraint)) for site, (_, constraint) in self.sites.items()}
         self.start, self.spread = {}, {}
         for site, value in model.current_values().items():
@@ -73,6 +73,12 @@ class MarginalLikelihood:
             self.start[site] = self._free(site, value)
             positive = isinstance(constraints_for(constraint), dist.constraints.greater_than)
             self.spread[site] = (2.0 if site.endswith("period_length") else 30.0) if positive else None
+
+    @cached_property
+    def scales(self) -> dict[str, torch.Tensor]:
+        r"""The inputs' scales that data-driven starts read (:func:`_input_scales`), formed
+        only when one does (a fit at fixed hyperparameters, as in a safe-BO step, needs none)."""
+        return _input_scales(self.inputs)
 
     def _free(self, site: str, value: torch.Tensor) -> torch.Tensor:
         r"""Pyro's unconstrained coordinate of a value (a logarithm for a positive one: the
