@@ -298,7 +298,8 @@ def minimise_lbfgs_batch(
     history, step length and stopping), one call of ``objective`` per line-search trial
     for all members still running, so that ``B`` small problems cost about one batched
     evaluation each step. The line search brackets a weak Wolfe point (:func:`_weak_wolfe`);
-    a pair with :math:`s^\top y \le 0` is not stored. A member
+    a curvature pair is stored only where :math:`s^\top y > \epsilon\, y^\top y` (scipy's rule,
+    free of the objective's scale; machine :math:`\epsilon`). A member
     stops when its loss changes by less than ``tolerance_change`` or its step is that small
     (as ``torch.optim.LBFGS``),
     its largest gradient entry is below ``tolerance_grad``, or at ``max_iter``; with
@@ -364,7 +365,7 @@ def minimise_lbfgs_batch(
         )
         new_gradient = np.where(moved[:, None], new_gradient, gradient[members])
         step, change = new_points - points[members], new_gradient - gradient[members]
-        store = moved & (np.einsum("bp,bp->b", step, change) > 1e-10)
+        store = moved & (np.einsum("bp,bp->b", step, change) > np.finfo(float).eps * np.einsum("bp,bp->b", change, change))
         rows = members[store]  # the new pair first, the oldest dropped
         steps[rows] = np.concatenate([step[store, None], steps[rows, :-1]], 1)
         changes[rows] = np.concatenate([change[store, None], changes[rows, :-1]], 1)

@@ -81,6 +81,25 @@ def test_the_batched_optimiser_solves_rosenbrock_per_member():
     assert result.loss[at_one].max() < 1e-8
 
 
+def test_the_batched_optimiser_is_unchanged_by_the_objectives_scale():
+    """L-BFGS's steps do not depend on the objective's scale, so neither may its choice of which
+    curvature pairs to keep: a pair is kept where :math:`s^\top y` is positive relative to
+    :math:`y^\top y` (scipy's rule). An ill-conditioned quadratic scaled by 1e-12 takes the
+    iterations the unscaled one takes; with an absolute threshold it kept no pair and crawled
+    down the gradient (a CO2 start did so for 1 000 iterations)."""
+    curvatures = torch.logspace(0, 2, 5, dtype=torch.float64)
+    starts = torch.ones(2, 5, dtype=torch.float64) + torch.tensor([[0.0], [1.0]], dtype=torch.float64)
+    iterations = []
+    for scale in (1.0, 1e-12):
+        def quadratic(points, scale=scale):
+            return scale * 0.5 * (curvatures * points.square()).sum(-1), scale * curvatures * points
+
+        result = minimise_lbfgs_batch(starts, quadratic, 200, tolerance_grad=scale * 1e-8, tolerance_change=0.0)
+        assert result.converged.all() and (result.points.abs().max() < 1e-8)
+        iterations.append(result.iterations)
+    assert (iterations[1] <= iterations[0] + 2).all() and iterations[0].max() < 30
+
+
 def test_the_line_search_stops_at_an_estimated_objectives_resolution():
     """A quadratic whose gradient estimate is off by up to 0.02 in each coordinate, an error
     that changes from point to point (as the conjugate-gradient estimate's value and gradient
