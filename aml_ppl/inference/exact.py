@@ -181,7 +181,7 @@ class Exact(Engine):
     (:func:`~aml_ppl.inference.optimise.minimise_lbfgs_batch`, each start with its own
     history, line search and stopping) on that subset, starts that come within
     ``duplicate_tolerance`` of a better one are stopped there, and only the distinct
-    optima found are optimised on all the data (as one batch, the same early stop; from
+    optima found are optimised on all the data (as one batch, from the curvature pairs the subset stored, the same early stop; from
     ``2 * warm_up_size`` points, first on ``warm_up_size`` of them); the best is kept (a failing start loses no other).
     On the conjugate-gradient path a start stops, converged, where no gain is above the estimate's resolution.
     ``history`` holds the log marginal likelihood per evaluation of the winning run;
