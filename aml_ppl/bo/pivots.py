@@ -68,25 +68,25 @@ def blocked_pivots(
             residual[pool] = 0
             continue
         selected = pool[picked]
-        # The block's residual rows at the other open points: read from the pool's matrix
-        # where formed there, else formed now. At its own pivots the factor is never read
-        # again (they leave the factorisation), so it is neither formed nor solved for.
+        # The block's residual rows at the points still unexplained: read from the pool's
+        # matrix where formed there, else formed now. Only such points are ever pooled, so the
+        # factor is neither formed nor solved for at the block's own pivots or at points
+        # already explained (not yet dropped from the arrays).
         left_in_pool = torch.ones(pool.shape[0], dtype=torch.bool, device=pool.device)
         left_in_pool[picked] = False
-        outside = torch.ones(residual.shape[0], dtype=torch.bool, device=pool.device)
-        outside[pool] = False
-        outside = outside.nonzero()[:, 0]
-        outside_rows = columns(open_points[selected], open_points[outside]).T
+        unpooled = residual > limit
+        unpooled[pool] = False
+        unpooled = unpooled.nonzero()[:, 0]
+        unpooled_rows = columns(open_points[selected], open_points[unpooled]).T
         if rank:
-            outside_rows = outside_rows - pool_factor[:, picked].T @ factor[:rank, outside]
+            unpooled_rows = unpooled_rows - pool_factor[:, picked].T @ factor[:rank, unpooled]
         block_chol = torch.linalg.cholesky(plus_diagonal(pool_matrix[picked][:, picked], jitter))
         chol_columns.append(torch.cat([factor[:rank, selected], block_chol.T]))
-        others = torch.cat([pool[left_in_pool], outside])
-        new = solve_lower(block_chol, torch.cat([pool_matrix[picked][:, left_in_pool], outside_rows], 1))
+        others = torch.cat([pool[left_in_pool], unpooled])
+        new = solve_lower(block_chol, torch.cat([pool_matrix[picked][:, left_in_pool], unpooled_rows], 1))
         if rank + new.shape[0] > factor.shape[0]:
             factor = torch.cat([factor[:rank], factor.new_empty(factor.shape)])
         factor[rank : rank + new.shape[0], others] = new
-        factor[rank : rank + new.shape[0], selected] = 0
         rank += new.shape[0]
         residual[others] = (residual[others] - new.square().sum(0)).clamp_min(0)
         residual[selected] = 0  # chosen: known up to the added jitter
