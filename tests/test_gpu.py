@@ -3,13 +3,14 @@
 Skipped where CUDA is absent (tests/conftest.py).
 """
 
+import arviz as az
 import pyro
 import pyro.distributions as dist
 import pytest
 import torch
 
 import aml_ppl as aml
-from aml_ppl.inference import EM, SVI, Exact
+from aml_ppl.inference import EM, NUTS, SVI, ChEES, Exact
 
 pytestmark = pytest.mark.gpu
 CUDA = torch.device("cuda")
@@ -65,6 +66,30 @@ def test_svi_on_cuda_keeps_the_draws_on_cuda():
     assert post.sample(10)["beta"].device.type == "cuda"
     torch.testing.assert_close(post.sample(2000)["beta"].mean(0).cpu(), torch.arange(1.0, 4.0, dtype=torch.float64), atol=0.1, rtol=0)
     assert post.predict(X[:4]).mean.device.type == "cuda"
+
+
+@pytest.mark.parametrize("engine", [ChEES(num_chains=64, num_samples=200, warmup_steps=200),
+                                    NUTS(num_chains=16, num_samples=200, warmup_steps=200, vectorized=True, progress_bar=False)],
+                         ids=["chees", "vectorised nuts"])
+def test_many_chains_on_cuda_match_the_closed_form(engine):
+    r"""Many chains in one batch on the GPU: draws on CUDA, the posterior mean within four
+    Monte Carlo errors of the conjugate closed form (known noise 0.3, prior N(0, 10^2 I))."""
+    X, y = data()
+
+    def regression(X, y=None):
+        beta = pyro.sample("beta", dist.Normal(X.new_zeros(3), 10.0).to_event(1))
+        with pyro.plate("data", X.shape[0]):
+            pyro.sample("obs", dist.Normal(X @ beta, 0.3), obs=y)
+
+    precision = X.T @ X / 0.09 + torch.eye(3, dtype=X.dtype) / 100
+    covariance = torch.linalg.inv(precision)
+    mean = covariance @ (X.T @ y) / 0.09
+    post = aml.fit(regression, X.to(CUDA), y.to(CUDA), engine=engine, seed=0)
+    draws = post.samples["beta"]
+    assert draws.device.type == "cuda"
+    ess = torch.tensor(az.ess(post.to_arviz(), var_names=["beta"])["beta"].values)
+    error = covariance.diagonal().sqrt() / ess.sqrt()
+    assert ((draws.flatten(0, 1).mean(0).cpu() - mean).abs() < 4 * error).all()
 
 
 def test_bo_acquisitions_on_cuda():

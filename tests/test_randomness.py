@@ -10,7 +10,7 @@ import torch
 import aml_ppl as aml
 from aml_ppl.bo import SafeBayesianOptimization
 from aml_ppl.bo.problems import one_d_hard
-from aml_ppl.inference import EM, MAP, NUTS, SVI
+from aml_ppl.inference import EM, MAP, NUTS, SVI, ChEES
 from aml_ppl.models import BayesianLinearRegression, GaussianMixture
 
 ENGINES = {
@@ -18,6 +18,7 @@ ENGINES = {
     "map": MAP(laplace=True),
     "svi": SVI(num_steps=50, progress_bar=False),
     "nuts": NUTS(num_samples=20, warmup_steps=20, num_chains=2, executor=None, progress_bar=False),
+    "chees": ChEES(num_samples=20, warmup_steps=20, num_chains=4),
 }
 
 

@@ -14,10 +14,12 @@ from aml_ppl.inference.em import EM, MixturePosterior
 from aml_ppl.inference.exact import Exact, GaussianPosterior
 from aml_ppl.inference.map import MAP
 from aml_ppl.inference.mcmc import NUTS, SamplePosterior
+from aml_ppl.inference.chees import ChEES
 from aml_ppl.inference.guide_posterior import GuidePosterior
 from aml_ppl.inference.svi import SVI
 
 __all__ = [
+    "ChEES",
     "EM",
     "ENGINES",
     "Engine",

@@ -181,21 +181,7 @@ class NUTS(Engine):
         self.progress_bar = progress_bar
 
     def incompatibility(self, model: Callable, args: tuple, kwargs: dict) -> str | None:
-        if not callable(model):
-            return "it is not callable"
-        structure = inspect_model(model, args, kwargs)
-        if structure.params:
-            return (
-                f"NUTS samples pyro.sample sites only, and the model has pyro.param sites "
-                f"{list(structure.params)} that it would hold at their initial values; give them "
-                "a prior with pyro.sample, or fit them by 'map' or 'svi'"
-            )
-        if structure.subsampled:
-            return (
-                f"NUTS needs the whole likelihood, and the plates {sorted(structure.subsampled)} "
-                "subsample the data; drop subsample_size, or use 'svi'"
-            )
-        return None
+        return sampler_incompatibility("NUTS", model, args, kwargs)
 
     def fit(self, model: Callable, *args: Any, **kwargs: Any) -> SamplePosterior:
         self.check_supports(model, args, kwargs)
@@ -250,6 +236,26 @@ class NUTS(Engine):
                 stacklevel=4,
             )
         return problem is None
+
+def sampler_incompatibility(sampler: str, model: Callable, args: tuple, kwargs: dict) -> str | None:
+    r"""Why a gradient-based sampler (NUTS, ChEES-HMC) cannot run ``model``: it samples
+    ``pyro.sample`` sites only and needs the whole likelihood; ``None`` where it can."""
+    if not callable(model):
+        return "it is not callable"
+    structure = inspect_model(model, args, kwargs)
+    if structure.params:
+        return (
+            f"{sampler} samples pyro.sample sites only, and the model has pyro.param sites "
+            f"{list(structure.params)} that it would hold at their initial values; give them "
+            "a prior with pyro.sample, or fit them by 'map' or 'svi'"
+        )
+    if structure.subsampled:
+        return (
+            f"{sampler} needs the whole likelihood, and the plates {sorted(structure.subsampled)} "
+            "subsample the data; drop subsample_size, or use 'svi'"
+        )
+    return None
+
 
 def jit_problem(model: Callable, args: tuple, kwargs: dict, num_points: int = 4) -> str | None:
     r"""Why the compiled potential energy and gradient of ``model``

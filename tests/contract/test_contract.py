@@ -15,7 +15,7 @@ import arviz as az
 import pytest
 
 import aml_ppl as aml
-from aml_ppl.inference import EM, ENGINES, MAP, NUTS, SVI, Exact, capable_engines
+from aml_ppl.inference import EM, ENGINES, MAP, NUTS, SVI, ChEES, Exact, capable_engines
 from aml_ppl.testing import CASES, Case, check_export, check_predictions, check_round_trip
 from aml_ppl.testing.cases import conjugate_normal_posterior
 
@@ -25,6 +25,7 @@ CAPABLE: dict[str, set[str]] = {
     "svi": {case.name for case in CASES},
     "map": {case.name for case in CASES} - {"subsampled"},
     "nuts": {case.name for case in CASES} - {"param_and_sample", "param_mixture", "subsampled"},
+    "chees": {case.name for case in CASES} - {"param_and_sample", "param_mixture", "subsampled"},
     "em": {"param_mixture", "gmm"},
 }
 ENGINE_CONFIGS = {
@@ -34,6 +35,7 @@ ENGINE_CONFIGS = {
     "svi": lambda: SVI(num_steps=300, lr=0.05, ema_decay=0.95, progress_bar=False),
     "map": lambda: MAP(progress_bar=False),
     "nuts": lambda: NUTS(num_samples=150, warmup_steps=150, progress_bar=False),
+    "chees": lambda: ChEES(num_samples=150, warmup_steps=150, num_chains=16),
     "em": lambda: EM(max_iter=50),
 }
 NUM_SAMPLES = 200
@@ -41,7 +43,8 @@ PAIRS = [(engine, case) for engine in ENGINE_CONFIGS for case in CASES]
 # NUTS on the two-component GaussianMixture: its chains can switch labels, and the trajectories
 # through the ridge between the labellings are long (about 26 s of the default run at seed 0);
 # on the GP (a Cholesky per gradient) and the BNN (a multimodal posterior, deep trees): 16 s and 60 s.
-SLOW_PAIRS = {("nuts", "gmm"), ("nuts", "gp"), ("nuts", "bnn")}
+# ChEES-HMC on the GP: 16 chains of a Cholesky per gradient, about 12 s.
+SLOW_PAIRS = {("nuts", "gmm"), ("nuts", "gp"), ("nuts", "bnn"), ("chees", "gp")}
 RUNNABLE = [
     pytest.param((engine, case), marks=pytest.mark.slow) if (engine, case.name) in SLOW_PAIRS else (engine, case)
     for engine, case in PAIRS

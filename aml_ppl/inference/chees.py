@@ -1,0 +1,331 @@
+r"""ChEES-HMC: many chains in one batch with one step size and one jittered trajectory length,
+both adapted from the chains together (Hoffman, Radul & Sountsov 2021, *An Adaptive-MCMC Scheme
+for Setting Trajectory Lengths in Hamiltonian Monte Carlo*, AISTATS, Algorithm 1).
+
+NUTS gives each chain its own trajectory; in a batch every leapfrog step then waits for the
+chain with the longest tree, and the per-chain tree bookkeeping costs as much as the gradient
+(:mod:`~aml_ppl.inference.vectorised_nuts`). Here every chain runs the same number of leapfrog
+steps, so a transition is that many batched evaluations of the potential and nothing else:
+
+- the trajectory's duration at transition :math:`n` is :math:`t_n = h_n T`, with :math:`h_n`
+  the base-2 Halton sequence (a quasi-random jitter on :math:`(0, 1)`), in
+  :math:`\lceil t_n / \epsilon \rceil` leapfrog steps of size :math:`\epsilon`, then a
+  Metropolis correction per chain: each chain's kernel is a mixture of HMC kernels that each
+  leave the posterior invariant;
+- during warm-up, :math:`\log T` follows Adam (no momentum) up the chains' estimate of the
+  gradient of the ChEES criterion (the change in the estimator of the expected square),
+  :math:`\tfrac14\,\mathbb E[(\|\theta' - \mathbb E\theta\|^2 - \|\theta - \mathbb E\theta\|^2)^2]`,
+  whose derivative for one chain is
+  :math:`t_n\,(\|\theta' - \bar\theta'\|^2 - \|\theta - \bar\theta\|^2)\,(\theta' - \bar\theta')^\top v'`
+  per unit of :math:`\log T` (:math:`v'` the velocity :math:`M^{-1} r` at the proposal), weighted
+  by the chains' acceptance probabilities, divergent chains left out; positions are measured in
+  the units the mass matrix whitens;
+- :math:`\epsilon` follows dual averaging of the harmonic mean of the chains' acceptance
+  probabilities towards 0.651 (the optimal acceptance of HMC, Beskos et al. 2013): the harmonic
+  mean is held down by the worst chains, so the step suits all of them;
+- a diagonal mass matrix from the variances of all chains' draws pooled in Stan's warm-up
+  windows, the step size searched again after each.
+
+After warm-up :math:`\epsilon` is dual averaging's averaged iterate and :math:`T` the running
+average of :math:`\log T` (weights :math:`n^{-1/2}`), as BlackJAX and TFP keep them.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, ClassVar, Sequence
+
+import torch
+from pyro.ops.dual_averaging import DualAveraging
+
+from aml_ppl._core.streams import ChainStreams
+from aml_ppl._data import check_count
+from aml_ppl.errors import InputDataError, ModelFittingError
+from aml_ppl.inference.base import Engine, register_engine
+from aml_ppl.inference.context import isolated_param_store
+from aml_ppl.inference.fitted import Fitted
+from aml_ppl.inference.mcmc import SamplePosterior, sampler_incompatibility
+from aml_ppl.inference.nuts_kernel import MAX_ENERGY_ERROR, MAX_STEP_SIZE, MIN_STEP_SIZE
+from aml_ppl.inference.vectorised_nuts import (
+    BatchingError, ChainPotential, _Points, chain_seeds, initial_points, warmup_windows,
+)
+
+# The optimal acceptance probability of HMC in high dimension (Beskos et al. 2013).
+HMC_ACCEPTANCE = 0.651
+# ChEES's optimiser on log T: Adam without momentum (TFP's and BlackJAX's settings), its steps
+# clipped to +-0.35 (about half a doubling).
+LEARNING_RATE, SQUARES_DECAY, LARGEST_UPDATE = 0.025, 0.95, 0.35
+# The statistics each draw records (ArviZ's names): no tree, so no tree_depth.
+CHEES_STATS = ("diverging", "energy", "lp", "step_size", "acceptance_rate", "n_steps")
+
+
+def halton(index: int, base: int = 2) -> float:
+    r"""The ``index``-th term (from 1) of the van der Corput sequence in ``base``: the digits of
+    ``index`` mirrored about the radix point, e.g. 1/2, 1/4, 3/4, 1/8, ... in base 2."""
+    value, scale = 0.0, 1.0 / base
+    while index > 0:
+        index, digit = divmod(index, base)
+        value += digit * scale
+        scale /= base
+    return value
+
+
+class ChEESSampler:
+    r"""``num_chains`` chains of ChEES-HMC advanced together (see the module's description).
+
+    Args:
+        model: The Pyro program.
+        num_chains: Chains in the batch (at least 2: the criterion centres on their mean).
+        target_accept_prob: The harmonic mean of the chains' acceptance probabilities that
+            the step size aims at.
+        max_leapfrog_steps: Leapfrog steps per transition at most.
+        jit: Compile the batched potential and its gradient into one graph (kept only where
+            it agrees with the model's potential).
+        seeds: One per chain, for its start (by default drawn from torch's generator); the
+            momenta and the acceptances come from torch's generator.
+
+    Example:
+        >>> import pyro, pyro.distributions as dist, torch
+        >>> def mean_of(y):
+        ...     mu = pyro.sample("mu", dist.Normal(0.0, 10.0))
+        ...     with pyro.plate("data", len(y)):
+        ...         pyro.sample("y", dist.Normal(mu, 1.0), obs=y)
+        >>> sampler = ChEESSampler(mean_of, 16)
+        >>> samples, stats = sampler.run((torch.full((25,), 3.0),), {}, 100, 100)
+        >>> samples["mu"].shape, round(float(samples["mu"].mean()), 1), stats["n_steps"].unique(dim=0).shape[0]
+        (torch.Size([16, 100]), 3.0, 1)
+    """
+
+    def __init__(
+        self, model: Callable, num_chains: int, *, target_accept_prob: float = HMC_ACCEPTANCE,
+        max_leapfrog_steps: int = 1000, jit: bool = True, seeds: Sequence[int] | None = None,
+    ) -> None:
+        self.seeds = chain_seeds(seeds, num_chains)
+        self.model, self.num_chains, self.jit = model, num_chains, jit
+        self.target_accept_prob, self.max_leapfrog_steps = target_accept_prob, max_leapfrog_steps
+
+    def run(
+        self, args: tuple, kwargs: dict, num_samples: int, warmup_steps: int
+    ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        r"""Warm up and sample. Returns the constrained draws (site to ``C x num_samples x ...``)
+        and the per-draw statistics (name to ``C x num_samples``)."""
+        self.potential = ChainPotential(self.model, args, kwargs, self.num_chains, jit=self.jit)
+        current = initial_points(self.potential, ChainStreams(self.seeds, self.potential.start.device))
+        self.inverse_mass = torch.ones_like(current.z[0])
+        step_size = self._search_step_size(current, 1.0)
+        averaging = DualAveraging(prox_center=math.log(10 * step_size))
+        log_length, log_length_average, squares = math.log(step_size), 0.0, 0.0
+        windows, pooled = warmup_windows(warmup_steps), _PooledVariance()
+        kept, records = [], []
+        for iteration in range(warmup_steps + num_samples):
+            jitter = halton(iteration + 1)
+            steps = min(self.max_leapfrog_steps, max(1, math.ceil(jitter * math.exp(log_length) / step_size)))
+            proposal, energy, acceptance, diverging = self._propose(current, step_size, steps)
+            accepted = torch.rand_like(acceptance) < acceptance
+            previous, current = current, _select(accepted, proposal, current)
+            if iteration >= warmup_steps:
+                kept.append(current.z)
+                records.append((diverging, energy, -current.potential, acceptance, steps))
+                continue
+            averaging.step(self.target_accept_prob - _harmonic_mean(acceptance, diverging))
+            step_size = min(max(math.exp(averaging.get_state()[0]), MIN_STEP_SIZE), MAX_STEP_SIZE)
+            gradient = self._trajectory_gradient(previous, proposal, acceptance, diverging, jitter * math.exp(log_length))
+            if math.isfinite(gradient):
+                squares = SQUARES_DECAY * squares + (1 - SQUARES_DECAY) * gradient**2
+                scale = math.sqrt(squares / (1 - SQUARES_DECAY ** (iteration + 1))) + 1e-12
+                log_length += min(max(LEARNING_RATE * gradient / scale, -LARGEST_UPDATE), LARGEST_UPDATE)
+            weight = (iteration + 1) ** -0.5
+            log_length_average = (1 - weight) * log_length_average + weight * log_length
+            window = next(index for index, (first, last) in enumerate(windows) if first <= iteration <= last)
+            if 0 < window < len(windows) - 1:
+                pooled.update(current.z)
+                if iteration == windows[window][1]:
+                    self.inverse_mass = pooled.variance()
+                    pooled = _PooledVariance()
+                    step_size = self._search_step_size(current, step_size)
+                    averaging = DualAveraging(prox_center=math.log(10 * step_size))
+            if iteration == warmup_steps - 1:
+                step_size = math.exp(averaging.get_state()[1])
+                log_length = min(max(log_length_average, math.log(step_size)),
+                                 math.log(self.max_leapfrog_steps * step_size))
+        self.step_size, self.trajectory_length = step_size, math.exp(log_length)
+        return self._results(kept, records, current.z)
+
+    def _propose(self, current: _Points, step_size: float, steps: int) -> tuple[_Points, torch.Tensor, torch.Tensor, torch.Tensor]:
+        r"""Fresh momenta :math:`r \sim \mathcal N(0, M)` and ``steps`` leapfrog steps for every
+        chain: the proposals, the starting energies, the acceptance probabilities
+        :math:`\min(1, e^{H_0 - H})` (0 where not finite) and the divergences."""
+        start = _Points(current.z, torch.randn_like(current.z) / self.inverse_mass.sqrt(), current.potential, current.grad)
+        z, grad, drift = start.z, start.grad, step_size * self.inverse_mass
+        momentum = torch.add(start.r, grad, alpha=-0.5 * step_size)
+        for step in range(steps):
+            z = torch.addcmul(z, drift, momentum)
+            potential, grad = self.potential(z)
+            momentum = torch.add(momentum, grad, alpha=-(step_size if step < steps - 1 else 0.5 * step_size))
+        proposal = _Points(z, momentum, potential, grad)
+        energy = self._hamiltonian(start)
+        error = self._hamiltonian(proposal) - energy
+        finite = torch.isfinite(error) & torch.isfinite(grad).all(-1)
+        acceptance = torch.where(finite, (-error).clamp(max=0.0).exp(), torch.zeros_like(error))
+        return proposal, energy, acceptance, ~finite | (error > MAX_ENERGY_ERROR)
+
+    def _trajectory_gradient(
+        self, start: _Points, proposal: _Points, acceptance: torch.Tensor, diverging: torch.Tensor, duration: float
+    ) -> float:
+        r"""The chains' estimate of the ChEES criterion's derivative in :math:`\log T` (see the
+        module's description), in the coordinates :math:`M^{1/2}\theta` that the mass matrix
+        whitens; ``nan`` where no chain's proposal counts."""
+        weights = torch.where(diverging, torch.zeros_like(acceptance), acceptance).to(proposal.z.dtype)
+        if not float(weights.sum()) > 0:
+            return math.nan
+        scale = self.inverse_mass.sqrt()
+        ends = torch.where(diverging[:, None], torch.zeros_like(proposal.z), proposal.z / scale)
+        ends = ends - (weights @ ends) / weights.sum()
+        starts = start.z / scale
+        starts = starts - starts.mean(0)
+        velocities = torch.where(diverging[:, None], torch.zeros_like(proposal.r), scale * proposal.r)
+        change = (ends * ends).sum(-1) - (starts * starts).sum(-1)
+        per_chain = duration * change * (ends * velocities).sum(-1)
+        return float((weights * per_chain).sum() / weights.sum())
+
+    def _hamiltonian(self, points: _Points) -> torch.Tensor:
+        return points.potential + 0.5 * (self.inverse_mass * points.r * points.r).sum(-1)
+
+    def _search_step_size(self, current: _Points, step_size: float) -> float:
+        r"""Hoffman and Gelman's heuristic on the chains together: double or halve the step until
+        the harmonic mean of one leapfrog step's acceptance probabilities crosses 1/2."""
+
+        def accepts(size: float) -> bool:
+            _, _, acceptance, diverging = self._propose(current, size, 1)
+            return _harmonic_mean(acceptance, diverging) > 0.5
+
+        factor = 2.0 if accepts(step_size) else 0.5
+        while MIN_STEP_SIZE < step_size * factor < MAX_STEP_SIZE:
+            if accepts(step_size * factor) != (factor > 1):
+                return step_size * factor if factor < 1 else step_size
+            step_size *= factor
+        return step_size
+
+    def _results(
+        self, kept: list[torch.Tensor], records: list[tuple], like: torch.Tensor
+    ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        flat = torch.stack(kept, 1) if kept else like.new_zeros(self.num_chains, 0, like.shape[1])
+        samples = {name: self.potential.transforms[name].inv(value) for name, value in self.potential.sites(flat).items()}
+        chains = self.num_chains
+        columns = list(zip(*records)) or [[]] * 5
+        stats = {
+            "diverging": torch.stack(columns[0], 1) if kept else torch.zeros(chains, 0, dtype=torch.bool),
+            "energy": torch.stack(columns[1], 1) if kept else like.new_zeros(chains, 0),
+            "lp": torch.stack(columns[2], 1) if kept else like.new_zeros(chains, 0),
+            "step_size": like.new_full((chains, len(kept)), self.step_size),
+            "acceptance_rate": torch.stack(columns[3], 1) if kept else like.new_zeros(chains, 0),
+            "n_steps": torch.tensor(columns[4], dtype=torch.long).expand(chains, len(kept)).clone(),
+        }
+        return samples, {name: value.detach().cpu() for name, value in stats.items()}
+
+
+class _PooledVariance:
+    r"""The variance of each coordinate over every chain's draws in a window, merged batch by
+    batch (Chan, Golub & LeVeque's pairwise update), regularised towards :math:`10^{-3}` as
+    Stan does: :math:`\frac{n}{n + 5}\hat\sigma^2 + 10^{-3}\frac{5}{n + 5}`."""
+
+    def __init__(self) -> None:
+        self.count, self.mean, self.squares = 0, 0.0, 0.0
+
+    def update(self, batch: torch.Tensor) -> None:
+        size, mean = batch.shape[0], batch.mean(0)
+        total = self.count + size
+        delta = mean - self.mean
+        self.squares = self.squares + ((batch - mean) ** 2).sum(0) + delta**2 * self.count * size / total
+        self.mean, self.count = self.mean + delta * size / total, total
+
+    def variance(self) -> torch.Tensor:
+        n = self.count
+        return (n / (n + 5.0)) * self.squares / (n - 1) + 1e-3 * 5.0 / (n + 5.0)
+
+
+def _harmonic_mean(acceptance: torch.Tensor, diverging: torch.Tensor) -> float:
+    r"""The harmonic mean of the acceptance probabilities of the chains that did not diverge
+    (0 where every chain diverged or one accepts nothing)."""
+    kept = acceptance[~diverging]
+    if kept.numel() == 0 or not bool((kept > 0).all()):
+        return 0.0
+    return float(1.0 / (1.0 / kept).mean())
+
+
+def _select(mask: torch.Tensor, first: _Points, second: _Points) -> _Points:
+    column = mask[:, None]
+    return _Points(
+        torch.where(column, first.z, second.z), torch.zeros_like(first.z),
+        torch.where(mask, first.potential, second.potential), torch.where(column, first.grad, second.grad),
+    )
+
+
+@register_engine
+class ChEES(Engine):
+    r"""ChEES-HMC (Hoffman, Radul & Sountsov 2021): many chains advanced together in one batch,
+    in this process, with one step size and one trajectory length adapted from all of them
+    (:class:`ChEESSampler`; the module describes the algorithm).
+
+    Each transition runs the same number of leapfrog steps on every chain, so a step costs one
+    batched evaluation of the potential energy and its gradient and nothing else: where NUTS's
+    vectorised chains (``NUTS(vectorized=True)``) wait for the deepest tree and spend as long on
+    the trees' bookkeeping as on the gradients, this runs at the speed of the gradient. It wants
+    many chains (the adaptation averages over them; 32 and more) and a posterior that one step
+    size and one trajectory length suit, after a diagonal rescaling: on a funnel or a posterior
+    whose scales vary from place to place, prefer NUTS. The draws are ArviZ's as NUTS's are
+    (``sample_stats`` without ``tree_depth``: there is no tree); the model's constraints are
+    the same as NUTS's (``pyro.sample`` sites only, the whole likelihood), and a model whose
+    potential cannot be evaluated for all chains at once is refused with the reason.
+
+    Args:
+        num_samples: Draws kept per chain.
+        warmup_steps: Adaptation steps (Stan's windows for the mass matrix).
+        num_chains: Chains in the batch, at least 2.
+        target_accept_prob: The harmonic mean of the chains' acceptance probabilities that the
+            step size aims at (0.651, HMC's optimum, by default).
+        max_leapfrog_steps: Leapfrog steps per transition at most.
+        jit_compile: Compile the batched potential energy and its gradient into one graph,
+            where it agrees with the model's potential (see
+            :class:`~aml_ppl.inference.vectorised_nuts.ChainPotential`).
+
+    Example:
+        >>> import torch, aml_ppl as aml
+        >>> X = torch.randn(30, 2, dtype=torch.float64); y = X.sum(-1)
+        >>> engine = aml.inference.ChEES(num_samples=20, warmup_steps=20, num_chains=8)
+        >>> post = aml.fit(aml.models.BayesianLinearRegression(), X, y, engine=engine)
+        >>> post.samples["beta"].shape
+        torch.Size([8, 20, 2])
+    """
+
+    name: ClassVar[str] = "chees"
+
+    def __init__(
+        self, *, num_samples: int = 500, warmup_steps: int = 500, num_chains: int = 32,
+        target_accept_prob: float = HMC_ACCEPTANCE, max_leapfrog_steps: int = 1000, jit_compile: bool = True,
+    ) -> None:
+        self.num_samples = check_count("num_samples", num_samples)
+        self.warmup_steps = check_count("warmup_steps", warmup_steps, minimum=0)
+        self.num_chains = check_count("num_chains", num_chains, minimum=2)
+        if not 0 < target_accept_prob < 1:
+            raise InputDataError(f"`target_accept_prob` must lie in (0, 1); got {target_accept_prob}.")
+        self.target_accept_prob = float(target_accept_prob)
+        self.max_leapfrog_steps = check_count("max_leapfrog_steps", max_leapfrog_steps)
+        self.jit_compile = bool(jit_compile)
+
+    def incompatibility(self, model: Callable, args: tuple, kwargs: dict) -> str | None:
+        return sampler_incompatibility("ChEES-HMC", model, args, kwargs)
+
+    def fit(self, model: Callable, *args: Any, **kwargs: Any) -> SamplePosterior:
+        self.check_supports(model, args, kwargs)
+        sampler = ChEESSampler(
+            model, self.num_chains, target_accept_prob=self.target_accept_prob,
+            max_leapfrog_steps=self.max_leapfrog_steps, jit=self.jit_compile,
+        )
+        try:
+            with isolated_param_store():
+                samples, stats = sampler.run(args, kwargs, self.num_samples, self.warmup_steps)
+        except BatchingError as error:
+            raise ModelFittingError(f"ChEES-HMC cannot batch the chains: {error}; run engine='nuts' instead.") from error
+        fitted = Fitted(model, args, kwargs, engine=self.name, objective="lp", history=stats["lp"].flatten())
+        return SamplePosterior(fitted, samples={name: value.detach() for name, value in samples.items()}, stats=stats)

@@ -1,0 +1,139 @@
+"""ChEES-HMC (``engine="chees"``): the Halton jitter, closed-form moments (tolerances from the
+draws' effective sample sizes), the mass matrix and the trajectory length the adaptation reaches
+on a Gaussian against what theory says they should be, ArviZ's statistics, seeded reproduction,
+and the refusals (a model that cannot be batched, bad arguments)."""
+
+import math
+import warnings
+
+import arviz as az
+import pyro
+import pyro.distributions as dist
+import pytest
+import torch
+
+import aml_ppl as aml
+from aml_ppl.errors import InputDataError, ModelFittingError
+from aml_ppl.inference import NUTS, ChEES
+from aml_ppl.inference.chees import ChEESSampler, halton
+from aml_ppl.testing.cases import COUNTS, SCHOOLS_SIGMA, SCHOOLS_Y, change_point, conjugate_normal, eight_schools
+
+SCALES = torch.tensor([1.0, 5.0, 0.2], dtype=torch.float64)
+
+
+def badly_scaled(repeats: int = 1):
+    """Scales 25 times apart: the pooled mass matrix has to learn them."""
+    pyro.sample("x", dist.Normal(torch.zeros(3 * repeats, dtype=torch.float64), SCALES.repeat(repeats)).to_event(1))
+
+
+def test_the_jitter_is_the_mirrored_digits_of_the_index():
+    assert [halton(index) for index in range(1, 8)] == [1 / 2, 1 / 4, 3 / 4, 1 / 8, 5 / 8, 3 / 8, 7 / 8]
+    assert [halton(index, base=3) for index in range(1, 5)] == pytest.approx([1 / 3, 2 / 3, 1 / 9, 4 / 9])
+
+
+def test_chees_has_the_gaussians_moments_and_learns_its_scales():
+    torch.manual_seed(0)
+    sampler = ChEESSampler(badly_scaled, 32)
+    samples, stats = sampler.run((), {}, 300, 300)
+    x = samples["x"]  # 32 chains x 300 draws x 3
+    for coordinate in range(3):
+        values, sd = x[..., coordinate], SCALES[coordinate]
+        ess = float(az.ess(values.numpy()))
+        assert abs(values.mean()) < 4 * sd / ess**0.5
+        squares = (values / sd) ** 2  # mean 1, variance 2 for a standard normal's square
+        assert abs(squares.mean() - 1) < 4 * (2 / float(az.ess(squares.numpy()))) ** 0.5
+    # The last window pools 32 chains x 100 draws; at an ESS of a tenth of that a variance is
+    # known to sqrt(2 / 320) = 8 % (one sd): four of them.
+    torch.testing.assert_close(sampler.inverse_mass, SCALES**2, rtol=0.32, atol=0)
+    # One step size and one trajectory length for every chain.
+    assert stats["step_size"].unique().numel() == 1 and stats["n_steps"].unique(dim=0).shape[0] == 1
+
+
+def test_the_trajectory_length_reaches_the_maximiser_of_the_jittered_criterion():
+    r"""On a Gaussian, whitened, the exact flow for time t gives ChEES proportional to
+    sin^2 t; jittered (t = hT, h uniform on (0, 1)) it is 1/2 - sin(2T) / (4T), largest where
+    tan 2T = 2T: T = 2.2467. The leapfrog runs ceil(hT / eps) steps, eps / 2 more on average,
+    so the adapted T should sit near 2.2467 - eps / 2. Across seeds 0-2 it came within 0.08;
+    the band is 0.2."""
+    torch.manual_seed(0)
+    sampler = ChEESSampler(lambda: badly_scaled(10), 64, target_accept_prob=0.995)
+    sampler.run((), {}, 1, 1000)
+    assert sampler.trajectory_length == pytest.approx(2.2467 - sampler.step_size / 2, abs=0.2)
+    # A step size from the harmonic-mean target is small, as asked, but not collapsed.
+    assert 0.05 < sampler.step_size < 0.4
+
+
+def test_the_engine_exports_arviz_statistics_without_a_tree():
+    engine = ChEES(num_samples=50, warmup_steps=50, num_chains=8)
+    post = aml.fit(conjugate_normal, torch.arange(5.0, dtype=torch.float64), engine=engine, seed=0)
+    idata = post.to_arviz()
+    assert set(idata.sample_stats.data_vars) >= {"diverging", "energy", "lp", "step_size", "acceptance_rate", "n_steps"}
+    assert "tree_depth" not in idata.sample_stats
+    assert idata.posterior["mu"].shape == (8, 50)
+    assert math.isfinite(float(az.bfmi(idata).mean()))
+    assert post.fitted.engine == "chees"
+
+
+def test_a_seeded_fit_reproduces_and_another_seed_differs():
+    engine = ChEES(num_samples=30, warmup_steps=30, num_chains=4)
+    y = torch.arange(5.0, dtype=torch.float64)
+    first, second, other = (aml.fit(conjugate_normal, y, engine=engine, seed=seed) for seed in (3, 3, 4))
+    assert torch.equal(first.samples["mu"], second.samples["mu"])
+    assert not torch.equal(first.samples["mu"], other.samples["mu"])
+
+
+def test_a_model_that_cannot_be_batched_is_refused_with_the_reason():
+    def branching(y):
+        a = pyro.sample("a", dist.Normal(0.0, 1.0))
+        b = pyro.sample("b", dist.Normal(0.0, 1.0))
+        pyro.sample("y", dist.Normal(a if float(a) > 0 else b, 1.0), obs=y)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", category=UserWarning)  # torch's vmap and Pyro's notes on the failed tries
+        with pytest.raises(ModelFittingError, match="cannot batch the chains.*engine='nuts'"):
+            aml.fit(branching, torch.tensor(0.5), engine=ChEES(num_chains=2, num_samples=5, warmup_steps=5, jit_compile=False))
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [({"num_chains": 1}, "`num_chains`"), ({"target_accept_prob": 1.5}, "`target_accept_prob`"),
+     ({"max_leapfrog_steps": 0}, "`max_leapfrog_steps`"), ({"num_samples": 0}, "`num_samples`")],
+)
+def test_bad_arguments_are_named(options, message):
+    with pytest.raises(InputDataError, match=message):
+        ChEES(**options)
+
+
+def test_pyro_params_are_refused_naming_the_sites():
+    def scaled(y):
+        scale = pyro.param("scale", torch.tensor(1.0), constraint=dist.constraints.positive)
+        mu = pyro.sample("mu", dist.Normal(0.0, 1.0))
+        pyro.sample("y", dist.Normal(mu, scale), obs=y)
+
+    with pytest.raises(aml.IncompatibleEngineError, match="ChEES-HMC samples pyro.sample sites only.*'scale'"):
+        aml.fit(scaled, torch.tensor(0.5), engine="chees")
+
+
+def posteriors_agree(model, args, names):
+    r"""ChEES-HMC (32 chains) and NUTS (2 chains) give each site's posterior mean and sd within
+    four of their combined Monte Carlo standard errors (ArviZ's ``mcse_mean``, ``mcse_sd``)."""
+    nuts = aml.fit(model, *args, engine=NUTS(num_chains=2, num_samples=1000, executor=None, progress_bar=False), seed=0)
+    chees = aml.fit(model, *args, engine=ChEES(num_chains=32, num_samples=500), seed=0)
+    summaries = [az.summary(post.to_arviz(), var_names=names) for post in (nuts, chees)]
+    for row in summaries[0].index:
+        for statistic in ("mean", "sd"):
+            values = [summary.loc[row, statistic] for summary in summaries]
+            errors = [summary.loc[row, f"mcse_{statistic}"] for summary in summaries]
+            assert abs(values[0] - values[1]) < 4 * math.hypot(*errors), (row, statistic, values, errors)
+
+
+@pytest.mark.slow
+def test_eight_schools_agrees_with_nuts():
+    r"""Pyro's ``examples/eight_schools`` posterior (non-centred), where the group scale τ makes
+    a funnel that one step size must serve."""
+    posteriors_agree(eight_schools, (SCHOOLS_SIGMA, SCHOOLS_Y), ["mu", "tau"])
+
+
+@pytest.mark.slow
+def test_an_enumerated_change_point_agrees_with_nuts():
+    posteriors_agree(change_point, (COUNTS,), ["early", "late"])
