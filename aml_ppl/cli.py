@@ -30,14 +30,14 @@ from aml_ppl import __version__
 from aml_ppl._core.files import atomic_path
 from aml_ppl.api import fit
 from aml_ppl.errors import AmlPplError, InputDataError
-from aml_ppl.inference import EM, MAP, NUTS, SVI, Exact
+from aml_ppl.inference import EM, MAP, NUTS, SVI, ChEES, Exact
 
 MODELS = ("blr", "logistic", "gp", "gmm", "bnn")
 # Engine options of the command line: flag to (engine classes that take it, keyword).
 ENGINE_OPTIONS = {
-    "num_samples": ((NUTS,), "num_samples"),
-    "warmup_steps": ((NUTS,), "warmup_steps"),
-    "num_chains": ((NUTS,), "num_chains"),
+    "num_samples": ((NUTS, ChEES), "num_samples"),
+    "warmup_steps": ((NUTS, ChEES), "warmup_steps"),
+    "num_chains": ((NUTS, ChEES), "num_chains"),
     "num_steps": ((SVI, MAP), "num_steps"),
     "n_init": ((EM,), "n_init"),
 }
@@ -162,7 +162,7 @@ def build_engine(options: argparse.Namespace, model: Any) -> Any:
     if name not in ENGINES:
         raise InputDataError(f"unknown --engine {name!r}; choose from {sorted(ENGINES)}.")
     engine_class = ENGINES[name]
-    settings: dict[str, Any] = {"progress_bar": False} if engine_class is not Exact else {}
+    settings: dict[str, Any] = {"progress_bar": False} if engine_class not in (Exact, ChEES) else {}
     for flag, (classes, keyword) in ENGINE_OPTIONS.items():
         value = getattr(options, flag)
         if value is None:
@@ -286,10 +286,10 @@ def parser() -> argparse.ArgumentParser:
     columns = fitting.add_mutually_exclusive_group()
     columns.add_argument("--features", nargs="+", help="the feature columns (default: all but the target)")
     columns.add_argument("--drop", nargs="+", help="columns to leave out (an id column, say)")
-    fitting.add_argument("--engine", help="svi, map, nuts, exact or em (default: the model's own)")
-    fitting.add_argument("--num-samples", type=int, help="NUTS draws per chain")
-    fitting.add_argument("--warmup-steps", type=int, help="NUTS warm-up steps")
-    fitting.add_argument("--num-chains", type=int, help="NUTS chains")
+    fitting.add_argument("--engine", help="svi, map, nuts, chees, exact or em (default: the model's own)")
+    fitting.add_argument("--num-samples", type=int, help="NUTS or ChEES draws per chain")
+    fitting.add_argument("--warmup-steps", type=int, help="NUTS or ChEES warm-up steps")
+    fitting.add_argument("--num-chains", type=int, help="NUTS or ChEES chains")
     fitting.add_argument("--num-steps", type=int, help="SVI or MAP optimisation steps")
     fitting.add_argument("--n-init", type=int, help=f"EM starts (gmm default: {DEFAULT_MIXTURE_STARTS})")
     fitting.add_argument("--components", type=int, default=2, help="mixture components (gmm)")

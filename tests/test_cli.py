@@ -44,6 +44,10 @@ def test_fit_with_engine_options_and_other_models(regression_csv, tmp_path, caps
     assert main(["fit", "blr", str(regression_csv), "--target", "y", "--features", "a", "b", "--no-intercept",
                  "--engine", "nuts", "--num-samples", "50", "--warmup-steps", "50", "--out", str(tmp_path / "nuts")]) == 0
     assert az.from_netcdf(tmp_path / "nuts" / "inference_data.nc").posterior.sizes["draw"] == 50
+    assert main(["fit", "blr", str(regression_csv), "--target", "y", "--engine", "chees", "--num-chains", "8",
+                 "--num-samples", "40", "--warmup-steps", "40", "--out", str(tmp_path / "chees")]) == 0
+    sizes = az.from_netcdf(tmp_path / "chees" / "inference_data.nc").posterior.sizes
+    assert (sizes["chain"], sizes["draw"]) == (8, 40)
     generator = torch.Generator().manual_seed(1)
     points = torch.cat([torch.randn(30, 2, generator=generator) - 3, torch.randn(30, 2, generator=generator) + 3])
     labels = (points[:, 0] > 0).long()

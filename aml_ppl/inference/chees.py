@@ -19,12 +19,19 @@ steps, so a transition is that many batched evaluations of the potential and not
   :math:`t_n\,(\|\theta' - \bar\theta'\|^2 - \|\theta - \bar\theta\|^2)\,(\theta' - \bar\theta')^\top v'`
   per unit of :math:`\log T` (:math:`v'` the velocity :math:`M^{-1} r` at the proposal), weighted
   by the chains' acceptance probabilities, divergent chains left out; positions are measured in
-  the units the mass matrix whitens;
+  the units the mass matrix whitens, and :math:`t_n` is the duration the leapfrog steps ran,
+  :math:`\lceil h_n T / \epsilon \rceil \epsilon` (the paper's :math:`h_n T` where the steps
+  are many; where :math:`T` is below one step the trajectory still runs one, and the
+  derivative at that duration is the one that says whether it should grow);
 - :math:`\epsilon` follows dual averaging of the harmonic mean of the chains' acceptance
-  probabilities towards 0.651 (the optimal acceptance of HMC, Beskos et al. 2013): the harmonic
-  mean is held down by the worst chains, so the step suits all of them;
+  probabilities towards 0.651 (the optimal acceptance of HMC, Beskos et al. 2013), a divergent
+  chain counted as accepting nothing: the harmonic mean is held down by the worst chains, so
+  the step suits all of them, one started far out in the tails included;
 - a diagonal mass matrix from the variances of all chains' draws pooled in Stan's warm-up
-  windows, the step size searched again after each.
+  windows (or a dense one from their covariance, ``full_mass``), the step size searched again
+  after each and :math:`T` raised to at least that step: the new metric's time scale can be
+  orders of magnitude past the old one's, further than Adam's steps of about 0.025 in
+  :math:`\log T` would climb in a window.
 
 After warm-up :math:`\epsilon` is dual averaging's averaged iterate and :math:`T` the running
 average of :math:`\log T` (weights :math:`n^{-1/2}`), as BlackJAX and TFP keep them.
@@ -79,6 +86,8 @@ class ChEESSampler:
         target_accept_prob: The harmonic mean of the chains' acceptance probabilities that
             the step size aims at.
         max_leapfrog_steps: Leapfrog steps per transition at most.
+        full_mass: Adapt a dense mass matrix (the chains' pooled covariance) rather than a
+            diagonal one.
         jit: Compile the batched potential and its gradient into one graph (kept only where
             it agrees with the model's potential).
         seeds: One per chain, for its start (by default drawn from torch's generator); the
@@ -98,9 +107,10 @@ class ChEESSampler:
 
     def __init__(
         self, model: Callable, num_chains: int, *, target_accept_prob: float = HMC_ACCEPTANCE,
-        max_leapfrog_steps: int = 1000, jit: bool = True, seeds: Sequence[int] | None = None,
+        max_leapfrog_steps: int = 1000, full_mass: bool = False, jit: bool = True, seeds: Sequence[int] | None = None,
     ) -> None:
         self.seeds = chain_seeds(seeds, num_chains)
+        self.full_mass = full_mass
         self.model, self.num_chains, self.jit = model, num_chains, jit
         self.target_accept_prob, self.max_leapfrog_steps = target_accept_prob, max_leapfrog_steps
 
@@ -111,11 +121,11 @@ class ChEESSampler:
         and the per-draw statistics (name to ``C x num_samples``)."""
         self.potential = ChainPotential(self.model, args, kwargs, self.num_chains, jit=self.jit)
         current = initial_points(self.potential, ChainStreams(self.seeds, self.potential.start.device))
-        self.inverse_mass = torch.ones_like(current.z[0])
+        self.metric = _Metric(torch.ones_like(current.z[0]))
         step_size = self._search_step_size(current, 1.0)
         averaging = DualAveraging(prox_center=math.log(10 * step_size))
         log_length, log_length_average, squares = math.log(step_size), 0.0, 0.0
-        windows, pooled = warmup_windows(warmup_steps), _PooledVariance()
+        windows, pooled = warmup_windows(warmup_steps), _PooledCovariance(self.full_mass)
         kept, records = [], []
         for iteration in range(warmup_steps + num_samples):
             jitter = halton(iteration + 1)
@@ -129,7 +139,7 @@ class ChEESSampler:
                 continue
             averaging.step(self.target_accept_prob - _harmonic_mean(acceptance, diverging))
             step_size = min(max(math.exp(averaging.get_state()[0]), MIN_STEP_SIZE), MAX_STEP_SIZE)
-            gradient = self._trajectory_gradient(previous, proposal, acceptance, diverging, jitter * math.exp(log_length))
+            gradient = self._trajectory_gradient(previous, proposal, acceptance, diverging, steps * step_size)
             if math.isfinite(gradient):
                 squares = SQUARES_DECAY * squares + (1 - SQUARES_DECAY) * gradient**2
                 scale = math.sqrt(squares / (1 - SQUARES_DECAY ** (iteration + 1))) + 1e-12
@@ -140,10 +150,13 @@ class ChEESSampler:
             if 0 < window < len(windows) - 1:
                 pooled.update(current.z)
                 if iteration == windows[window][1]:
-                    self.inverse_mass = pooled.variance()
-                    pooled = _PooledVariance()
+                    self.metric = _Metric(pooled.covariance())
+                    pooled = _PooledCovariance(self.full_mass)
                     step_size = self._search_step_size(current, step_size)
                     averaging = DualAveraging(prox_center=math.log(10 * step_size))
+                    # The new metric's time scale: at least the one step it allows, which can
+                    # be orders of magnitude past T learned under the old one.
+                    log_length = max(log_length, math.log(step_size))
             if iteration == warmup_steps - 1:
                 step_size = math.exp(averaging.get_state()[1])
                 log_length = min(max(log_length_average, math.log(step_size)),
@@ -155,11 +168,11 @@ class ChEESSampler:
         r"""Fresh momenta :math:`r \sim \mathcal N(0, M)` and ``steps`` leapfrog steps for every
         chain: the proposals, the starting energies, the acceptance probabilities
         :math:`\min(1, e^{H_0 - H})` (0 where not finite) and the divergences."""
-        start = _Points(current.z, torch.randn_like(current.z) / self.inverse_mass.sqrt(), current.potential, current.grad)
-        z, grad, drift = start.z, start.grad, step_size * self.inverse_mass
+        start = _Points(current.z, self.metric.momenta(current.z), current.potential, current.grad)
+        z, grad = start.z, start.grad
         momentum = torch.add(start.r, grad, alpha=-0.5 * step_size)
         for step in range(steps):
-            z = torch.addcmul(z, drift, momentum)
+            z = self.metric.drift(z, momentum, step_size)
             potential, grad = self.potential(z)
             momentum = torch.add(momentum, grad, alpha=-(step_size if step < steps - 1 else 0.5 * step_size))
         proposal = _Points(z, momentum, potential, grad)
@@ -178,18 +191,17 @@ class ChEESSampler:
         weights = torch.where(diverging, torch.zeros_like(acceptance), acceptance).to(proposal.z.dtype)
         if not float(weights.sum()) > 0:
             return math.nan
-        scale = self.inverse_mass.sqrt()
-        ends = torch.where(diverging[:, None], torch.zeros_like(proposal.z), proposal.z / scale)
+        ends = torch.where(diverging[:, None], torch.zeros_like(proposal.z), self.metric.whiten(proposal.z))
         ends = ends - (weights @ ends) / weights.sum()
-        starts = start.z / scale
+        starts = self.metric.whiten(start.z)
         starts = starts - starts.mean(0)
-        velocities = torch.where(diverging[:, None], torch.zeros_like(proposal.r), scale * proposal.r)
+        velocities = torch.where(diverging[:, None], torch.zeros_like(proposal.r), self.metric.whitened_velocity(proposal.r))
         change = (ends * ends).sum(-1) - (starts * starts).sum(-1)
         per_chain = duration * change * (ends * velocities).sum(-1)
         return float((weights * per_chain).sum() / weights.sum())
 
     def _hamiltonian(self, points: _Points) -> torch.Tensor:
-        return points.potential + 0.5 * (self.inverse_mass * points.r * points.r).sum(-1)
+        return points.potential + self.metric.kinetic(points.r)
 
     def _search_step_size(self, current: _Points, step_size: float) -> float:
         r"""Hoffman and Gelman's heuristic on the chains together: double or halve the step until
@@ -224,33 +236,75 @@ class ChEESSampler:
         return samples, {name: value.detach().cpu() for name, value in stats.items()}
 
 
-class _PooledVariance:
-    r"""The variance of each coordinate over every chain's draws in a window, merged batch by
-    batch (Chan, Golub & LeVeque's pairwise update), regularised towards :math:`10^{-3}` as
-    Stan does: :math:`\frac{n}{n + 5}\hat\sigma^2 + 10^{-3}\frac{5}{n + 5}`."""
+class _Metric:
+    r"""The kinetic energy :math:`\tfrac12 r^\top \Sigma r` of the inverse mass matrix
+    :math:`\Sigma = M^{-1}` (a covariance ``D x D``, or its diagonal ``D``), and the whitening
+    :math:`x = L^{-1}\theta` with :math:`\Sigma = LL^\top`, on rows of chains."""
 
-    def __init__(self) -> None:
-        self.count, self.mean, self.squares = 0, 0.0, 0.0
+    def __init__(self, covariance: torch.Tensor) -> None:
+        self.covariance, self.dense = covariance, covariance.dim() == 2
+        self.scale = torch.linalg.cholesky(covariance) if self.dense else covariance.sqrt()
+
+    def momenta(self, like: torch.Tensor) -> torch.Tensor:
+        r""":math:`r = L^{-\top}\xi \sim \mathcal N(0, M)` per chain."""
+        noise = torch.randn_like(like)
+        if self.dense:
+            return torch.linalg.solve_triangular(self.scale, noise, upper=False, left=False)
+        return noise / self.scale
+
+    def drift(self, z: torch.Tensor, momentum: torch.Tensor, step_size: float) -> torch.Tensor:
+        r""":math:`\theta + \epsilon\,\Sigma r`."""
+        if self.dense:
+            return torch.addmm(z, momentum, self.covariance, alpha=step_size)
+        return torch.addcmul(z, step_size * self.covariance, momentum)
+
+    def kinetic(self, momentum: torch.Tensor) -> torch.Tensor:
+        velocity = momentum @ self.covariance if self.dense else self.covariance * momentum
+        return 0.5 * (momentum * velocity).sum(-1)
+
+    def whiten(self, z: torch.Tensor) -> torch.Tensor:
+        if self.dense:
+            return torch.linalg.solve_triangular(self.scale.T, z, upper=True, left=False)
+        return z / self.scale
+
+    def whitened_velocity(self, momentum: torch.Tensor) -> torch.Tensor:
+        r""":math:`L^{-1}\Sigma r = L^\top r`, the velocity in the whitened coordinates."""
+        return momentum @ self.scale if self.dense else self.scale * momentum
+
+
+class _PooledCovariance:
+    r"""The covariance (or each coordinate's variance) over every chain's draws in a window,
+    merged batch by batch (Chan, Golub & LeVeque's pairwise update), regularised towards
+    :math:`10^{-3} I` as Stan does: :math:`\frac{n}{n + 5}\hat\Sigma + 10^{-3}\frac{5}{n + 5} I`."""
+
+    def __init__(self, dense: bool) -> None:
+        self.dense, self.count, self.mean, self.squares = dense, 0, 0.0, 0.0
 
     def update(self, batch: torch.Tensor) -> None:
         size, mean = batch.shape[0], batch.mean(0)
         total = self.count + size
-        delta = mean - self.mean
-        self.squares = self.squares + ((batch - mean) ** 2).sum(0) + delta**2 * self.count * size / total
+        delta, centred = mean - self.mean, batch - mean
+        scatter = centred.T @ centred if self.dense else (centred**2).sum(0)
+        between = torch.outer(delta, delta) if self.dense else delta**2
+        self.squares = self.squares + scatter + between * self.count * size / total
         self.mean, self.count = self.mean + delta * size / total, total
 
-    def variance(self) -> torch.Tensor:
+    def covariance(self) -> torch.Tensor:
         n = self.count
-        return (n / (n + 5.0)) * self.squares / (n - 1) + 1e-3 * 5.0 / (n + 5.0)
+        shrunk = (n / (n + 5.0)) * self.squares / (n - 1)
+        if self.dense:
+            return shrunk + 1e-3 * 5.0 / (n + 5.0) * torch.eye(shrunk.shape[0], dtype=shrunk.dtype, device=shrunk.device)
+        return shrunk + 1e-3 * 5.0 / (n + 5.0)
 
 
 def _harmonic_mean(acceptance: torch.Tensor, diverging: torch.Tensor) -> float:
-    r"""The harmonic mean of the acceptance probabilities of the chains that did not diverge
-    (0 where every chain diverged or one accepts nothing)."""
-    kept = acceptance[~diverging]
-    if kept.numel() == 0 or not bool((kept > 0).all()):
+    r"""The harmonic mean of the chains' acceptance probabilities, a divergent chain's counted
+    as 0 (as Stan's adaptation counts a divergent transition's): 0 where any chain diverged
+    or accepts nothing, so the step shrinks until every chain moves, a chain started far
+    out in the tails included."""
+    if bool(diverging.any()) or not bool((acceptance > 0).all()):
         return 0.0
-    return float(1.0 / (1.0 / kept).mean())
+    return float(1.0 / (1.0 / acceptance).mean())
 
 
 def _select(mask: torch.Tensor, first: _Points, second: _Points) -> _Points:
@@ -285,6 +339,10 @@ class ChEES(Engine):
         target_accept_prob: The harmonic mean of the chains' acceptance probabilities that the
             step size aims at (0.651, HMC's optimum, by default).
         max_leapfrog_steps: Leapfrog steps per transition at most.
+        full_mass: Adapt a dense mass matrix, the chains' pooled covariance: for a posterior
+            with strongly correlated coordinates (a regression on uncentred predictors), where
+            one step size and trajectory length cannot serve a diagonal rescaling's long and
+            short directions at once.
         jit_compile: Compile the batched potential energy and its gradient into one graph,
             where it agrees with the model's potential (see
             :class:`~aml_ppl.inference.vectorised_nuts.ChainPotential`).
@@ -302,7 +360,8 @@ class ChEES(Engine):
 
     def __init__(
         self, *, num_samples: int = 500, warmup_steps: int = 500, num_chains: int = 32,
-        target_accept_prob: float = HMC_ACCEPTANCE, max_leapfrog_steps: int = 1000, jit_compile: bool = True,
+        target_accept_prob: float = HMC_ACCEPTANCE, max_leapfrog_steps: int = 1000, full_mass: bool = False,
+        jit_compile: bool = True,
     ) -> None:
         self.num_samples = check_count("num_samples", num_samples)
         self.warmup_steps = check_count("warmup_steps", warmup_steps, minimum=0)
@@ -311,6 +370,7 @@ class ChEES(Engine):
             raise InputDataError(f"`target_accept_prob` must lie in (0, 1); got {target_accept_prob}.")
         self.target_accept_prob = float(target_accept_prob)
         self.max_leapfrog_steps = check_count("max_leapfrog_steps", max_leapfrog_steps)
+        self.full_mass = bool(full_mass)
         self.jit_compile = bool(jit_compile)
 
     def incompatibility(self, model: Callable, args: tuple, kwargs: dict) -> str | None:
@@ -320,7 +380,7 @@ class ChEES(Engine):
         self.check_supports(model, args, kwargs)
         sampler = ChEESSampler(
             model, self.num_chains, target_accept_prob=self.target_accept_prob,
-            max_leapfrog_steps=self.max_leapfrog_steps, jit=self.jit_compile,
+            max_leapfrog_steps=self.max_leapfrog_steps, full_mass=self.full_mass, jit=self.jit_compile,
         )
         try:
             with isolated_param_store():
