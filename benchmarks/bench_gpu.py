@@ -1,6 +1,9 @@
 """CPU against CUDA for the engines whose work follows the data (`make gpu-check`).
 
-Prints one table row per workload: seconds on the CPU, on CUDA, and the ratio. Exits
+Prints one table row per workload: seconds on the CPU, on CUDA, and the ratio; then issue
+30's many-chain run on CUDA: ChEES-HMC with 1 000 chains x (500 + 500) on the logistic
+regression of `bench_chains.py` (scikit-learn's breast cancer, 569 x 30), wall seconds
+(compilation included), min bulk ESS and ESS/s, beside 32 chains on the same device. Exits
 quietly with a message where CUDA is absent.
 """
 
@@ -17,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from _common import machine_line  # noqa: E402
 
 import aml_ppl as aml  # noqa: E402
-from aml_ppl.inference import EM, SVI, Exact  # noqa: E402
+from aml_ppl.inference import EM, SVI, ChEES, Exact  # noqa: E402
 
 
 def timed(run: Callable[[], object], device: torch.device, repeats: int = 3) -> float:
@@ -69,6 +72,20 @@ def workloads(device: torch.device) -> dict[str, Callable[[], object]]:
     }
 
 
+def many_chains(device: torch.device) -> None:
+    r"""ChEES-HMC's ESS/s on CUDA at 32 and 1 000 chains (issue 30: 1 000 chains of the logistic regression)."""
+    from bench_chains import breast_cancer, logistic, smallest_ess
+
+    X, y = (tensor.to(device) for tensor in breast_cancer())
+    for chains in (32, 1000):
+        start = time.perf_counter()
+        posterior = aml.fit(logistic, X, y, engine=ChEES(num_chains=chains, num_samples=500, warmup_steps=500), seed=0)
+        seconds = time.perf_counter() - start
+        ess = smallest_ess({name: value.cpu() for name, value in posterior.samples.items()})
+        print(f"ChEES-HMC, logistic 569 x 30, {chains:5d} chains on {device.type}: {seconds:7.1f} s, "
+              f"min bulk ESS {ess:9.0f}, ESS/s {ess / seconds:9.1f}", flush=True)
+
+
 def main() -> None:
     if not torch.cuda.is_available():
         print("bench_gpu: no CUDA device here; nothing to compare.")
@@ -80,6 +97,7 @@ def main() -> None:
     for name in on_cpu:
         seconds_cpu, seconds_cuda = timed(on_cpu[name], cpu), timed(on_cuda[name], cuda)
         print(f"{name:50s} {seconds_cpu:9.4f} {seconds_cuda:9.4f} {seconds_cpu / seconds_cuda:9.2f}")
+    many_chains(cuda)
 
 
 if __name__ == "__main__":
