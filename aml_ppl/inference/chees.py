@@ -137,9 +137,9 @@ class ChEESSampler:
                 kept.append(current.z)
                 records.append((diverging, energy, -current.potential, acceptance, steps))
                 continue
+            gradient = self._trajectory_gradient(previous, proposal, acceptance, diverging, steps * step_size)
             averaging.step(self.target_accept_prob - _harmonic_mean(acceptance, diverging))
             step_size = min(max(math.exp(averaging.get_state()[0]), MIN_STEP_SIZE), MAX_STEP_SIZE)
-            gradient = self._trajectory_gradient(previous, proposal, acceptance, diverging, steps * step_size)
             if math.isfinite(gradient):
                 squares = SQUARES_DECAY * squares + (1 - SQUARES_DECAY) * gradient**2
                 scale = math.sqrt(squares / (1 - SQUARES_DECAY ** (iteration + 1))) + 1e-12

@@ -171,7 +171,22 @@ class ChainPotential:
         return values.detach(), grads.detach()
 
     def __call__(self, points: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.evaluate(points)
+        r"""Each chain's potential and gradient; where the model fails numerically for the batch
+        (a covariance that is not positive definite far out in a trajectory: ``ModelFittingError``,
+        ``LinAlgError``), chain by chain, a failing chain's energy NaN (a divergence) and the
+        others' as they are."""
+        try:
+            return self.evaluate(points)
+        except (ModelFittingError, torch.linalg.LinAlgError):
+            pass
+        values, grads = torch.full_like(points[:, 0], math.nan), torch.zeros_like(points)
+        one = plain_gradient(self.flat_potential)
+        for index in range(points.shape[0]):
+            try:
+                values[index], grads[index] = one(points[index])
+            except (ModelFittingError, torch.linalg.LinAlgError):
+                continue
+        return values, grads
 
     def _differs(self) -> bool:
         r"""Whether this evaluation disagrees with Pyro's potential chain by chain (or fails)

@@ -123,3 +123,22 @@ def test_a_model_that_cannot_be_batched_runs_its_chains_apart_with_a_warning():
 def test_options_that_do_not_apply_to_vectorised_chains_are_refused(option):
     with pytest.raises(InputDataError, match="vectorized"):
         NUTS(vectorized=True, **option)
+
+
+def test_a_chain_whose_model_fails_numerically_gets_a_nan_energy_and_the_others_theirs():
+    r"""A GP's covariance with overflowing hyperparameters is not positive definite, and the
+    model raises for the whole batch: the chains are then evaluated one by one, the failing one
+    gets a NaN energy (a divergence) and the others their own values and gradients."""
+    from aml_ppl.testing import CASES
+
+    case = next(case for case in CASES if case.name == "gp")
+    potential = ChainPotential(case.model, case.args, case.kwargs, 3, jit=False)
+    points = potential.start.clone()
+    points[1] = 1e4
+    values, grads = potential(points)
+    assert torch.isnan(values[1]) and torch.isfinite(values[[0, 2]]).all()
+    for index in (0, 2):
+        point = points[index].clone().requires_grad_(True)
+        value = potential.flat_potential(point)
+        torch.testing.assert_close(values[index], value.detach())
+        torch.testing.assert_close(grads[index], torch.autograd.grad(value, point)[0])
