@@ -54,7 +54,7 @@ from aml_ppl.inference.fitted import Fitted
 from aml_ppl.inference.mcmc import SamplePosterior, sampler_incompatibility
 from aml_ppl.inference.nuts_kernel import MAX_ENERGY_ERROR, MAX_STEP_SIZE, MIN_STEP_SIZE
 from aml_ppl.inference.vectorised_nuts import (
-    BatchingError, ChainPotential, _Points, chain_seeds, initial_points, warmup_windows,
+    BatchingError, ChainPotential, _Points, _where, chain_seeds, initial_points, warmup_windows,
 )
 
 # The optimal acceptance probability of HMC in high dimension (Beskos et al. 2013).
@@ -132,7 +132,7 @@ class ChEESSampler:
             steps = min(self.max_leapfrog_steps, max(1, math.ceil(jitter * math.exp(log_length) / step_size)))
             proposal, energy, acceptance, diverging = self._propose(current, step_size, steps)
             accepted = torch.rand_like(acceptance) < acceptance
-            previous, current = current, _select(accepted, proposal, current)
+            previous, current = current, _where(accepted, proposal, current)
             if iteration >= warmup_steps:
                 kept.append(current.z)
                 records.append((diverging, energy, -current.potential, acceptance, steps))
@@ -305,14 +305,6 @@ def _harmonic_mean(acceptance: torch.Tensor, diverging: torch.Tensor) -> float:
     if bool(diverging.any()) or not bool((acceptance > 0).all()):
         return 0.0
     return float(1.0 / (1.0 / acceptance).mean())
-
-
-def _select(mask: torch.Tensor, first: _Points, second: _Points) -> _Points:
-    column = mask[:, None]
-    return _Points(
-        torch.where(column, first.z, second.z), torch.zeros_like(first.z),
-        torch.where(mask, first.potential, second.potential), torch.where(column, first.grad, second.grad),
-    )
 
 
 @register_engine
