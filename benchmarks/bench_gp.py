@@ -7,7 +7,9 @@ GPyTorch loop one run, ours `Exact()`: 8 starts optimised as one batch, duplicat
 stopped early), then every library with R starts (`--restarts`, default 8): ours
 `Exact(num_restarts=R)` (its default start and R - 1 screened random ones), scikit-learn
 `n_restarts_optimizer=R - 1`, the GPyTorch loop R runs (GPyTorch's initial values, then
-raw parameters drawn from N(0, 2^2)), the best kept; and ours with one start. Reported:
+raw parameters drawn from N(0, 2^2)), the best kept; and ours with one start. Up to n = 500
+all rows run `--repeats` rounds (default 5; one run's noise there is as large as the gaps) and
+the medians are reported. Reported:
 fit seconds, the reached log marginal likelihood on y's scale, predict seconds for 1000
 points, the ratio of each peer's fit time to ours with defaults, and peak memory of fresh
 child processes. Threads: torch's default (the machine's cores) unless `--threads`. Above
@@ -20,13 +22,14 @@ conjugate-gradient path on all the data (`max_cholesky_size=n - 1`: its screenin
 subsets still by Cholesky): fit and predict seconds, the LML each
 reports (the CG path's is an estimate) and, up to n = 20 000 (one Cholesky, about 10 GB), the
 exact LML at the CG path's optimum.
-Usage: python benchmarks/bench_gp.py [--sizes 200 500] [--restarts 8] [--threads 1] [--no-memory] [--predict-only] [--paths]
+Usage: python benchmarks/bench_gp.py [--sizes 200 500] [--restarts 8] [--repeats 5] [--threads 1] [--no-memory] [--predict-only] [--paths]
 """
 
 from __future__ import annotations
 
 import argparse
 import resource
+import statistics
 import subprocess
 import sys
 import time
@@ -145,28 +148,32 @@ def rows(restarts: int) -> list[tuple[str, int | None, str]]:
     ]
 
 
-def main(sizes: list[int], restarts: int, memory: bool, equal_up_to: int) -> None:
-    print(machine_line(), f"restarts {restarts}")
+def main(sizes: list[int], restarts: int, memory: bool, equal_up_to: int, repeats: int) -> None:
+    print(machine_line(), f"restarts {restarts}, rounds {repeats} up to n = 500")
     for run in RUNNERS.values():  # warm up: imports and first-call costs stay out of the table
         run(*data(50), data(10, seed=1)[0], 1)
     print(f"{'n':>5} {'run':>20} {'fit s':>8} {'LML':>11} {'predict s':>10} {'fit / ours':>10} {'peak MiB':>9}")
     for n in sizes:
         X, y = data(n)
         X_test = data(1000, seed=1)[0]
-        ours_seconds = None
-        for name, count, label in rows(restarts)[: 6 if n <= equal_up_to else 3]:
-            start = time.perf_counter()
-            value, predict_seconds = RUNNERS[name](X, y, X_test, count)
-            fit_seconds = time.perf_counter() - start - predict_seconds
-            if label == "aml_ppl default":
-                ours_seconds = fit_seconds
-            ratio = f"{fit_seconds / ours_seconds:.2f}" if ours_seconds else "-"
+        selected = rows(restarts)[: 6 if n <= equal_up_to else 3]
+        fits, predicts, values = {}, {}, {}
+        for _ in range(repeats if n <= 500 else 1):  # rounds of all rows in turn: medians of each
+            for name, count, label in selected:
+                start = time.perf_counter()
+                values[label], predict_seconds = RUNNERS[name](X, y, X_test, count)
+                fits.setdefault(label, []).append(time.perf_counter() - start - predict_seconds)
+                predicts.setdefault(label, []).append(predict_seconds)
+        ours_seconds = statistics.median(fits["aml_ppl default"])
+        for name, count, label in selected:
+            fit_seconds = statistics.median(fits[label])
             peak = "-"
             if memory:
                 command = [sys.executable, __file__, "--child", name, str(n), str(count or 0)]
                 output = subprocess.run(command, check=True, capture_output=True, text=True).stdout
                 peak = f"{float(output.strip().splitlines()[-1]) / 1024:.0f}"
-            print(f"{n:>5} {label:>20} {fit_seconds:>8.2f} {value:>11.3f} {predict_seconds:>10.3f} {ratio:>10} {peak:>9}", flush=True)
+            print(f"{n:>5} {label:>20} {fit_seconds:>8.3f} {values[label]:>11.3f} {statistics.median(predicts[label]):>10.3f} "
+                  f"{fit_seconds / ours_seconds:>10.2f} {peak:>9}", flush=True)
 
 
 def predict_only(sizes: list[int]) -> None:
@@ -225,6 +232,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--sizes", type=int, nargs="*", default=[200, 500, 2000, 5000])
     parser.add_argument("--restarts", type=int, default=8)
+    parser.add_argument("--repeats", type=int, default=5, help="rounds of every row at n <= 500, medians reported")
     parser.add_argument("--threads", type=int, help="torch threads (default: torch's own)")
     parser.add_argument("--equal-up-to", type=int, default=2000, help="largest n for the rows with R starts each")
     parser.add_argument("--child", nargs=3)
@@ -241,4 +249,4 @@ if __name__ == "__main__":
     elif options.paths:
         paths(options.sizes)
     else:
-        main(options.sizes, options.restarts, not options.no_memory, options.equal_up_to)
+        main(options.sizes, options.restarts, not options.no_memory, options.equal_up_to, options.repeats)

@@ -2,29 +2,45 @@ r"""Typed records that several floors share: a prediction at new inputs."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
 from aml_ppl.errors import InputDataError
 
 
-@dataclass(frozen=True)
 class Prediction:
     r"""The posterior predictive at some inputs.
 
     Attributes:
         mean: Predictive mean, shaped like one observation of the site.
         variance: Predictive variance, same shape.
-        samples: ``num_samples x ...`` draws from the predictive, or ``None``.
+        samples: ``num_samples x ...`` draws from the predictive, or ``None``; an exact
+            Gaussian predictive draws them when they are first read (``draw``).
         gaussian: Whether the predictive is exactly Gaussian (then
             :meth:`interval` is exact rather than empirical).
     """
 
-    mean: torch.Tensor
-    variance: torch.Tensor
-    samples: torch.Tensor | None = None
-    gaussian: bool = False
+    def __init__(
+        self,
+        mean: torch.Tensor,
+        variance: torch.Tensor,
+        samples: torch.Tensor | None = None,
+        gaussian: bool = False,
+        *,
+        draw: Callable[[], torch.Tensor] | None = None,
+    ) -> None:
+        self.mean, self.variance, self.gaussian = mean, variance, gaussian
+        self._samples, self._draw = samples, draw
+
+    @property
+    def samples(self) -> torch.Tensor | None:
+        if self._samples is None and self._draw is not None:
+            self._samples, self._draw = self._draw(), None
+        return self._samples
+
+    def __repr__(self) -> str:
+        return f"Prediction(mean={self.mean}, variance={self.variance}, gaussian={self.gaussian})"
 
     @property
     def stddev(self) -> torch.Tensor:

@@ -21,6 +21,7 @@ from aml_ppl.models.gp.iterative import (
     lanczos_inverse_root,
 )
 from aml_ppl.models.gp.likelihood import MarginalLikelihood
+from aml_ppl.models.gp.stationary import ClosedFormKernel
 from aml_ppl.models.protocols import GaussianLatents
 
 
@@ -167,8 +168,24 @@ class GaussianProcess(_GaussianProcessBase):
                 estimates.append(density.value)
             value = torch.stack(estimates)
             return (value if batched else value[0]), None, density.weights
-        mean, covariance = self._module_call(values, X)
+        closed = self._closed_form(values)
+        mean, covariance = (self._constant_mean(values, X), closed.matrix(values, X)[0]) if closed else self._module_call(values, X)
         return self._log_density(mean, plus_diagonal(covariance, self._noise(values, y_scale)), y, failed_as_nan)
+
+    def _closed_form(self, values: dict[str, torch.Tensor]) -> ClosedFormKernel | None:
+        r"""The kernel's closed form (:mod:`~aml_ppl.models.gp.stationary`) where it has one,
+        ``values`` hold all its hyperparameters and the mean is zero or a constant among
+        them; else ``None`` (GPyTorch evaluates the kernel)."""
+        if self.mean == "constant" and "mean_module.constant" not in values:
+            return None
+        return ClosedFormKernel.of(self.gp.covar_module, set(values))
+
+    def _constant_mean(self, values: dict[str, torch.Tensor], X: torch.Tensor) -> torch.Tensor:
+        r""":math:`m(X)` of the constant (or zero) mean, ``... x n`` for a batch of values."""
+        if self.mean == "zero":
+            return X.new_zeros(X.shape[0])
+        constant = values["mean_module.constant"]
+        return constant[..., None].expand(*constant.shape, X.shape[0])
 
     def _by_cholesky(self, y: torch.Tensor) -> bool:
         return y.shape[-1] <= self.max_cholesky_size
@@ -233,7 +250,11 @@ class GaussianProcess(_GaussianProcessBase):
             parts = [self._iterative_value_and_surrogate(member, X, y, y_scale) for member in members]
             value = torch.stack([value for value, _ in parts])
             return (value if batched else value[0]), sum(surrogate for _, surrogate in parts)
-        mean, covariance = self._module_call(values, X)
+        closed = self._closed_form(values)
+        if closed:
+            mean, (covariance, slope) = self._constant_mean(values, X), closed.matrix(values, X)
+        else:
+            mean, covariance = self._module_call(values, X)
         noise = self._noise(values, y_scale)
         n = y.shape[0]
         with torch.no_grad():
@@ -243,8 +264,12 @@ class GaussianProcess(_GaussianProcessBase):
             sensitivity.view(-1, n, n).baddbmm_(weights.reshape(-1, n, 1), weights.reshape(-1, 1, n), alpha=0.5)
             del cholesky
         trace = sensitivity.diagonal(dim1=-2, dim2=-1).sum(-1)
+        kernel_term = (
+            closed.surrogate(values, X, sensitivity, covariance, slope) if closed
+            else torch.vdot(sensitivity.flatten(), covariance.flatten())
+        )
         surrogate = (
-            torch.vdot(sensitivity.flatten(), covariance.flatten())
+            kernel_term
             + (torch.as_tensor(noise).reshape(-1) * trace.reshape(-1)).sum()
             + (weights * mean).sum()
         )

@@ -109,19 +109,18 @@ class MarginalLikelihood:
 
     def random_starts(self, count: int) -> list[dict[str, torch.Tensor]]:
         r"""``count`` random unconstrained starting points (the global torch RNG: seeded by
-        ``aml.fit(..., seed=...)``)."""
-        starts = []
-        for _ in range(count):
-            start = {}
-            for site, raw in self.start.items():
-                if site in self.model.priors:
-                    start[site] = self._free(site, self.model.priors[site].sample().to(raw).reshape(raw.shape))
-                elif self.spread[site] is not None:
-                    start[site] = raw + math.log(self.spread[site]) * (2 * torch.rand_like(raw) - 1)
-                else:
-                    start[site] = raw.clone()
-            starts.append(start)
-        return starts
+        ``aml.fit(..., seed=...)``), each site's drawn at once."""
+        draws = {}
+        for site, raw in self.start.items():
+            shape = (count, *raw.shape)
+            if site in self.model.priors:
+                draws[site] = self._free(site, self.model.priors[site].sample((count,)).to(raw).reshape(shape))
+            elif self.spread[site] is not None:
+                uniform = torch.rand(shape, dtype=raw.dtype, device=raw.device)
+                draws[site] = raw + math.log(self.spread[site]) * (2 * uniform - 1)
+            else:
+                draws[site] = raw.expand(shape).clone()
+        return [{site: value[index] for site, value in draws.items()} for index in range(count)]
 
     def __len__(self) -> int:
         return self.inputs.shape[0]
