@@ -15,8 +15,9 @@ compilation, and again warm, as a user re-running a fitted model would; and with
 vectorised (``chain_method="vectorized"``) beside ``NUTS(num_chains=32, vectorized=True)``
 (issue 30), and beside ChEES-HMC (``engine="chees"``: 32 chains, one step size and one jittered
 trajectory length adapted from all of them), whose ESS/s is set against NumPyro's 32
-vectorised NUTS chains. ``--many-chains`` runs the 32-chain rows alone (and Pyro's default,
-the baseline of the last column).
+vectorised NUTS chains (ChEES's default mass matrix is dense on these three models; NumPyro's
+is diagonal, and a row with ``dense_mass=True`` gives it the same). ``--many-chains`` runs the
+32-chain rows alone (and Pyro's default, the baseline of the last column).
 Usage: pip install -e ".[bench]"; python benchmarks/bench_chains.py [--many-chains]
 """
 
@@ -114,9 +115,9 @@ def pyro_default(model, args, **kernel_options):
     return seconds, smallest_ess(mcmc.get_samples(group_by_chain=True))
 
 
-def numpyro_parallel(model, args, num_chains=2, chain_method="parallel"):
+def numpyro_parallel(model, args, num_chains=2, chain_method="parallel", dense_mass=False):
     """NumPyro's NUTS, 2 chains in parallel (``chain_method="parallel"``) or ``num_chains``
-    vectorised: (cold, warm) runs.
+    vectorised, with its default diagonal mass matrix or ``dense_mass``: (cold, warm) runs.
     JAX is imported here, after the torch runs: once its threads run, aml_ppl does not fork."""
     import jax
     import numpyro
@@ -144,7 +145,7 @@ def numpyro_parallel(model, args, num_chains=2, chain_method="parallel"):
             numpyro.sample("obs", numpyro_dist.Bernoulli(logits=intercept + X @ weights), obs=y)
 
     twin = {"eight_schools": eight_schools, "regression": regression, "logistic": logistic}[model.__name__]
-    mcmc = numpyro.infer.MCMC(numpyro.infer.NUTS(twin), num_warmup=500, num_samples=500, num_chains=num_chains,
+    mcmc = numpyro.infer.MCMC(numpyro.infer.NUTS(twin, dense_mass=dense_mass), num_warmup=500, num_samples=500, num_chains=num_chains,
                               chain_method=chain_method, progress_bar=False)
     arrays = [a.numpy() for a in args]
     runs = []
@@ -187,6 +188,9 @@ def main() -> None:
         results[name]["NumPyro, 32 chains vectorized, cold"], results[name]["NumPyro, 32 chains vectorized, warm"] = (
             numpyro_parallel(model, args, num_chains=32, chain_method="vectorized")
         )
+        results[name]["NumPyro, 32 vectorized, dense, cold"] = numpyro_parallel(
+            model, args, num_chains=32, chain_method="vectorized", dense_mass=True
+        )[0]
     for name, rows in results.items():
         base_seconds, base_ess = rows["Pyro MCMC(NUTS), default"]
         peer_seconds, peer_ess = rows["NumPyro, 32 chains vectorized, cold"]

@@ -27,8 +27,12 @@ steps, so a transition is that many batched evaluations of the potential and not
   probabilities towards 0.651 (the optimal acceptance of HMC, Beskos et al. 2013), a divergent
   chain counted as accepting nothing: the harmonic mean is held down by the worst chains, so
   the step suits all of them, one started far out in the tails included;
-- a diagonal mass matrix from the variances of all chains' draws pooled in Stan's warm-up
-  windows (or a dense one from their covariance, ``full_mass``), the step size searched again
+- a mass matrix from all chains' draws pooled in Stan's warm-up windows: their covariance
+  where the window holds at least ``DRAWS_PER_COORDINATE`` draws per coordinate and there are
+  at most ``DENSE_AT_MOST`` coordinates (32 chains give a well-estimated covariance early,
+  and a dense metric takes correlations that one step size and one trajectory length
+  cannot serve along a diagonal one's long and short directions), else their variances
+  (``full_mass`` forces either), the step size searched again
   after each and :math:`T` raised to at least that step: the new metric's time scale can be
   orders of magnitude past the old one's, further than Adam's steps of about 0.025 in
   :math:`\log T` would climb in a window.
@@ -63,6 +67,8 @@ HMC_ACCEPTANCE = 0.651
 # clipped to +-0.35 (about half a doubling).
 LEARNING_RATE, SQUARES_DECAY, LARGEST_UPDATE = 0.025, 0.95, 0.35
 # The statistics each draw records (ArviZ's names): no tree, so no tree_depth.
+DRAWS_PER_COORDINATE = 10
+DENSE_AT_MOST = 100
 CHEES_STATS = ("diverging", "energy", "lp", "step_size", "acceptance_rate", "n_steps")
 
 
@@ -86,8 +92,9 @@ class ChEESSampler:
         target_accept_prob: The harmonic mean of the chains' acceptance probabilities that
             the step size aims at.
         max_leapfrog_steps: Leapfrog steps per transition at most.
-        full_mass: Adapt a dense mass matrix (the chains' pooled covariance) rather than a
-            diagonal one.
+        full_mass: ``True``: a dense mass matrix (the chains' pooled covariance) in every
+            window; ``False``: a diagonal one; ``None``: dense where the window's draws allow
+            (see the module's description).
         jit: Compile the batched potential and its gradient into one graph (kept only where
             it agrees with the model's potential).
         seeds: One per chain, for its start (by default drawn from torch's generator); the
@@ -107,7 +114,7 @@ class ChEESSampler:
 
     def __init__(
         self, model: Callable, num_chains: int, *, target_accept_prob: float = HMC_ACCEPTANCE,
-        max_leapfrog_steps: int = 1000, full_mass: bool = False, jit: bool = True, seeds: Sequence[int] | None = None,
+        max_leapfrog_steps: int = 1000, full_mass: bool | None = None, jit: bool = True, seeds: Sequence[int] | None = None,
     ) -> None:
         self.seeds = chain_seeds(seeds, num_chains)
         self.full_mass = full_mass
@@ -125,7 +132,9 @@ class ChEESSampler:
         step_size = self._search_step_size(current, 1.0)
         averaging = DualAveraging(prox_center=math.log(10 * step_size))
         log_length, log_length_average, squares = math.log(step_size), 0.0, 0.0
-        windows, pooled = warmup_windows(warmup_steps), _PooledCovariance(self.full_mass)
+        coordinates = current.z.shape[-1]
+        tracked = self.full_mass is True or (self.full_mass is None and coordinates <= DENSE_AT_MOST)
+        windows, pooled = warmup_windows(warmup_steps), _PooledCovariance(tracked)
         kept, records = [], []
         for iteration in range(warmup_steps + num_samples):
             jitter = halton(iteration + 1)
@@ -150,8 +159,9 @@ class ChEESSampler:
             if 0 < window < len(windows) - 1:
                 pooled.update(current.z)
                 if iteration == windows[window][1]:
-                    self.metric = _Metric(pooled.covariance())
-                    pooled = _PooledCovariance(self.full_mass)
+                    dense = tracked and (self.full_mass is True or pooled.count >= DRAWS_PER_COORDINATE * coordinates)
+                    self.metric = _Metric(pooled.covariance(dense))
+                    pooled = _PooledCovariance(tracked)
                     step_size = self._search_step_size(current, step_size)
                     averaging = DualAveraging(prox_center=math.log(10 * step_size))
                     # The new metric's time scale: at least the one step it allows, which can
@@ -273,8 +283,8 @@ class _Metric:
 
 
 class _PooledCovariance:
-    r"""The covariance (or each coordinate's variance) over every chain's draws in a window,
-    merged batch by batch (Chan, Golub & LeVeque's pairwise update), regularised towards
+    r"""The covariance (or, untracked, each coordinate's variance) over every chain's draws in a
+    window, merged batch by batch (Chan, Golub & LeVeque's pairwise update), regularised towards
     :math:`10^{-3} I` as Stan does: :math:`\frac{n}{n + 5}\hat\Sigma + 10^{-3}\frac{5}{n + 5} I`."""
 
     def __init__(self, dense: bool) -> None:
@@ -289,12 +299,13 @@ class _PooledCovariance:
         self.squares = self.squares + scatter + between * self.count * size / total
         self.mean, self.count = self.mean + delta * size / total, total
 
-    def covariance(self) -> torch.Tensor:
+    def covariance(self, dense: bool) -> torch.Tensor:
+        r"""The regularised covariance (``dense``, where tracked) or the variances."""
         n = self.count
         shrunk = (n / (n + 5.0)) * self.squares / (n - 1)
-        if self.dense:
+        if dense:
             return shrunk + 1e-3 * 5.0 / (n + 5.0) * torch.eye(shrunk.shape[0], dtype=shrunk.dtype, device=shrunk.device)
-        return shrunk + 1e-3 * 5.0 / (n + 5.0)
+        return (shrunk.diagonal() if self.dense else shrunk) + 1e-3 * 5.0 / (n + 5.0)
 
 
 def _harmonic_mean(acceptance: torch.Tensor, diverging: torch.Tensor) -> float:
@@ -318,7 +329,7 @@ class ChEES(Engine):
     vectorised chains (``NUTS(vectorized=True)``) wait for the deepest tree and spend as long on
     the trees' bookkeeping as on the gradients, this runs at the speed of the gradient. It wants
     many chains (the adaptation averages over them; 32 and more) and a posterior that one step
-    size and one trajectory length suit, after a diagonal rescaling: on a funnel or a posterior
+    size and one trajectory length suit, after a linear rescaling: on a funnel or a posterior
     whose scales vary from place to place, prefer NUTS. The draws are ArviZ's as NUTS's are
     (``sample_stats`` without ``tree_depth``: there is no tree); the model's constraints are
     the same as NUTS's (``pyro.sample`` sites only, the whole likelihood), and a model whose
@@ -331,10 +342,13 @@ class ChEES(Engine):
         target_accept_prob: The harmonic mean of the chains' acceptance probabilities that the
             step size aims at (0.651, HMC's optimum, by default).
         max_leapfrog_steps: Leapfrog steps per transition at most.
-        full_mass: Adapt a dense mass matrix, the chains' pooled covariance: for a posterior
-            with strongly correlated coordinates (a regression on uncentred predictors), where
-            one step size and trajectory length cannot serve a diagonal rescaling's long and
-            short directions at once.
+        full_mass: ``None`` (the default): a dense mass matrix, the chains' pooled
+            covariance, wherever a warm-up window holds at least 10 draws per coordinate and
+            there are at most 100 coordinates (32 chains: from the first window, for up to 80
+            coordinates), a diagonal one otherwise; ``True`` or ``False`` forces one. A
+            dense metric serves strongly correlated coordinates (a regression on correlated
+            predictors), where one step size and trajectory length cannot serve a diagonal
+            rescaling's long and short directions at once.
         jit_compile: Compile the batched potential energy and its gradient into one graph,
             where it agrees with the model's potential (see
             :class:`~aml_ppl.inference.vectorised_nuts.ChainPotential`).
@@ -352,7 +366,7 @@ class ChEES(Engine):
 
     def __init__(
         self, *, num_samples: int = 500, warmup_steps: int = 500, num_chains: int = 32,
-        target_accept_prob: float = HMC_ACCEPTANCE, max_leapfrog_steps: int = 1000, full_mass: bool = False,
+        target_accept_prob: float = HMC_ACCEPTANCE, max_leapfrog_steps: int = 1000, full_mass: bool | None = None,
         jit_compile: bool = True,
     ) -> None:
         self.num_samples = check_count("num_samples", num_samples)
@@ -362,7 +376,7 @@ class ChEES(Engine):
             raise InputDataError(f"`target_accept_prob` must lie in (0, 1); got {target_accept_prob}.")
         self.target_accept_prob = float(target_accept_prob)
         self.max_leapfrog_steps = check_count("max_leapfrog_steps", max_leapfrog_steps)
-        self.full_mass = bool(full_mass)
+        self.full_mass = None if full_mass is None else bool(full_mass)
         self.jit_compile = bool(jit_compile)
 
     def incompatibility(self, model: Callable, args: tuple, kwargs: dict) -> str | None:

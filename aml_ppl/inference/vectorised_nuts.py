@@ -36,6 +36,10 @@ from aml_ppl.inference.density import log_joint
 from aml_ppl.inference.nuts_kernel import MAX_ENERGY_ERROR, MAX_STEP_SIZE, MIN_STEP_SIZE, SAMPLE_STATS
 from aml_ppl.inference.structure import inspect_model
 
+# What a model raises at a point far out in a trajectory, where the chain diverges.
+NUMERICAL_FAILURES = (ModelFittingError, torch.linalg.LinAlgError)
+
+
 class BatchingError(ModelFittingError):
     r"""The model's potential energy cannot be evaluated for all chains at once."""
 
@@ -172,20 +176,23 @@ class ChainPotential:
 
     def __call__(self, points: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         r"""Each chain's potential and gradient; where the model fails numerically for the batch
-        (a covariance that is not positive definite far out in a trajectory: ``ModelFittingError``,
+        far out in a trajectory (a covariance that is not positive definite: ``ModelFittingError``,
         ``LinAlgError``), chain by chain, a failing chain's energy NaN (a divergence) and the
-        others' as they are."""
-        try:
-            return self.evaluate(points)
-        except (ModelFittingError, torch.linalg.LinAlgError):
-            pass
-        values, grads = torch.full_like(points[:, 0], math.nan), torch.zeros_like(points)
-        one = plain_gradient(self.flat_potential)
-        for index in range(points.shape[0]):
+        others' as they are. The distributions' argument checks are off here: a value that
+        rounds out of its support there (a lengthscale ``exp(-1000) = 0``) has an infinite
+        energy, a divergence, where the check would raise."""
+        with pyro.validation_enabled(False):
             try:
-                values[index], grads[index] = one(points[index])
-            except (ModelFittingError, torch.linalg.LinAlgError):
-                continue
+                return self.evaluate(points)
+            except NUMERICAL_FAILURES:
+                pass
+            values, grads = torch.full_like(points[:, 0], math.nan), torch.zeros_like(points)
+            one = plain_gradient(self.flat_potential)
+            for index in range(points.shape[0]):
+                try:
+                    values[index], grads[index] = one(points[index])
+                except NUMERICAL_FAILURES:
+                    continue
         return values, grads
 
     def _differs(self) -> bool:

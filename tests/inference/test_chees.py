@@ -43,10 +43,57 @@ def test_chees_has_the_gaussians_moments_and_learns_its_scales():
         squares = (values / sd) ** 2  # mean 1, variance 2 for a standard normal's square
         assert abs(squares.mean() - 1) < 4 * (2 / float(az.ess(squares.numpy()))) ** 0.5
     # The last window pools 32 chains x 100 draws; at an ESS of a tenth of that a variance is
-    # known to sqrt(2 / 320) = 8 % (one sd): four of them.
-    torch.testing.assert_close(sampler.metric.covariance, SCALES**2, rtol=0.32, atol=0)
+    # known to sqrt(2 / 320) = 8 % (one sd): four of them. 3 coordinates and 32 x 25 draws
+    # from the first window on: the metric is dense, its correlations within 4 / sqrt(320).
+    assert sampler.metric.dense
+    torch.testing.assert_close(sampler.metric.covariance.diagonal(), SCALES**2, rtol=0.32, atol=0)
+    correlation = sampler.metric.covariance / torch.outer(SCALES, SCALES)
+    assert (correlation - torch.eye(3, dtype=torch.float64)).abs().max() < 4 / 320**0.5
     # One step size and one trajectory length for every chain.
     assert stats["step_size"].unique().numel() == 1 and stats["n_steps"].unique(dim=0).shape[0] == 1
+
+
+def correlated(rho: float = 0.95):
+    covariance = torch.tensor([[1.0, rho], [rho, 1.0]], dtype=torch.float64)
+    pyro.sample("x", dist.MultivariateNormal(torch.zeros(2, dtype=torch.float64), covariance))
+
+
+def independent(size: int):
+    pyro.sample("x", dist.Normal(torch.zeros(size, dtype=torch.float64), 1.0).to_event(1))
+
+
+@pytest.mark.parametrize(
+    "model, chains, full_mass, dense",
+    [
+        (correlated, 32, None, True),  # 2 coordinates, 32 x 25 draws in the first window
+        (correlated, 32, False, False),
+        (lambda: independent(101), 32, None, False),  # past 100 coordinates
+        (lambda: independent(101), 32, True, True),
+        (lambda: independent(20), 2, None, False),  # 2 x 75 draws: under 10 a coordinate
+    ],
+    ids=["correlated", "forced diagonal", "101 coordinates", "forced dense", "2 chains"],
+)
+def test_the_default_metric_is_dense_where_the_windows_draws_allow(model, chains, full_mass, dense):
+    torch.manual_seed(0)
+    sampler = ChEESSampler(model, chains, full_mass=full_mass)
+    sampler.run((), {}, 10, 100)
+    assert sampler.metric.dense == dense
+
+
+def test_a_dense_metric_learns_the_correlation_and_shortens_the_trajectories():
+    """rho = 0.95: the pooled covariance's correlation within 4 / sqrt(ESS) of it, and the
+    whitened posterior needs about 1/sqrt(1 - rho) = 4.5 times fewer leapfrog steps than
+    the diagonal metric's (half the ratio asked)."""
+    runs = {}
+    for full_mass in (None, False):
+        torch.manual_seed(0)
+        sampler = ChEESSampler(correlated, 32, full_mass=full_mass)
+        samples, stats = sampler.run((), {}, 200, 300)
+        runs[full_mass] = (sampler, stats["n_steps"].double().mean().item())
+    sampler = runs[None][0]
+    correlation = sampler.metric.covariance[0, 1] / sampler.metric.covariance.diagonal().prod().sqrt()
+    assert abs(correlation - 0.95) < 4 * (1 - 0.95**2) / 320**0.5
+    assert runs[False][1] > 2.2 * runs[None][1]
 
 
 def test_the_trajectory_length_reaches_the_maximiser_of_the_jittered_criterion():
