@@ -53,6 +53,22 @@ def test_exact_gp_on_cuda_matches_the_cpu():
     assert gpu.to_arviz(num_samples=20).log_likelihood["obs"].shape == (1, 1, 150)
 
 
+def test_a_learned_gp_on_cuda_matches_the_cpu():
+    """Batched restarts with the Matérn kernel in closed form on CUDA reach the CPU's optimum
+    (a linear function: one optimum, whichever device's generator draws the starts), and the
+    predictive draws are made on CUDA when read."""
+    from gpytorch.kernels import MaternKernel, ScaleKernel
+
+    X, y = data(150, 2)
+    fits = [
+        aml.fit(aml.models.GaussianProcess(ScaleKernel(MaternKernel(nu=2.5, ard_num_dims=2))), X.to(device), y.to(device), seed=0)
+        for device in ("cpu", CUDA)
+    ]
+    assert fits[1].log_marginal_likelihood.item() == pytest.approx(fits[0].log_marginal_likelihood.item(), abs=1e-4)
+    draws = fits[1].predict(X[:5].to(CUDA), num_samples=10).samples
+    assert draws.device == X[:5].to(CUDA).device and draws.shape == (10, 5)
+
+
 def test_svi_on_cuda_keeps_the_draws_on_cuda():
     X, y = data()
     X, y = X.to(CUDA), y.to(CUDA)
