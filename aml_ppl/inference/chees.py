@@ -66,9 +66,10 @@ HMC_ACCEPTANCE = 0.651
 # ChEES's optimiser on log T: Adam without momentum (TFP's and BlackJAX's settings), its steps
 # clipped to +-0.35 (about half a doubling).
 LEARNING_RATE, SQUARES_DECAY, LARGEST_UPDATE = 0.025, 0.95, 0.35
+# By default a window's pooled covariance is the (dense) metric where it holds at least this
+# many draws per coordinate and there are at most this many coordinates.
+DRAWS_PER_COORDINATE, DENSE_AT_MOST = 10, 100
 # The statistics each draw records (ArviZ's names): no tree, so no tree_depth.
-DRAWS_PER_COORDINATE = 10
-DENSE_AT_MOST = 100
 CHEES_STATS = ("diverging", "energy", "lp", "step_size", "acceptance_rate", "n_steps")
 
 
