@@ -225,16 +225,20 @@ def co2_kernel() -> Any:
     return trend + ScaleKernel(seasonal).double() + ScaleKernel(RQKernel()).double()
 
 
+def co2_series(step: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    r"""The Mauna Loa CO2 series (statsmodels' weekly record as monthly means) every
+    ``step``-th month: years since 1958 (``n x 1``) and ppm (``n``)."""
+    import statsmodels.api as sm
+
+    monthly = sm.datasets.co2.load_pandas().data["co2"].resample("MS").mean().dropna().iloc[::step]
+    years = torch.tensor(monthly.index.year + (monthly.index.month - 1) / 12, dtype=torch.float64)
+    return (years - 1958.0)[:, None], torch.tensor(monthly.to_numpy(), dtype=torch.float64)
+
+
 def gaussian_process(report: Report) -> None:
     import matplotlib.pyplot as plt
-    import statsmodels.api as sm
     report.section("Gaussian process on the Mauna Loa CO2 series (AML §6)")
-    weekly = sm.datasets.co2.load_pandas().data["co2"]
-    monthly = weekly.resample("MS").mean().dropna()
-    if report.quick:
-        monthly = monthly.iloc[::6]
-    years = torch.tensor(monthly.index.year + (monthly.index.month - 1) / 12, dtype=torch.float64)
-    X, y = (years - 1958.0)[:, None], torch.tensor(monthly.to_numpy(), dtype=torch.float64)
+    X, y = co2_series(6 if report.quick else 1)
     train, test = _split(len(y), len(y) // 10)
 
     score = lambda posterior: posterior.log_prob(X[test], y[test]).mean().item()  # noqa: E731

@@ -178,16 +178,17 @@ class Exact(Engine):
     Runs models with a closed-form Gaussian posterior: conjugate BLR through its
     ``exact_posterior`` (evidence maximisation by the fixed-point updates of AML §6),
     and exact GPs, whose hyperparameters this engine fits by type-II maximum likelihood
-    (AML §6.3): the model's :class:`~aml_ppl.models.protocols.EvidenceObjective` is
-    evaluated at ``raw_samples`` random starts on a screening subset (a quarter of the
-    data, ``smallest_subset`` to ``subset_size`` points); the model's own start and the
-    ``num_restarts - 1`` best of those are optimised together by a batched L-BFGS
-    (:func:`~aml_ppl.inference.optimise.minimise_lbfgs_batch`, each start with its own
-    history, line search and stopping) on that subset, starts that come within
-    ``duplicate_tolerance`` of a better one are stopped there, and only the distinct
-    optima found are optimised on all the data (as one batch, from the curvature pairs the subset stored, the same early stop; from
-    ``2 * warm_up_size`` points, first on ``warm_up_size`` of them); the best is kept (a failing start loses no other).
-    On the conjugate-gradient path a start stops, converged, where no gain is above the estimate's resolution.
+    (AML §6.3): ``raw_samples`` random starts are ranked on a screening subset (a quarter
+    of the data, ``smallest_subset`` to ``subset_size`` points); the model's own start and
+    the ``num_restarts - 1`` best are optimised there as one batch
+    (:func:`~aml_ppl.inference.optimise.minimise_lbfgs_batch`: per-start history, line
+    search and stopping; a start within ``duplicate_tolerance`` of a better one stops),
+    where the subset is at most half the data; the distinct optima then continue on all
+    the data, one batch, same early stop (:func:`continued`: so where every start stays
+    alone, as on Mauna Loa CO2, the fit is ``early_stop=False``'s to the bit). From
+    ``2 * warm_up_size`` points they are first refined on ``warm_up_size`` of them. The
+    best is kept (a failing start loses no other); on the conjugate-gradient path a start
+    stops, converged, where no gain is above the estimate's resolution.
     ``history`` holds the log marginal likelihood per evaluation of the winning run;
     ``convergence`` says how it stopped and how many ``distinct_optima`` the last stage
     held, and a :class:`ConvergenceWarning` is raised when the winner did not converge.
@@ -287,11 +288,11 @@ class Exact(Engine):
         points, pairs = flat.pack(starts), None
         screen = self._subset(objective)
         failed = 0
-        staged = self.early_stop and len(starts) > 1 and screen is not objective
-        if staged:  # distinct optima of a subset, then those alone on all the data (with their curvature pairs)
+        staged = self.early_stop and len(starts) > 1 and 2 * len(screen) <= len(objective)  # else screening costs a full run
+        if staged:  # distinct optima of a subset, then those alone on all the data
             screened = self._minimise(FlatObjective(screen), points, None, 1e-4, 4 * self.duplicate_tolerance)
             failed = int((~torch.isfinite(screened.loss)).sum())
-            points, pairs = distinct_optima(screened, self.duplicate_tolerance) if failed < len(starts) else (points, None)
+            points, pairs = continued(points, screened, self.duplicate_tolerance) if failed < len(starts) else (points, None)
         if self.early_stop and len(objective) >= 2 * self.warm_up_size:  # far fewer iterations on all the data
             warmed = self._minimise(FlatObjective(objective.subset(self.warm_up_size)), points, pairs, 1e-6, 2 * self.duplicate_tolerance)
             points, pairs = distinct_optima(warmed, self.duplicate_tolerance) if torch.isfinite(warmed.loss).any() else (points, pairs)
@@ -304,7 +305,7 @@ class Exact(Engine):
             "converged": bool(result.converged[best]), "iterations": int(result.iterations[best]),
             "gradient_norm": float(result.gradient_norm[best]), "restarts": len(starts),
             "failed_restarts": failed,
-            "distinct_optima": len(distinct_optima(result, self.duplicate_tolerance)[0]),
+            "distinct_optima": len(optima(result, self.duplicate_tolerance)),
         }
         if not result.converged[best]:
             self._warn_of_cap(int(result.iterations[best]), float(result.gradient_norm[best]))
@@ -439,13 +440,43 @@ class FlatObjective:
             raise ValueError(f"the objective returned {tuple(value.shape)} values for {tuple(points.shape[:-1])} points")
 
 
+def optima(result: BatchOptimisationResult, tolerance: float) -> list[list[int]]:
+    r"""The distinct optima of a batched run, best first, each as the members that ended
+    there, its best first: a member joins the best optimum within ``tolerance`` (largest
+    coordinate difference) of its end point, or the one it was stopped as heading to;
+    members with no finite loss are left out."""
+    order = [int(member) for member in result.loss.argsort() if torch.isfinite(result.loss[member])]
+    clusters: dict[int, list[int]] = {}
+    home: dict[int, int] = {}
+    for member in (member for member in order if result.duplicate_of[member] < 0):
+        near = [best for best in clusters if (result.points[member] - result.points[best]).abs().max() <= tolerance]
+        home[member] = near[0] if near else member
+        clusters.setdefault(home[member], []).append(member)
+    for member in (member for member in order if result.duplicate_of[member] >= 0):
+        root = member
+        while result.duplicate_of[root] >= 0:
+            root = int(result.duplicate_of[root])
+        clusters[home[root]].append(member)
+    return list(clusters.values())
+
+
+
 def distinct_optima(result: BatchOptimisationResult, tolerance: float) -> tuple[torch.Tensor, tuple[np.ndarray, ...]]:
-    r"""The end points of a batched run that are distinct optima, and their members' curvature
-    pairs: best first, each kept unless within ``tolerance`` (largest coordinate difference)
-    of a better kept one; members stopped as duplicates and members with no finite loss left out."""
-    order = [int(member) for member in result.loss.argsort() if torch.isfinite(result.loss[member]) and result.duplicate_of[member] < 0]
-    kept: list[int] = []
-    for member in order:
-        if all((result.points[member] - result.points[other]).abs().max() > tolerance for other in kept):
-            kept.append(member)
+    r"""The end points of a batched run's distinct :func:`optima`, best first, and the
+    curvature pairs of the members that reached them."""
+    kept = [members[0] for members in optima(result, tolerance)]
     return result.points[kept], tuple(pair[kept] for pair in result.pairs)
+
+def continued(starts: torch.Tensor, screened: BatchOptimisationResult, tolerance: float) -> tuple[torch.Tensor, tuple[np.ndarray, ...]]:
+    r"""Where a screening's distinct optima continue on all the data, in the starts' order:
+    an optimum several starts reached from the subset's end point, with its curvature pairs
+    (far fewer iterations); one a start reached alone from that start, as without the early
+    stop (a lone optimum of a quarter of the data is no guide: on Mauna Loa CO2, where every
+    start stays alone, the subset's end points often ended worse)."""
+    clusters = sorted(optima(screened, tolerance))
+    kept = [members[0] for members in clusters]
+    lone = np.array([len(members) == 1 for members in clusters])
+    points = torch.where(torch.from_numpy(lone)[:, None].to(starts.device), starts[kept], screened.points[kept])
+    steps, changes, stored = (pair[kept] for pair in screened.pairs)
+    stored[lone] = False
+    return points, (steps, changes, stored)
