@@ -182,10 +182,10 @@ class Exact(Engine):
     of the data, ``smallest_subset`` to ``subset_size`` points); the model's own start and
     the ``num_restarts - 1`` best are optimised there as one batch
     (:func:`~aml_ppl.inference.optimise.minimise_lbfgs_batch`: per-start history, line
-    search and stopping; a start within ``duplicate_tolerance`` of a better one stops),
-    where the subset is at most half the data; the distinct optima then continue on all
-    the data, one batch, same early stop (:func:`continued`: so where every start stays
-    alone, as on Mauna Loa CO2, the fit is ``early_stop=False``'s to the bit). From
+    search and stopping; a start within ``duplicate_tolerance`` of a better one stops);
+    the distinct optima then continue on all the data, one batch, same early stop
+    (:func:`continued`: so where every start stays alone, as on Mauna Loa CO2, the fit is
+    ``early_stop=False``'s to the bit). From
     ``2 * warm_up_size`` points they are first refined on ``warm_up_size`` of them. The
     best is kept (a failing start loses no other); on the conjugate-gradient path a start
     stops, converged, where no gain is above the estimate's resolution.
@@ -288,7 +288,7 @@ class Exact(Engine):
         points, pairs = flat.pack(starts), None
         screen = self._subset(objective)
         failed = 0
-        staged = self.early_stop and len(starts) > 1 and 2 * len(screen) <= len(objective)  # else screening costs a full run
+        staged = self.early_stop and len(starts) > 1 and screen is not objective
         if staged:  # distinct optima of a subset, then those alone on all the data
             screened = self._minimise(FlatObjective(screen), points, None, 1e-4, 4 * self.duplicate_tolerance)
             failed = int((~torch.isfinite(screened.loss)).sum())
