@@ -17,8 +17,10 @@ vectorised (``chain_method="vectorized"``) beside ``NUTS(num_chains=32, vectoriz
 trajectory length adapted from all of them), whose ESS/s is set against NumPyro's 32
 vectorised NUTS chains (ChEES's default mass matrix is dense on these three models; NumPyro's
 is diagonal, and a row with ``dense_mass=True`` gives it the same). ``--many-chains`` runs the
-32-chain rows alone (and Pyro's default, the baseline of the last column).
-Usage: pip install -e ".[bench]"; python benchmarks/bench_chains.py [--many-chains]
+32-chain rows alone (and Pyro's default, the baseline of the last column); ``--two-chains``
+the 2-chain rows in processes (ours with the diagonal default and with ``full_mass=True``,
+NumPyro's default and ``dense_mass=True``) and Pyro's default, against NumPyro's 2 chains.
+Usage: pip install -e ".[bench]"; python benchmarks/bench_chains.py [--many-chains | --two-chains]
 """
 
 from __future__ import annotations
@@ -91,8 +93,8 @@ def smallest_ess(samples: dict) -> float:
     return float(min(az.ess(az.from_dict(posterior={k: v.numpy() for k, v in samples.items()})).to_array().min(), 1e12))
 
 
-def ours(model, args, executor, jit_compile=None, num_chains=2, vectorized=False):
-    options = {"executor": executor} if not vectorized else {"vectorized": True}
+def ours(model, args, executor, jit_compile=None, num_chains=2, vectorized=False, full_mass=False):
+    options = {"executor": executor, "full_mass": full_mass} if not vectorized else {"vectorized": True}
     engine = NUTS(num_samples=500, warmup_steps=500, num_chains=num_chains, progress_bar=False, jit_compile=jit_compile, **options)
     start = time.perf_counter()
     posterior = aml.fit(model, *args, engine=engine, seed=0)
@@ -161,13 +163,16 @@ def numpyro_parallel(model, args, num_chains=2, chain_method="parallel", dense_m
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--many-chains", action="store_true", help="only the 32-chain rows and Pyro's default")
-    many_only = parser.parse_args().many_chains
+    parser.add_argument("--two-chains", action="store_true", help="only the rows of 2 chains in processes and Pyro's default")
+    options = parser.parse_args()
+    many_only, two_only = options.many_chains, options.two_chains
     torch.set_num_threads(1)
     print(machine_line())
     results = {}
     for name, (model, args) in problems().items():
         runs = {
             "aml_ppl, 2 processes": lambda: ours(model, args, "processes"),
+            "aml_ppl, 2 processes, full_mass": lambda: ours(model, args, "processes", full_mass=True),
             "aml_ppl, in turn": lambda: ours(model, args, None),
             "aml_ppl, 2 processes, no JIT": lambda: ours(model, args, "processes", jit_compile=False),
             "aml_ppl, 2 chains vectorized": lambda: ours(model, args, None, vectorized=True),
@@ -176,8 +181,9 @@ def main() -> None:
             "Pyro MCMC(NUTS), default": lambda: pyro_default(model, args),
             "Pyro MCMC(NUTS(jit_compile=True))": lambda: pyro_default(model, args, jit_compile=True, ignore_jit_warnings=True),
         }
-        if many_only:
-            runs = {label: run for label, run in runs.items() if "32" in label or label == "Pyro MCMC(NUTS), default"}
+        if many_only or two_only:
+            wanted = "32" if many_only else "2 processes"
+            runs = {label: run for label, run in runs.items() if wanted in label and "no JIT" not in label or label == "Pyro MCMC(NUTS), default"}
         results[name] = {label: run() for label, run in runs.items()}
     # NumPyro last: once JAX has started its threads, aml_ppl no longer forks (they would deadlock a child).
     for name, (model, args) in problems().items():
@@ -185,19 +191,23 @@ def main() -> None:
             results[name]["NumPyro, 2 chains parallel, cold"], results[name]["NumPyro, 2 chains parallel, warm"] = (
                 numpyro_parallel(model, args)
             )
+        if two_only:
+            results[name]["NumPyro, 2 chains parallel, dense, cold"] = numpyro_parallel(model, args, dense_mass=True)[0]
+            continue
         results[name]["NumPyro, 32 chains vectorized, cold"], results[name]["NumPyro, 32 chains vectorized, warm"] = (
             numpyro_parallel(model, args, num_chains=32, chain_method="vectorized")
         )
         results[name]["NumPyro, 32 vectorized, dense, cold"] = numpyro_parallel(
             model, args, num_chains=32, chain_method="vectorized", dense_mass=True
         )[0]
+    peer = "NumPyro, 2 chains parallel, cold" if two_only else "NumPyro, 32 chains vectorized, cold"
     for name, rows in results.items():
         base_seconds, base_ess = rows["Pyro MCMC(NUTS), default"]
-        peer_seconds, peer_ess = rows["NumPyro, 32 chains vectorized, cold"]
+        peer_seconds, peer_ess = rows[peer]
         for label, (seconds, ess) in rows.items():
             print(f"{name:28s} {label:38s} {seconds:7.1f} s  min bulk ESS {ess:7.0f}  ESS/s {ess / seconds:6.1f}  "
                   f"ESS/s vs Pyro {(ess / seconds) / (base_ess / base_seconds):5.2f}x  "
-                  f"vs NumPyro 32 vectorized, cold {(ess / seconds) / (peer_ess / peer_seconds):5.2f}x",
+                  f"vs {peer} {(ess / seconds) / (peer_ess / peer_seconds):5.2f}x",
                   flush=True)
 
 
