@@ -185,10 +185,10 @@ class Exact(Engine):
     search and stopping; a start within ``duplicate_tolerance`` of a better one stops);
     the distinct optima then continue on all the data, one batch, same early stop
     (:func:`continued`: so where every start stays alone, as on Mauna Loa CO2, the fit is
-    ``early_stop=False``'s to the bit). From
-    ``2 * warm_up_size`` points they are first refined on ``warm_up_size`` of them. The
-    best is kept (a failing start loses no other); on the conjugate-gradient path a start
-    stops, converged, where no gain is above the estimate's resolution.
+    ``early_stop=False``'s to the bit). From ``2 * warm_up_size`` points they are first
+    refined on ``warm_up_size`` of them. The best is kept (a failing start loses no other);
+    on the conjugate-gradient path a start stops, converged, where no gain is above the
+    estimate's resolution.
     ``history`` holds the log marginal likelihood per evaluation of the winning run;
     ``convergence`` says how it stopped and how many ``distinct_optima`` the last stage
     held, and a :class:`ConvergenceWarning` is raised when the winner did not converge.
@@ -460,12 +460,12 @@ def optima(result: BatchOptimisationResult, tolerance: float) -> list[list[int]]
     return list(clusters.values())
 
 
-
 def distinct_optima(result: BatchOptimisationResult, tolerance: float) -> tuple[torch.Tensor, tuple[np.ndarray, ...]]:
     r"""The end points of a batched run's distinct :func:`optima`, best first, and the
     curvature pairs of the members that reached them."""
     kept = [members[0] for members in optima(result, tolerance)]
     return result.points[kept], tuple(pair[kept] for pair in result.pairs)
+
 
 def continued(starts: torch.Tensor, screened: BatchOptimisationResult, tolerance: float) -> tuple[torch.Tensor, tuple[np.ndarray, ...]]:
     r"""Where a screening's distinct optima continue on all the data, in the starts' order:

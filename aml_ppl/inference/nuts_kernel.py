@@ -45,7 +45,7 @@ _TURN_PAIRS = (0, 3, 1, 7, 11, 5)
 # per coordinate the window's covariance is singular, and Stan's shrinkage towards 1e-3 I then
 # gives the missing directions an inverse mass near 1e-4: on a 31-coordinate logistic
 # regression the first window's 25 draws made the next 50 trees 470 leapfrog steps each, and
-# the warm-up cost 1.7 times the diagonal metric's. At two per coordinate the smallest
+# the warm-up cost 1.4 times the diagonal metric's. At two per coordinate the smallest
 # eigenvalue is still about (1 - 2^-1/2)^2 = 9 % of the truth (Marchenko-Pastur).
 DENSE_DRAWS_PER_COORDINATE = 2
 
