@@ -473,7 +473,7 @@ def continued(starts: torch.Tensor, screened: BatchOptimisationResult, tolerance
     (far fewer iterations); one a start reached alone from that start, as without the early
     stop (a lone optimum of a quarter of the data is no guide: on Mauna Loa CO2, where every
     start stays alone, the subset's end points often ended worse)."""
-    clusters = sorted(optima(screened, tolerance))
+    clusters = sorted(optima(screened, tolerance), key=lambda members: members[0])  # each by its best member
     kept = [members[0] for members in clusters]
     lone = np.array([len(members) == 1 for members in clusters])
     points = torch.where(torch.from_numpy(lone)[:, None].to(starts.device), starts[kept], screened.points[kept])
