@@ -18,7 +18,8 @@ trajectory length adapted from all of them), whose ESS/s is set against NumPyro'
 vectorised NUTS chains (ChEES's default mass matrix is dense on these three models; NumPyro's
 is diagonal, and a row with ``dense_mass=True`` gives it the same). ``--many-chains`` runs the
 32-chain rows alone (and Pyro's default, the baseline of the last column); ``--two-chains``
-the 2-chain rows in processes (ours with the diagonal default and with ``full_mass=True``,
+the 2-chain rows in processes (ours with the default metric, dense where a window's draws are
+correlated beyond their noise, with a diagonal one, ``full_mass=False``, and with ``full_mass=True``,
 NumPyro's default and ``dense_mass=True``) and Pyro's default, against NumPyro's 2 chains.
 Usage: pip install -e ".[bench]"; python benchmarks/bench_chains.py [--many-chains | --two-chains]
 """
@@ -93,7 +94,7 @@ def smallest_ess(samples: dict) -> float:
     return float(min(az.ess(az.from_dict(posterior={k: v.numpy() for k, v in samples.items()})).to_array().min(), 1e12))
 
 
-def ours(model, args, executor, jit_compile=None, num_chains=2, vectorized=False, full_mass=False):
+def ours(model, args, executor, jit_compile=None, num_chains=2, vectorized=False, full_mass=None):
     options = {"executor": executor, "full_mass": full_mass} if not vectorized else {"vectorized": True}
     engine = NUTS(num_samples=500, warmup_steps=500, num_chains=num_chains, progress_bar=False, jit_compile=jit_compile, **options)
     start = time.perf_counter()
@@ -185,6 +186,7 @@ def main() -> None:
     for name, (model, args) in problems().items():
         runs = {
             "aml_ppl, 2 processes": lambda: ours(model, args, "processes"),
+            "aml_ppl, 2 processes, diagonal": lambda: ours(model, args, "processes", full_mass=False),
             "aml_ppl, 2 processes, full_mass": lambda: ours(model, args, "processes", full_mass=True),
             "aml_ppl, in turn": lambda: ours(model, args, None),
             "aml_ppl, 2 processes, no JIT": lambda: ours(model, args, "processes", jit_compile=False),

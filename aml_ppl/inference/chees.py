@@ -56,6 +56,7 @@ from aml_ppl.inference.base import Engine, register_engine
 from aml_ppl.inference.context import isolated_param_store
 from aml_ppl.inference.fitted import Fitted
 from aml_ppl.inference.mcmc import SamplePosterior, sampler_incompatibility
+from aml_ppl.inference.metric import DENSE_AT_MOST
 from aml_ppl.inference.nuts_kernel import MAX_ENERGY_ERROR, MAX_STEP_SIZE, MIN_STEP_SIZE
 from aml_ppl.inference.vectorised_nuts import (
     BatchingError, ChainPotential, _Points, _where, chain_seeds, initial_points, warmup_windows,
@@ -67,8 +68,8 @@ HMC_ACCEPTANCE = 0.651
 # clipped to +-0.35 (about half a doubling).
 LEARNING_RATE, SQUARES_DECAY, LARGEST_UPDATE = 0.025, 0.95, 0.35
 # By default a window's pooled covariance is the (dense) metric where it holds at least this
-# many draws per coordinate and there are at most this many coordinates.
-DRAWS_PER_COORDINATE, DENSE_AT_MOST = 10, 100
+# many draws per coordinate and there are at most DENSE_AT_MOST coordinates (NUTS's bound).
+DRAWS_PER_COORDINATE = 10
 # The statistics each draw records (ArviZ's names): no tree, so no tree_depth.
 CHEES_STATS = ("diverging", "energy", "lp", "step_size", "acceptance_rate", "n_steps")
 

@@ -28,6 +28,8 @@ import torch
 from pyro.ops.integrator import potential_grad
 from torch.fx.experimental.proxy_tensor import make_fx
 
+from aml_ppl.inference.graph_simplify import simplify
+
 Gradient = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
 
@@ -109,8 +111,10 @@ def _frozen(graph: Callable, example: torch.Tensor) -> Gradient:
 
 def gradient_graph(potential: Callable[[torch.Tensor], torch.Tensor], example: torch.Tensor) -> torch.fx.GraphModule:
     r"""``torch.func.grad`` of the summed ``potential`` traced by ``make_fx`` at ``example``
-    (validation off) into one FX graph of ATen operations, ``z -> (gradient, values)``; dead
-    code dropped. Raises where the potential reads a traced value into Python."""
+    (validation off) into one FX graph of ATen operations, ``z -> (gradient, values)``,
+    simplified (:func:`~aml_ppl.inference.graph_simplify.simplify`: constants folded,
+    identities and dead code dropped). Raises where the potential reads a traced value into
+    Python."""
 
     def summed(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         value = potential(z)
@@ -119,6 +123,4 @@ def gradient_graph(potential: Callable[[torch.Tensor], torch.Tensor], example: t
     with pyro.validation_enabled(False), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         graph = make_fx(torch.func.grad(summed, has_aux=True))(example.detach())
-    graph.graph.eliminate_dead_code()
-    graph.recompile()
-    return graph
+    return simplify(graph)

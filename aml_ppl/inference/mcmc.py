@@ -109,7 +109,11 @@ class NUTS(Engine):
             in worker processes where there are cores (``executor``).
         target_accept_prob: Step-size adaptation target.
         max_tree_depth: NUTS tree depth at most.
-        full_mass: Adapt a dense mass matrix.
+        full_mass: ``None`` (the default): each warm-up window's mass matrix dense where its
+            draws are correlated beyond their sampling noise, diagonal otherwise
+            (:func:`~aml_ppl.inference.metric.correlated_past_noise`); ``True``: dense;
+            ``False``: diagonal (Stan's, Pyro's and NumPyro's default). Vectorised chains
+            (``vectorized=True``) take a diagonal one.
         jit_compile: Compile the potential energy and its gradient into one graph
             (:func:`~aml_ppl.inference.nuts_kernel.model_gradient`: ``make_fx`` of
             ``torch.func.grad`` frozen by the PyTorch JIT; Pyro's ``jit_compile`` for an
@@ -148,7 +152,7 @@ class NUTS(Engine):
         num_chains: int | None = None,
         target_accept_prob: float = 0.8,
         max_tree_depth: int = 10,
-        full_mass: bool = False,
+        full_mass: bool | None = None,
         jit_compile: bool | None = None,
         progress_bar: bool = True,
         executor: str | Executor | None = "auto",

@@ -9,8 +9,8 @@ transforms come from :func:`pyro.infer.mcmc.util.initialize_model` (enumerated d
 sites summed out there), compiled with its gradient into one graph on request
 (:mod:`aml_ppl.inference.compiled`), the warm-up from Pyro's
 :class:`~pyro.infer.mcmc.adaptation.WarmupAdapter` (Stan's windows: dual averaging of the
-step size, a diagonal or dense mass matrix from the windows' draws; a dense one only from a
-window with ``DENSE_DRAWS_PER_COORDINATE`` draws per coordinate, :class:`WindowedMassMatrix`).
+step size, a diagonal or dense mass matrix from the windows' draws, by default dense where a
+window's correlations stand out of its sampling noise: :class:`~aml_ppl.inference.metric.WindowedMassMatrix`).
 The trajectory works on one flat vector of the unconstrained latents.
 """
 
@@ -23,10 +23,11 @@ from typing import Any, Callable
 
 import torch
 from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
-from pyro.infer.mcmc.adaptation import BlockMassMatrix, WarmupAdapter
+from pyro.infer.mcmc.adaptation import WarmupAdapter
 from pyro.infer.mcmc.util import initialize_model
 
 from aml_ppl.inference.compiled import Gradient, compiled_gradient, plain_gradient
+from aml_ppl.inference.metric import WindowedMassMatrix
 
 # ArviZ's names for the per-draw statistics a chain records.
 SAMPLE_STATS = ("diverging", "energy", "lp", "step_size", "tree_depth", "acceptance_rate", "n_steps")
@@ -41,13 +42,6 @@ BLOCK = ("latent",)
 # end against the sum up to the latter, the first's right end and the second's right end
 # against the sum from the former.
 _TURN_PAIRS = (0, 3, 1, 7, 11, 5)
-# A dense metric comes from a window with at least this many draws per coordinate. Below one
-# per coordinate the window's covariance is singular, and Stan's shrinkage towards 1e-3 I then
-# gives the missing directions an inverse mass near 1e-4: on a 31-coordinate logistic
-# regression the first window's 25 draws made the next 50 trees 470 leapfrog steps each, and
-# the warm-up cost 1.4 times the diagonal metric's. At two per coordinate the smallest
-# eigenvalue is still about (1 - 2^-1/2)^2 = 9 % of the truth (Marchenko-Pastur).
-DENSE_DRAWS_PER_COORDINATE = 2
 
 
 @dataclass
@@ -107,7 +101,11 @@ class MultinomialNUTS(MCMCKernel):
         step_size: The initial step size (adapted during warm-up).
         target_accept_prob: The dual averaging's target mean acceptance statistic.
         max_tree_depth: Doublings at most per transition.
-        full_mass: Adapt a dense mass matrix rather than a diagonal one.
+        full_mass: ``None`` (the default): each warm-up window's mass matrix dense where the
+            window's draws are correlated beyond their sampling noise, diagonal otherwise
+            (:func:`~aml_ppl.inference.metric.correlated_past_noise`); ``True``: dense (from
+            windows with enough draws); ``False``: diagonal, as Stan's, Pyro's and NumPyro's
+            default.
         jit_compile: Evaluate the potential and its gradient as one compiled graph
             (:func:`~aml_ppl.inference.compiled.compiled_gradient`), else by autograd through the model.
 
@@ -141,7 +139,7 @@ class MultinomialNUTS(MCMCKernel):
         step_size: float = 1.0,
         target_accept_prob: float = 0.8,
         max_tree_depth: int = 10,
-        full_mass: bool = False,
+        full_mass: bool | None = None,
         jit_compile: bool = False,
     ) -> None:
         self.model = model
@@ -150,9 +148,9 @@ class MultinomialNUTS(MCMCKernel):
         self.jit_compile = jit_compile
         self.adapter = WarmupAdapter(
             step_size, adapt_step_size=True, target_accept_prob=target_accept_prob, adapt_mass_matrix=True,
-            dense_mass=full_mass,
+            dense_mass=bool(full_mass),
         )
-        self.adapter.mass_matrix_adapter = WindowedMassMatrix()
+        self.adapter.mass_matrix_adapter = WindowedMassMatrix(by_correlation=full_mass is None)
         self.transforms: dict[str, Any] | None = None
         self._initial_params: dict[str, torch.Tensor] | None = None
         self.records: dict[str, list[float]] = {name: [] for name in SAMPLE_STATS}
@@ -275,22 +273,6 @@ class MultinomialNUTS(MCMCKernel):
         turning = any(products[index] <= 0 for index in _TURN_PAIRS)
         return _Tree(first.left, second.right, proposal, log_weight, momentum_sum, steps=counts.steps,
                      accept_sum=counts.accept_sum, diverging=counts.diverging, turning=turning)
-
-
-class WindowedMassMatrix(BlockMassMatrix):
-    r"""Pyro's :class:`~pyro.infer.mcmc.adaptation.BlockMassMatrix` whose dense block ends a
-    window with the draws' variances (a diagonal ``D x D`` matrix) where the window holds
-    fewer than ``DENSE_DRAWS_PER_COORDINATE`` draws per coordinate, with their regularised
-    covariance (Stan's) otherwise."""
-
-    def end_adaptation(self) -> None:
-        inverse_mass_matrix = {}
-        for sites, scheme in self._adapt_scheme.items():
-            covariance = scheme.get_covariance(regularize=True)
-            if covariance.dim() == 2 and scheme.n_samples < DENSE_DRAWS_PER_COORDINATE * covariance.shape[0]:
-                covariance = torch.diag_embed(covariance.diagonal())
-            inverse_mass_matrix[sites] = covariance
-        self.inverse_mass_matrix = inverse_mass_matrix
 
 
 @dataclass

@@ -1,0 +1,82 @@
+"""The traced potential's graph simplified (``inference/graph_simplify.py``): the same function
+of its input on Pyro programs (eight schools, the LKJ covariance model, a constrained simplex),
+evaluated again and again (a folded constant written in place would change between calls),
+with far fewer operations; what is written in place stays; the gradient in one ``cat``."""
+
+import pyro
+import pyro.distributions as dist
+import pytest
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from aml_ppl.inference.compiled import gradient_graph
+from aml_ppl.inference.graph_simplify import simplify
+from aml_ppl.inference.nuts_kernel import flatten, unflatten
+from aml_ppl.testing.cases import SCHOOLS_SIGMA, SCHOOLS_Y, eight_schools
+from pyro.infer.mcmc.util import initialize_model
+from tests.inference.test_compiled import LKJ_Y
+from tests.inference.test_jit_check import lkj_covariance
+
+aten = torch.ops.aten
+
+
+def simplex(counts):
+    weights = pyro.sample("weights", dist.Dirichlet(torch.ones(4, dtype=torch.float64)))
+    scale = pyro.sample("scale", dist.HalfCauchy(torch.tensor(2.0, dtype=torch.float64)))
+    with pyro.plate("draws", len(counts)):
+        pyro.sample("counts", dist.Categorical(weights), obs=counts)
+        pyro.sample("noise", dist.Normal(torch.zeros((), dtype=torch.float64), scale), obs=counts.double())
+
+
+def graphs(model, args):
+    pyro.set_rng_seed(0)
+    start, potential, _, _ = initialize_model(model, args, {})
+    shapes = {name: value.shape for name, value in sorted(start.items())}
+    z = flatten(start, shapes)
+    simplified = gradient_graph(lambda point: potential(unflatten(point, shapes)), z)
+    with pyro.validation_enabled(False):  # as gradient_graph traces
+        plain = make_fx(torch.func.grad(lambda point: potential(unflatten(point, shapes))))(z)
+    return z, simplified, potential, shapes, plain
+
+
+@pytest.mark.parametrize(
+    "model, args",
+    [(eight_schools, (SCHOOLS_SIGMA, SCHOOLS_Y)), (lkj_covariance, (LKJ_Y,)), (simplex, (torch.tensor([0, 1, 1, 3, 2, 1]),))],
+    ids=["eight schools", "lkj", "simplex"],
+)
+def test_the_simplified_graph_is_the_same_function_in_fewer_operations(model, args):
+    z, simplified, potential, shapes, plain = graphs(model, args)
+    generator = torch.Generator().manual_seed(1)
+    for _ in range(3):  # away from the traced point, twice each: nothing folded is written
+        point = z + torch.randn(z.shape, dtype=z.dtype, generator=generator)
+        for _ in range(2):
+            gradient, value = simplified(point)
+            assert torch.allclose(value, potential(unflatten(point, shapes)), rtol=1e-12, atol=1e-12)
+            assert torch.allclose(gradient, plain(point), rtol=1e-10, atol=1e-12)
+    assert len(simplified.graph.nodes) < 0.75 * len(plain.graph.nodes)
+
+
+def test_a_gradient_of_several_sites_is_assembled_by_one_cat():
+    _, simplified, *_ = graphs(eight_schools, (SCHOOLS_SIGMA, SCHOOLS_Y))
+    targets = [node.target for node in simplified.graph.nodes]
+    assert aten.slice_backward.default not in targets
+    assert targets.count(aten.cat.default) == 1
+
+
+def test_what_is_written_in_place_is_never_folded():
+    """A constant written with the input, a constant written while another reads it, and a
+    constant written in place with constants only (folded): every call the same as eager."""
+
+    def written(z):
+        accumulated = torch.zeros(3, dtype=z.dtype)
+        accumulated.add_(z)  # a constant, then the input added in place
+        shared = torch.ones(3, dtype=z.dtype)
+        doubled = shared * 2
+        shared.mul_(3)  # read before (doubled) and after (the sum)
+        folded = torch.ones(3, dtype=z.dtype).mul_(5)  # only its writer reads it
+        return accumulated + doubled + shared + folded + z * 1 + torch.zeros_like(z)
+
+    graph = simplify(make_fx(written)(torch.zeros(3, dtype=torch.float64)))
+    for point in (torch.arange(3.0, dtype=torch.float64), torch.ones(3, dtype=torch.float64), torch.arange(3.0, dtype=torch.float64)):
+        assert torch.equal(graph(point), written(point))
+    assert aten.zeros_like.default not in [node.target for node in graph.graph.nodes]
