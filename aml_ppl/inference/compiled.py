@@ -6,12 +6,13 @@ Pyro each evaluation runs the model's Python under Pyro's handlers and then auto
 engine; PyTorch's JIT trace of the potential (Pyro's ``jit_compile``) removes the first
 cost, not the second. Here ``torch.func.grad`` of the potential is traced once by
 ``make_fx`` into one graph holding the forward and the backward operations, which the
-PyTorch JIT then freezes (constants folded, dead code dropped), so that an evaluation is one
-call with no Python of the model's and no autograd graph: 122 us against 309 us for Pyro's
-JIT potential and gradient on a 569 x 30 logistic regression, 133 us against 345 us on eight
-schools (one thread, ``benchmarks/bench_potential.py``). ``torch.compile`` of the same graph
-is faster per call (74 and 37 us) but takes 1 to 6 s to build in each process with its cache
-warm (24 s cold), more than it saves in a NUTS run of a thousand transitions.
+PyTorch JIT then freezes, after simplifying it (:mod:`aml_ppl.inference.graph_simplify`: constants folded,
+identities, repeats and dead code dropped), so that an evaluation is one call with no Python
+of the model's and no autograd graph: 82 us against 291 us for Pyro's JIT potential and
+gradient on a 569 x 30 logistic regression, 85 us against 345 us on eight schools (one
+thread, ``benchmarks/bench_potential.py``). ``torch.compile`` of the same graph is faster per
+call on eight schools (40 us) but takes 1 to 6 s to build in each process with its cache warm
+(24 s cold), more than it saves in a NUTS run of a thousand transitions.
 
 As any trace, the graph records one run: a branch on a latent value is frozen into it, so a
 caller checks it against the plain evaluation at further points
@@ -100,10 +101,11 @@ def _frozen(graph: Callable, example: torch.Tensor) -> Gradient:
     r"""``graph`` (``z -> (gradient, value)``) traced and frozen by the PyTorch JIT at ``example``."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        frozen = torch.jit.freeze(torch.jit.trace(graph, (example.detach(),), check_trace=False).eval())
+        # The module's forward itself: no nn.Module call machinery (hooks) at every evaluation.
+        forward = torch.jit.freeze(torch.jit.trace(graph, (example.detach(),), check_trace=False).eval()).forward
 
     def evaluate(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        grad, value = frozen(z.detach())  # no autograd graph: nothing in it requires a gradient
+        grad, value = forward(z.detach())  # no autograd graph: nothing in it requires a gradient
         return value, grad
 
     return evaluate

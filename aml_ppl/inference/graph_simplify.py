@@ -8,8 +8,8 @@ operations whose result the trace already fixes: the log-Jacobian of an identity
 ``neg``, and the gradient of the flat vector assembled as a sum of zero-padded slices
 (``slice_backward``), one per site. On the CPU each remaining ATen operation costs about a
 microsecond of dispatch whatever its size, and the models HMC serves are small, so these
-dominate an evaluation: on eight schools the graph falls from 150 nodes to 86 and an
-evaluation from 129 to 88 us (``benchmarks/bench_potential.py``).
+dominate an evaluation: on eight schools the graph falls from 155 nodes to 82 and an
+evaluation from 133 to 85 us (``benchmarks/bench_potential.py``).
 
 The passes are the classical ones of an optimising compiler (Aho, Lam, Sethi and Ullman,
 *Compilers*, 2nd ed., §8.5 and §9.1: constant folding, algebraic identities, common
