@@ -56,14 +56,14 @@ def eight_schools(sigma, y=None):
 
 
 def regression(X, y=None):
-    beta = pyro.sample("beta", dist.Normal(torch.zeros(X.shape[1], dtype=X.dtype), 1.0).to_event(1))
+    beta = pyro.sample("beta", dist.Normal(X.new_zeros(X.shape[1]), 1.0).to_event(1))
     with pyro.plate("data", X.shape[0]):
         pyro.sample("obs", dist.Normal(X @ beta, 0.5), obs=y)
 
 
 def logistic(X, y=None):
-    intercept = pyro.sample("intercept", dist.Normal(torch.zeros((), dtype=X.dtype), 1.0))
-    weights = pyro.sample("weights", dist.Normal(torch.zeros(X.shape[1], dtype=X.dtype), 1.0).to_event(1))
+    intercept = pyro.sample("intercept", dist.Normal(X.new_zeros(()), 1.0))
+    weights = pyro.sample("weights", dist.Normal(X.new_zeros(X.shape[1]), 1.0).to_event(1))
     with pyro.plate("data", X.shape[0]):
         pyro.sample("obs", dist.Bernoulli(logits=intercept + X @ weights), obs=y)
 

@@ -1,14 +1,22 @@
 """CPU against CUDA for the engines whose work follows the data (`make gpu-check`).
 
 Prints one table row per workload: seconds on the CPU, on CUDA, and the ratio; then issue
-30's many-chain run on CUDA: ChEES-HMC with 1 000 chains x (500 + 500) on the logistic
-regression of `bench_chains.py` (scikit-learn's breast cancer, 569 x 30), wall seconds
-(compilation included), min bulk ESS and ESS/s, beside 32 chains on the same device. Exits
-quietly with a message where CUDA is absent.
+30's many-chain run on CUDA: ChEES-HMC with 32 and 1 000 chains x (500 + 500) on the logistic
+regression of `bench_chains.py` (scikit-learn's breast cancer, 569 x 30, float64), wall
+seconds (compilation included), min bulk ESS and ESS/s, against NumPyro's NUTS with 1 000
+chains vectorised (``chain_method="vectorized"``, its default diagonal metric, and
+``dense_mass=True``) on the same GPU, in a fresh process (JAX without preallocation), cold
+(compilation included) and warm. Exits quietly with a message where CUDA is absent.
+Usage: python benchmarks/bench_gpu.py [--part table|chains|all] [--repeats N] [--match REGEX] [--chains N]
 """
 
 from __future__ import annotations
 
+import argparse
+import json
+import os
+import re
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -72,32 +80,83 @@ def workloads(device: torch.device) -> dict[str, Callable[[], object]]:
     }
 
 
-def many_chains(device: torch.device) -> None:
-    r"""ChEES-HMC's ESS/s on CUDA at 32 and 1 000 chains (issue 30: 1 000 chains of the logistic regression)."""
+def numpyro_vectorized(num_chains: int, dense_mass: bool) -> list[tuple[float, float]]:
+    """NumPyro's NUTS on the logistic regression, ``num_chains`` vectorised on JAX's default
+    device (the GPU), in a fresh process: [(seconds, min bulk ESS)] cold, then warm."""
+    command = [sys.executable, __file__, "--numpyro-chains", str(num_chains)] + ["--dense"] * dense_mass
+    environment = {**os.environ, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
+    finished = subprocess.run(command, capture_output=True, text=True, env=environment, timeout=900)
+    print(finished.stderr.strip().splitlines()[-1] if finished.stderr.strip() else "", flush=True)
+    if finished.returncode:
+        raise RuntimeError(f"NumPyro's run failed (exit {finished.returncode}):\n{finished.stderr[-3000:]}")
+    return json.loads(finished.stdout.splitlines()[-1])
+
+
+def many_chains(device: torch.device, many: int) -> None:
+    r"""ESS/s of 1 000 chains of the logistic regression on CUDA (issue 30): ChEES-HMC here
+    (and 32 chains), NumPyro's vectorised NUTS on the same GPU."""
     from bench_chains import breast_cancer, logistic, smallest_ess
 
     X, y = (tensor.to(device) for tensor in breast_cancer())
-    for chains in (32, 1000):
+    rows = {}
+    for chains in (32, many):
         start = time.perf_counter()
         posterior = aml.fit(logistic, X, y, engine=ChEES(num_chains=chains, num_samples=500, warmup_steps=500), seed=0)
         seconds = time.perf_counter() - start
         ess = smallest_ess({name: value.cpu() for name, value in posterior.samples.items()})
-        print(f"ChEES-HMC, logistic 569 x 30, {chains:5d} chains on {device.type}: {seconds:7.1f} s, "
-              f"min bulk ESS {ess:9.0f}, ESS/s {ess / seconds:9.1f}", flush=True)
+        rows[f"aml_ppl ChEES-HMC, {chains} chains"] = seconds, ess
+        print("done: ChEES-HMC", chains, "chains", seconds, ess, flush=True)
+    for dense_mass in (False, True):
+        try:
+            cold, warm = numpyro_vectorized(many, dense_mass)
+        except (RuntimeError, subprocess.TimeoutExpired) as error:
+            print(error, flush=True)
+            continue
+        label = f"NumPyro NUTS vectorized, {many} chains" + (", dense" if dense_mass else "")
+        rows[label + ", cold"], rows[label + ", warm"] = cold, warm
+        print("done:", label, cold, warm, flush=True)
+    peer_seconds, peer_ess = rows.get(f"NumPyro NUTS vectorized, {many} chains, cold", (float("nan"), float("nan")))
+    for label, (seconds, ess) in rows.items():
+        print(f"logistic 569 x 30 on {device.type}: {label:48s} {seconds:7.1f} s  min bulk ESS {ess:9.0f}  "
+              f"ESS/s {ess / seconds:9.1f}  vs NumPyro {many} cold {(ess / seconds) / (peer_ess / peer_seconds):5.2f}x", flush=True)
+
+
+def numpyro_child(num_chains: int, dense_mass: bool) -> None:
+    """The NumPyro side of `numpyro_vectorized`, printed as JSON on the last line."""
+    import jax
+    from bench_chains import breast_cancer, logistic, numpyro_parallel
+
+    runs = numpyro_parallel(logistic, breast_cancer(), num_chains=num_chains, chain_method="vectorized", dense_mass=dense_mass)
+    print("NumPyro on", jax.devices()[0], file=sys.stderr)
+    print(json.dumps(runs))
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--part", choices=("table", "chains", "all"), default="all")
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs of each workload after its warm-up")
+    parser.add_argument("--match", default="", help="only the table's workloads whose name matches this regular expression")
+    parser.add_argument("--chains", type=int, default=1000, help="the many-chain runs' number of chains")
+    parser.add_argument("--numpyro-chains", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--dense", action="store_true", help=argparse.SUPPRESS)
+    options = parser.parse_args()
+    if options.numpyro_chains:
+        numpyro_child(options.numpyro_chains, options.dense)
+        return
     if not torch.cuda.is_available():
         print("bench_gpu: no CUDA device here; nothing to compare.")
         return
     print(machine_line(), "| GPU:", torch.cuda.get_device_name(0))
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    if options.part != "table":
+        many_chains(cuda, options.chains)
+    if options.part == "chains":
+        return
     on_cpu, on_cuda = workloads(cpu), workloads(cuda)
     print(f"{'workload':50s} {'CPU s':>9s} {'CUDA s':>9s} {'CPU/CUDA':>9s}")
-    for name in on_cpu:
-        seconds_cpu, seconds_cuda = timed(on_cpu[name], cpu), timed(on_cuda[name], cuda)
-        print(f"{name:50s} {seconds_cpu:9.4f} {seconds_cuda:9.4f} {seconds_cpu / seconds_cuda:9.2f}")
-    many_chains(cuda)
+    for name in filter(re.compile(options.match).search, on_cpu):
+        seconds_cpu, seconds_cuda = timed(on_cpu[name], cpu, options.repeats), timed(on_cuda[name], cuda, options.repeats)
+        print(f"{name:50s} {seconds_cpu:9.4f} {seconds_cuda:9.4f} {seconds_cpu / seconds_cuda:9.2f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -35,7 +35,7 @@ def bayes_optimal_action(
     if probs.dim() != 2:
         raise InputDataError(f"`probs` must be an n x K tensor; got shape {tuple(probs.shape)}.")
     classes = probs.shape[1]
-    costs = 1 - torch.eye(classes, dtype=probs.dtype) if costs is None else torch.as_tensor(costs).to(probs)
+    costs = 1 - torch.eye(classes, dtype=probs.dtype, device=probs.device) if costs is None else torch.as_tensor(costs).to(probs)
     if costs.dim() != 2 or costs.shape[0] != classes:
         raise InputDataError(f"`costs` must be K x A with K = {classes}; got shape {tuple(costs.shape)}.")
     expected = probs @ costs

@@ -100,14 +100,15 @@ def _pass(
     kwargs: dict,
     structure: Structure,
     score_model: bool,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
+) -> tuple[torch.Tensor | float, torch.Tensor | float | None]:
     r"""Traces of the model (and the guide), all draws on a plate (``num_draws``) or one
     unbatched draw (``None``), one per subsample where a plate subsamples: the model's log
-    density (zeros without ``score_model``: its trace then gives the guide its supports) and
+    density (0 without ``score_model``: its trace then gives the guide its supports) and
     the guide's."""
     nesting = structure.max_plate_nesting
     shaped = {name: on_draws_dim(value, structure.sites[name], num_draws, nesting) for name, value in draws.items()}
-    log_p, log_q = torch.zeros(num_draws or 1), torch.zeros(num_draws or 1)
+    log_p: torch.Tensor | float = 0.0  # sums of the traces' densities, on their device
+    log_q: torch.Tensor | float | None = 0.0
     for counted, indices in enumerate(subsample_chunks(structure.subsampled)):
         enumerated = poutine.enum(
             poutine.condition(on_draws_plate(model, num_draws, nesting), {**shaped, **indices}),

@@ -107,7 +107,7 @@ def summed_log_density(
     trace.compute_log_prob()
     if any(site["type"] == "sample" and site["infer"].get("_enumerate_dim") is not None for site in trace.nodes.values()):
         return _contracted(trace, num_draws)
-    total = torch.zeros(num_draws or 1)
+    per_site = []
     for site in trace.nodes.values():
         if site["type"] != "sample":
             continue
@@ -118,8 +118,8 @@ def summed_log_density(
         for frame in frames:  # undo the plate's scaling; count each point once
             fresh = indices[frame.name] >= counted * structure.subsampled[frame.name][1]
             log_prob = log_prob * frame.size / frame.full_size * fresh.reshape((-1,) + (1,) * (-1 - frame.dim))
-        total = total + _per_draw_sum(log_prob, num_draws, nesting)
-    return total
+        per_site.append(_per_draw_sum(log_prob, num_draws, nesting))
+    return sum(per_site[1:], per_site[0]) if per_site else torch.zeros(num_draws or 1)  # on the sites' device
 
 
 def _per_draw_sum(log_prob: torch.Tensor, num_draws: int | None, nesting: int) -> torch.Tensor:
