@@ -5,7 +5,7 @@ Posteriors with a published reference: eight schools (non-centred) and a Bayesia
 regression with n = 1000, d = 10 (known noise, Normal prior); and a Bayesian logistic
 regression on scikit-learn's breast-cancer data (569 x 30, standardised columns, standard
 normal priors on the intercept and the weights), issue 30's third model. 2 chains x (500 warm-up + 500
-kept draws), seed 0, one thread per process. ESS: ArviZ's bulk ESS, the smallest over the
+kept draws), seed 0 (``--seeds N``: seeds 0 to N - 1, and the medians), one thread per process. ESS: ArviZ's bulk ESS, the smallest over the
 parameters. Goals (issue 14): processes <= 0.65x the wall time in turn; ESS/s >= 1.6x Pyro's
 default. aml_ppl's NUTS compiles the potential and its gradient into one graph by default
 where the model traces (`inference/compiled.py`); the rows without it ("no JIT":
@@ -21,7 +21,7 @@ is diagonal, and a row with ``dense_mass=True`` gives it the same). ``--many-cha
 the 2-chain rows in processes (ours with the default metric, dense where a window's draws are
 correlated beyond their noise, with a diagonal one, ``full_mass=False``, and with ``full_mass=True``,
 NumPyro's default and ``dense_mass=True``) and Pyro's default, against NumPyro's 2 chains.
-Usage: pip install -e ".[bench]"; python benchmarks/bench_chains.py [--many-chains | --two-chains]
+Usage: pip install -e ".[bench]"; python benchmarks/bench_chains.py [--many-chains | --two-chains] [--seeds N]
 """
 
 from __future__ import annotations
@@ -94,22 +94,22 @@ def smallest_ess(samples: dict) -> float:
     return float(min(az.ess(az.from_dict(posterior={k: v.numpy() for k, v in samples.items()})).to_array().min(), 1e12))
 
 
-def ours(model, args, executor, jit_compile=None, num_chains=2, vectorized=False, full_mass=None):
+def ours(model, args, executor, jit_compile=None, num_chains=2, vectorized=False, full_mass=None, seed=0):
     options = {"executor": executor, "full_mass": full_mass} if not vectorized else {"vectorized": True}
     engine = NUTS(num_samples=500, warmup_steps=500, num_chains=num_chains, progress_bar=False, jit_compile=jit_compile, **options)
     start = time.perf_counter()
-    posterior = aml.fit(model, *args, engine=engine, seed=0)
+    posterior = aml.fit(model, *args, engine=engine, seed=seed)
     return time.perf_counter() - start, smallest_ess(posterior.samples)
 
 
-def chees(model, args, num_chains=32):
+def chees(model, args, num_chains=32, seed=0):
     start = time.perf_counter()
-    posterior = aml.fit(model, *args, engine=ChEES(num_samples=500, warmup_steps=500, num_chains=num_chains), seed=0)
+    posterior = aml.fit(model, *args, engine=ChEES(num_samples=500, warmup_steps=500, num_chains=num_chains), seed=seed)
     return time.perf_counter() - start, smallest_ess(posterior.samples)
 
 
-def pyro_default(model, args, **kernel_options):
-    pyro.set_rng_seed(0)
+def pyro_default(model, args, seed=0, **kernel_options):
+    pyro.set_rng_seed(seed)
     kernel = pyro.infer.NUTS(model, **kernel_options)
     mcmc = pyro.infer.MCMC(kernel, num_samples=500, warmup_steps=500, num_chains=2, disable_progbar=True)
     start = time.perf_counter()
@@ -118,7 +118,7 @@ def pyro_default(model, args, **kernel_options):
     return seconds, smallest_ess(mcmc.get_samples(group_by_chain=True))
 
 
-def numpyro_parallel(model, args, num_chains=2, chain_method="parallel", dense_mass=False):
+def numpyro_parallel(model, args, num_chains=2, chain_method="parallel", dense_mass=False, seed=0):
     """NumPyro's NUTS, 2 chains in parallel (``chain_method="parallel"``) or ``num_chains``
     vectorised, with its default diagonal mass matrix or ``dense_mass``: (cold, warm) runs.
     JAX is imported here, after the torch runs: once its threads run, aml_ppl does not fork."""
@@ -154,7 +154,7 @@ def numpyro_parallel(model, args, num_chains=2, chain_method="parallel", dense_m
     runs = []
     for _ in range(2):
         start = time.perf_counter()
-        mcmc.run(jax.random.PRNGKey(0), *arrays)
+        mcmc.run(jax.random.PRNGKey(seed), *arrays)
         jax.block_until_ready(mcmc.get_samples())
         seconds = time.perf_counter() - start
         runs.append((seconds, smallest_ess({k: torch.tensor(np.asarray(v)) for k, v in mcmc.get_samples(group_by_chain=True).items()})))
@@ -177,53 +177,69 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--many-chains", action="store_true", help="only the 32-chain rows and Pyro's default")
     parser.add_argument("--two-chains", action="store_true", help="only the rows of 2 chains in processes and Pyro's default")
+    parser.add_argument("--seeds", type=int, default=1, help="run everything with seeds 0 .. N-1; report the medians")
     options = parser.parse_args()
-    many_only, two_only = options.many_chains, options.two_chains
+    many_only, two_only, seeds = options.many_chains, options.two_chains, range(options.seeds)
     torch.set_num_threads(1)
     print(machine_line())
     import_lazily_loaded_modules()
     results = {}
     for name, (model, args) in problems().items():
         runs = {
-            "aml_ppl, 2 processes": lambda: ours(model, args, "processes"),
-            "aml_ppl, 2 processes, diagonal": lambda: ours(model, args, "processes", full_mass=False),
-            "aml_ppl, 2 processes, full_mass": lambda: ours(model, args, "processes", full_mass=True),
-            "aml_ppl, in turn": lambda: ours(model, args, None),
-            "aml_ppl, 2 processes, no JIT": lambda: ours(model, args, "processes", jit_compile=False),
-            "aml_ppl, 2 chains vectorized": lambda: ours(model, args, None, vectorized=True),
-            "aml_ppl, 32 chains vectorized": lambda: ours(model, args, None, num_chains=32, vectorized=True),
-            "aml_ppl, ChEES-HMC, 32 chains": lambda: chees(model, args),
-            "Pyro MCMC(NUTS), default": lambda: pyro_default(model, args),
-            "Pyro MCMC(NUTS(jit_compile=True))": lambda: pyro_default(model, args, jit_compile=True, ignore_jit_warnings=True),
+            "aml_ppl, 2 processes": lambda seed: ours(model, args, "processes", seed=seed),
+            "aml_ppl, 2 processes, diagonal": lambda seed: ours(model, args, "processes", full_mass=False, seed=seed),
+            "aml_ppl, 2 processes, full_mass": lambda seed: ours(model, args, "processes", full_mass=True, seed=seed),
+            "aml_ppl, in turn": lambda seed: ours(model, args, None, seed=seed),
+            "aml_ppl, 2 processes, no JIT": lambda seed: ours(model, args, "processes", jit_compile=False, seed=seed),
+            "aml_ppl, 2 chains vectorized": lambda seed: ours(model, args, None, vectorized=True, seed=seed),
+            "aml_ppl, 32 chains vectorized": lambda seed: ours(model, args, None, num_chains=32, vectorized=True, seed=seed),
+            "aml_ppl, ChEES-HMC, 32 chains": lambda seed: chees(model, args, seed=seed),
+            "Pyro MCMC(NUTS), default": lambda seed: pyro_default(model, args, seed=seed),
+            "Pyro MCMC(NUTS(jit_compile=True))": lambda seed: pyro_default(model, args, seed=seed, jit_compile=True, ignore_jit_warnings=True),
         }
         if many_only or two_only:
             wanted = "32" if many_only else "2 processes"
             runs = {label: run for label, run in runs.items() if wanted in label and "no JIT" not in label or label == "Pyro MCMC(NUTS), default"}
-        results[name] = {label: run() for label, run in runs.items()}
+        results[name] = {label: [] for label in runs}
+        for seed in seeds:  # ours and the peers alternate, seed by seed
+            for label, run in runs.items():
+                results[name][label].append(finished(name, label, seed, run(seed)))
     # NumPyro last: once JAX has started its threads, aml_ppl no longer forks (they would deadlock a child).
+    numpyro_runs = {
+        "NumPyro, 2 chains parallel": ({}, not many_only),
+        "NumPyro, 2 chains parallel, dense": ({"dense_mass": True}, two_only),
+        "NumPyro, 32 chains vectorized": ({"num_chains": 32, "chain_method": "vectorized"}, not two_only),
+        "NumPyro, 32 vectorized, dense": ({"num_chains": 32, "chain_method": "vectorized", "dense_mass": True}, not two_only),
+    }
     for name, (model, args) in problems().items():
-        if not many_only:
-            results[name]["NumPyro, 2 chains parallel, cold"], results[name]["NumPyro, 2 chains parallel, warm"] = (
-                numpyro_parallel(model, args)
-            )
-        if two_only:
-            results[name]["NumPyro, 2 chains parallel, dense, cold"] = numpyro_parallel(model, args, dense_mass=True)[0]
-            continue
-        results[name]["NumPyro, 32 chains vectorized, cold"], results[name]["NumPyro, 32 chains vectorized, warm"] = (
-            numpyro_parallel(model, args, num_chains=32, chain_method="vectorized")
-        )
-        results[name]["NumPyro, 32 vectorized, dense, cold"] = numpyro_parallel(
-            model, args, num_chains=32, chain_method="vectorized", dense_mass=True
-        )[0]
+        for label, (settings, wanted) in numpyro_runs.items():
+            for seed in seeds if wanted else ():
+                cold, warm = (finished(name, f"{label}, {when}", seed, run)
+                              for when, run in zip(("cold", "warm"), numpyro_parallel(model, args, seed=seed, **settings)))
+                results[name].setdefault(f"{label}, cold", []).append(cold)
+                if "dense" not in label:
+                    results[name].setdefault(f"{label}, warm", []).append(warm)
     peer = "NumPyro, 2 chains parallel, cold" if two_only else "NumPyro, 32 chains vectorized, cold"
+    print(f"medians over {len(seeds)} seed(s); ESS/s's range over the seeds in brackets")
     for name, rows in results.items():
-        base_seconds, base_ess = rows["Pyro MCMC(NUTS), default"]
-        peer_seconds, peer_ess = rows[peer]
-        for label, (seconds, ess) in rows.items():
-            print(f"{name:28s} {label:38s} {seconds:7.1f} s  min bulk ESS {ess:7.0f}  ESS/s {ess / seconds:6.1f}  "
-                  f"ESS/s vs Pyro {(ess / seconds) / (base_ess / base_seconds):5.2f}x  "
-                  f"vs {peer} {(ess / seconds) / (peer_ess / peer_seconds):5.2f}x",
+        base, against = median_rate(rows["Pyro MCMC(NUTS), default"]), median_rate(rows[peer])
+        for label, runs in rows.items():
+            rate = median_rate(runs)
+            rates = [ess / seconds for seconds, ess in runs]
+            print(f"{name:28s} {label:38s} {np.median([r[0] for r in runs]):7.1f} s  min bulk ESS {np.median([r[1] for r in runs]):7.0f}  "
+                  f"ESS/s {rate:6.1f} ({min(rates):.0f}-{max(rates):.0f})  ESS/s vs Pyro {rate / base:5.2f}x  vs {peer} {rate / against:5.2f}x",
                   flush=True)
+
+
+def finished(name: str, label: str, seed: int, run: tuple[float, float]) -> tuple[float, float]:
+    """``run`` (seconds, min bulk ESS), printed as it ends: a run cut short loses no earlier one."""
+    print(f"  {name} | {label} | seed {seed}: {run[0]:.2f} s, min bulk ESS {run[1]:.0f}", flush=True)
+    return run
+
+
+def median_rate(runs: list[tuple[float, float]]) -> float:
+    """The median over seeds of min bulk ESS per second."""
+    return float(np.median([ess / seconds for seconds, ess in runs]))
 
 
 if __name__ == "__main__":

@@ -3,14 +3,15 @@ through the model at points away from where it was traced, on Pyro's examples (e
 the LKJ covariance model, the GP tutorial's regression), for one chain and for a batch of
 chains (on a plate, or mapped where the model does not broadcast); an enumerated model, which
 ``torch.func`` cannot trace, on Pyro's JIT instead; a matrix that is not positive definite a
-non-finite energy, as through the model."""
+non-finite energy, as through the model; the Bernoulli's log-probability traced in its
+few-operation form, equal to PyTorch's to rounding."""
 
 import pyro
 import pyro.distributions as dist
 import pytest
 import torch
 
-from aml_ppl.inference.compiled import compiled_gradient, plain_gradient
+from aml_ppl.inference.compiled import bernoulli_log_prob, compiled_gradient, few_operation_log_probs, gradient_graph, plain_gradient
 from aml_ppl.inference.nuts_kernel import flatten, model_gradient
 from aml_ppl.inference.tracing import agree
 from aml_ppl.inference.vectorised_nuts import ChainPotential
@@ -18,6 +19,16 @@ from aml_ppl.testing.cases import MIX_Y, SCHOOLS_SIGMA, SCHOOLS_Y, eight_schools
 from tests.inference.test_jit_check import gp_tutorial_regression, lkj_covariance
 
 LKJ_Y = torch.randn(200, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+LABELS = torch.bernoulli(torch.sigmoid(LKJ_Y @ torch.tensor([2.0, -1.0, 0.5], dtype=torch.float64)), generator=torch.Generator().manual_seed(1))
+
+
+def logistic(X, y=None, by_probs=False):
+    r"""A logistic regression: the Bernoulli by its logits, or by its probabilities."""
+    weights = pyro.sample("weights", dist.Normal(X.new_zeros(X.shape[1]), 1.0).to_event(1))
+    with pyro.plate("data", X.shape[0]):
+        logits = X @ weights
+        likelihood = dist.Bernoulli(probs=torch.sigmoid(logits)) if by_probs else dist.Bernoulli(logits=logits)
+        pyro.sample("obs", likelihood, obs=y)
 
 
 @pytest.mark.parametrize(
@@ -26,9 +37,11 @@ LKJ_Y = torch.randn(200, 3, dtype=torch.float64, generator=torch.Generator().man
         (eight_schools, (SCHOOLS_SIGMA, SCHOOLS_Y), "compiled"),
         (lkj_covariance, (LKJ_Y,), "compiled"),
         (gp_tutorial_regression().model, (), "compiled"),
+        (logistic, (LKJ_Y, LABELS), "compiled"),
+        (lambda X, y: logistic(X, y, by_probs=True), (LKJ_Y, LABELS), "compiled"),
         (enumerated_mixture, (MIX_Y,), "pyro jit"),
     ],
-    ids=["eight schools", "lkj", "gp tutorial", "enumerated mixture"],
+    ids=["eight schools", "lkj", "gp tutorial", "logistic", "logistic by probabilities", "enumerated mixture"],
 )
 def test_the_compiled_gradient_is_autograds_through_the_model_away_from_the_traced_point(model, args, how):
     pyro.set_rng_seed(0)
@@ -97,3 +110,28 @@ def test_a_matrix_that_is_not_positive_definite_gives_a_non_finite_energy_as_pyr
         assert bool(value.isfinite()) == bool(expected_value.isfinite()) == finite
         if finite:
             assert agree(value, expected_value) and agree(grad, expected_grad)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_the_few_operation_bernoulli_log_prob_is_pytorchs_to_rounding(dtype):
+    r""":math:`y\ell - \operatorname{softplus}(\ell)` against PyTorch's
+    ``binary_cross_entropy_with_logits``, value and gradient, for logits from -800 to 800 (past
+    softplus's threshold and float32's ``exp`` range) and both labels: within 8 units in the last
+    place of :math:`\max(1, |\ell|)`."""
+    logits = torch.cat([torch.linspace(-800, 800, 4001, dtype=dtype), torch.randn(1000, dtype=dtype) * 5]).requires_grad_()
+    labels = torch.bernoulli(torch.full_like(logits, 0.5), generator=torch.Generator().manual_seed(0))
+    ours = bernoulli_log_prob(dist.Bernoulli(logits=logits), labels)
+    theirs = dist.Bernoulli(logits=logits).log_prob(labels)
+    (our_grad,), (their_grad,) = torch.autograd.grad(ours.sum(), logits), torch.autograd.grad(theirs.sum(), logits)
+    bound = 8 * torch.finfo(dtype).eps * logits.detach().abs().clamp_min(1)
+    assert ((ours - theirs).abs() <= bound).all()
+    assert ((our_grad - their_grad).abs() <= 8 * torch.finfo(dtype).eps).all()
+
+
+def test_the_bernoulli_log_prob_is_pytorchs_again_after_tracing_even_when_the_trace_fails():
+    original = torch.distributions.Bernoulli.log_prob
+    gradient_graph(lambda z: -dist.Bernoulli(logits=z).log_prob(torch.ones_like(z)).sum(), torch.zeros(3))
+    with pytest.raises(RuntimeError), few_operation_log_probs():
+        assert torch.distributions.Bernoulli.log_prob is bernoulli_log_prob
+        raise RuntimeError("a trace that fails")
+    assert torch.distributions.Bernoulli.log_prob is original
