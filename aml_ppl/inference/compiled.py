@@ -8,9 +8,9 @@ cost, not the second. Here ``torch.func.grad`` of the potential is traced once b
 ``make_fx`` into one graph holding the forward and the backward operations, which the
 PyTorch JIT then freezes, after simplifying it (:mod:`aml_ppl.inference.graph_simplify`: constants folded,
 identities, repeats and dead code dropped), so that an evaluation is one call with no Python
-of the model's and no autograd graph: 82 us against 291 us for Pyro's JIT potential and
-gradient on a 569 x 30 logistic regression, 85 us against 345 us on eight schools (one
-thread, ``benchmarks/bench_potential.py``). ``torch.compile`` of the same graph is faster per
+of the model's and no autograd graph: 50 us against 291 us for Pyro's JIT potential and
+gradient on a 569 x 30 logistic regression (with the Bernoulli below), 85 us against 345 us
+on eight schools (one thread, ``benchmarks/bench_potential.py``). ``torch.compile`` of the same graph is faster per
 call on eight schools (40 us) but takes 1 to 6 s to build in each process with its cache warm
 (24 s cold), more than it saves in a NUTS run of a thousand transitions.
 
