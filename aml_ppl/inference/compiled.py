@@ -39,6 +39,8 @@ import pyro
 import torch
 import torch.nn.functional as F
 from pyro.ops.integrator import potential_grad
+from torch._guards import TracingContext, tracing
+from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from aml_ppl.inference.graph_simplify import simplify
@@ -106,7 +108,7 @@ def compiled_mapped_gradient(potential: Callable[[torch.Tensor], torch.Tensor], 
     single = gradient_graph(potential, examples[0])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return _frozen(make_fx(torch.func.vmap(single))(examples.detach()), examples)
+        return _frozen(_traced(torch.func.vmap(single), examples), examples)
 
 
 def _frozen(graph: Callable, example: torch.Tensor) -> Gradient:
@@ -136,8 +138,16 @@ def gradient_graph(potential: Callable[[torch.Tensor], torch.Tensor], example: t
 
     with pyro.validation_enabled(False), warnings.catch_warnings(), few_operation_log_probs():
         warnings.simplefilter("ignore")
-        graph = make_fx(torch.func.grad(summed, has_aux=True))(example.detach())
+        graph = _traced(torch.func.grad(summed, has_aux=True), example)
     return simplify(graph)
+
+
+def _traced(function: Callable, example: torch.Tensor) -> torch.fx.GraphModule:
+    r"""``make_fx`` of ``function`` at ``example``, every node's metadata from one fake-tensor
+    mode: left alone, ``make_fx`` makes a mode for each node, and each records the Python stack
+    where it was made, half of a trace's time (eight schools' potential 0.18 -> 0.08 s)."""
+    with tracing(TracingContext(FakeTensorMode(allow_fallback_kernels=True))):
+        return make_fx(function)(example.detach())
 
 
 # Past this logit softplus returns the logit itself: log(1 + e^40) - 40 < 5e-18, below float64's
