@@ -108,7 +108,7 @@ def compiled_mapped_gradient(potential: Callable[[torch.Tensor], torch.Tensor], 
     single = gradient_graph(potential, examples[0])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return _frozen(_traced(torch.func.vmap(single), examples), examples)
+        return _frozen(simplify(_traced(torch.func.vmap(single), examples)), examples)
 
 
 def _frozen(graph: Callable, example: torch.Tensor) -> Gradient:
