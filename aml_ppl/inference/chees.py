@@ -180,16 +180,16 @@ class ChEESSampler:
         r"""Fresh momenta :math:`r \sim \mathcal N(0, M)` and ``steps`` leapfrog steps for every
         chain: the proposals, the starting energies, the acceptance probabilities
         :math:`\min(1, e^{H_0 - H})` (0 where not finite) and the divergences."""
-        start = _Points(current.z, self.metric.momenta(current.z), current.potential, current.grad)
-        z, grad = start.z, start.grad
-        momentum = torch.add(start.r, grad, alpha=-0.5 * step_size)
+        momenta, kinetic = self.metric.momenta(current.z)
+        z, grad = current.z, current.grad
+        momentum = torch.add(momenta, grad, alpha=-0.5 * step_size)
         for step in range(steps):
             z = self.metric.drift(z, momentum, step_size)
             potential, grad = self.potential(z)
             momentum = torch.add(momentum, grad, alpha=-(step_size if step < steps - 1 else 0.5 * step_size))
         proposal = _Points(z, momentum, potential, grad)
-        energy = self._hamiltonian(start)
-        error = self._hamiltonian(proposal) - energy
+        energy = current.potential + kinetic
+        error = proposal.potential + self.metric.kinetic(proposal.r) - energy
         finite = torch.isfinite(error) & torch.isfinite(grad).all(-1)
         acceptance = torch.where(finite, (-error).clamp(max=0.0).exp(), torch.zeros_like(error))
         return proposal, energy, acceptance, ~finite | (error > MAX_ENERGY_ERROR)
@@ -211,9 +211,6 @@ class ChEESSampler:
         change = (ends * ends).sum(-1) - (starts * starts).sum(-1)
         per_chain = duration * change * (ends * velocities).sum(-1)
         return float((weights * per_chain).sum() / weights.sum())
-
-    def _hamiltonian(self, points: _Points) -> torch.Tensor:
-        return points.potential + self.metric.kinetic(points.r)
 
     def _search_step_size(self, current: _Points, step_size: float) -> float:
         r"""Hoffman and Gelman's heuristic on the chains together: double or halve the step until
@@ -256,13 +253,17 @@ class _Metric:
     def __init__(self, covariance: torch.Tensor) -> None:
         self.covariance, self.dense = covariance, covariance.dim() == 2
         self.scale = torch.linalg.cholesky(covariance) if self.dense else covariance.sqrt()
+        # L^{-1}, once: on rows of chains a product costs a third of a triangular solve.
+        self.inverse_scale = torch.linalg.solve_triangular(
+            self.scale, torch.eye(len(covariance), dtype=covariance.dtype, device=covariance.device), upper=False
+        ) if self.dense else 1.0 / self.scale
 
-    def momenta(self, like: torch.Tensor) -> torch.Tensor:
-        r""":math:`r = L^{-\top}\xi \sim \mathcal N(0, M)` per chain."""
+    def momenta(self, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        r""":math:`r = L^{-\top}\xi \sim \mathcal N(0, M)` per chain, and its kinetic energy
+        :math:`\tfrac12 r^\top \Sigma r = \tfrac12 \|\xi\|^2`."""
         noise = torch.randn_like(like)
-        if self.dense:
-            return torch.linalg.solve_triangular(self.scale, noise, upper=False, left=False)
-        return noise / self.scale
+        kinetic = 0.5 * (noise * noise).sum(-1)
+        return (noise @ self.inverse_scale if self.dense else noise * self.inverse_scale), kinetic
 
     def drift(self, z: torch.Tensor, momentum: torch.Tensor, step_size: float) -> torch.Tensor:
         r""":math:`\theta + \epsilon\,\Sigma r`."""
@@ -275,9 +276,7 @@ class _Metric:
         return 0.5 * (momentum * velocity).sum(-1)
 
     def whiten(self, z: torch.Tensor) -> torch.Tensor:
-        if self.dense:
-            return torch.linalg.solve_triangular(self.scale.T, z, upper=True, left=False)
-        return z / self.scale
+        return z @ self.inverse_scale.T if self.dense else z * self.inverse_scale
 
     def whitened_velocity(self, momentum: torch.Tensor) -> torch.Tensor:
         r""":math:`L^{-1}\Sigma r = L^\top r`, the velocity in the whitened coordinates."""
