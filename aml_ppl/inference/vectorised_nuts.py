@@ -105,12 +105,11 @@ class ChainPotential:
     """
 
     def __init__(self, model: Callable, args: tuple, kwargs: dict, num_chains: int, jit: bool = True) -> None:
-        # One valid point of Pyro's for every chain (the chains draw their own starts): Pyro
-        # traces the model once for each chain it starts, a third of a small model's set-up.
-        start, self.pyro_potential, self.transforms, _ = initialize_model(model, args, kwargs)
-        self.shapes = {name: value.shape for name, value in sorted(start.items())}
-        point = torch.cat([start[name].reshape(-1) for name in self.shapes]).detach()
-        self.start = point.expand(num_chains, -1).clone()
+        start, self.pyro_potential, self.transforms, _ = initialize_model(model, args, kwargs, num_chains=num_chains)
+        if num_chains == 1:  # Pyro gives one chain's start without the chains dimension
+            start = {name: value.unsqueeze(0) for name, value in start.items()}
+        self.shapes = {name: value.shape[1:] for name, value in sorted(start.items())}
+        self.start = torch.cat([start[name].reshape(num_chains, -1) for name in self.shapes], -1).detach()
         self.model, self.args, self.kwargs = model, args, kwargs
         self.structure = inspect_model(model, args, kwargs)
         self.mapped = torch.func.vmap(torch.func.grad_and_value(self.flat_potential))
@@ -198,14 +197,14 @@ class ChainPotential:
 
     def _differs(self) -> bool:
         r"""Whether this evaluation disagrees with Pyro's potential chain by chain (or fails)
-        at Pyro's start and at points around it, one for each chain, beyond the reordered sums' rounding
+        at the chains' starts and at points around them, beyond the reordered sums' rounding
         (relative :math:`\max(\sqrt{\varepsilon}, 10^{-6})`: 3e-4 in float32, 1e-6 in float64).
         Four chains spread over the batch (its first and last among them) are compared: a
         batch that mixes or drops chains shows there, at a few milliseconds a chain."""
         tolerance = max(torch.finfo(self.start.dtype).eps ** 0.5, 1e-6)
         chains = self.start.shape[0]
-        spread = sorted({0, chains // 3, 2 * chains // 3, chains - 1})
-        for scale, checked in ((0.0, spread[:1]), (0.5, spread)):  # at Pyro's start the chains are alike
+        checked = sorted({0, chains // 3, 2 * chains // 3, chains - 1})
+        for scale in (0.0, 0.5):
             points = self.start + scale * torch.randn_like(self.start)
             try:
                 values, grads = self(points)
