@@ -142,10 +142,7 @@ def _drop_identities(graph: torch.fx.Graph, constants: dict[Node, object]) -> No
     written = {node.args[0] for node in graph.nodes if _writes(node)}
 
     def neutral(argument: object, value: float) -> bool:
-        if isinstance(argument, (int, float)) and not isinstance(argument, bool):
-            return argument == value
-        known = constants.get(argument) if isinstance(argument, Node) else None
-        return isinstance(known, torch.Tensor) and known.numel() > 0 and bool((known == value).all())
+        return _number(argument, constants) == value
 
     def alike(kept: object, node: Node) -> bool:
         kept_value, value = _value(kept), _value(node)
@@ -191,20 +188,20 @@ def _factor_out(module: GraphModule, constants: dict[Node, object]) -> None:
 
     def rewrite() -> bool:
         for node in graph.nodes:
-            operator, scaled = _operator(node), _scaled(node, constants)
-            if scaled is not None and _single_use(scaled[0]) and _scaled(scaled[0], constants) is not None:
-                inner, factor = _scaled(scaled[0], constants)
+            operator, scaled, shifted = _operator(node), _scaled(node, constants), _shifted(node, constants)
+            if scaled is not None and _single_use(scaled[0]) and (inner_scaled := _scaled(scaled[0], constants)) is not None:
+                inner, factor = inner_scaled
                 _replace(graph, node, aten.mul.Scalar, (inner, factor * scaled[1]))
                 return True
-            shifted = _shifted(node, constants)
-            if shifted is not None and _single_use(shifted[0]) and _shifted(shifted[0], constants) is not None:
-                inner, term = _shifted(shifted[0], constants)
+            if shifted is not None and _single_use(shifted[0]) and (inner_shifted := _shifted(shifted[0], constants)) is not None:
+                inner, term = inner_shifted
                 _replace(graph, node, aten.add.Tensor, (inner, _buffer(module, constants, node, (term + shifted[1]).to(_value(node).dtype))))
                 return True
             for index in LINEAR_IN.get(operator, ()):
                 argument = node.args[index]
-                if _single_use(argument) and _scaled(argument, constants) is not None and _size(node) <= _size(argument):
-                    data, factor = _scaled(argument, constants)
+                argument_scaled = _scaled(argument, constants) if _single_use(argument) else None
+                if argument_scaled is not None and _size(node) <= _size(argument):
+                    data, factor = argument_scaled
                     node.update_arg(index, data)
                     graph.erase_node(argument)
                     _follow(graph, node, aten.mul.Scalar, factor)
@@ -238,7 +235,7 @@ def _number(argument: object, constants: dict[Node, object]) -> float | None:
     if isinstance(argument, (int, float)) and not isinstance(argument, bool):
         return float(argument)
     known = constants.get(argument) if isinstance(argument, Node) else None
-    if isinstance(known, torch.Tensor) and known.is_floating_point() and known.numel() > 0:
+    if isinstance(known, torch.Tensor) and not known.is_complex() and known.numel() > 0:
         first = known.reshape(-1)[0]
         return float(first) if bool((known == first).all()) else None
     return None
