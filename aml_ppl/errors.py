@@ -80,6 +80,11 @@ class FittingDataWarning(AmlPplWarning):
     class only; more inducing points asked for than there are points)."""
 
 
+class ExportSizeWarning(AmlPplWarning):
+    r"""An ArviZ export kept fewer replicates than asked for, to stay within its memory
+    budget (``to_arviz(memory_budget=...)``)."""
+
+
 def _describe(model: object) -> str:
     name = getattr(model, "__qualname__", None) or type(model).__name__
     return f"model {name}"

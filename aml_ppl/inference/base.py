@@ -241,12 +241,18 @@ class Posterior(ArvizExport, ABC):
     # -- the shared machinery --------------------------------------------------------
 
     def replay(
-        self, num_draws: int, args: tuple, kwargs: dict, draws: dict | None = None, keep: tuple[str, str] | None = None
+        self,
+        num_draws: int,
+        args: tuple,
+        kwargs: dict,
+        draws: dict | None = None,
+        keep: tuple[str, str] | None = None,
+        without: tuple[str, ...] = (),
     ) -> Replayed:
         r"""The replay of ``num_draws`` posterior draws (or of ``draws``, if given); only the
-        ``(group, site)`` in ``keep``, if given."""
+        ``(group, site)`` in ``keep``, if given, and none of the groups in ``without``."""
         draws = self.model_draws(num_draws) if draws is None else draws
-        return predictive.replay_draws(self, draws, num_draws, args, kwargs, keep)
+        return predictive.replay_draws(self, draws, num_draws, args, kwargs, keep, without)
 
     def fit_statistics(self) -> dict[str, torch.Tensor] | None:
         r"""Precomputed statistics of a closed-form fit (a GP's transforms), else ``None``."""

@@ -3,6 +3,9 @@ r"""A :class:`~aml_ppl.inference.base.Posterior` as ArviZ ``InferenceData``, for
 from __future__ import annotations
 
 import inspect
+import math
+import warnings
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
@@ -11,7 +14,7 @@ import torch
 from aml_ppl._core.randomness import on_own_stream
 from aml_ppl._core.version import __version__
 from aml_ppl._data import check_count
-from aml_ppl.errors import InputDataError
+from aml_ppl.errors import ExportSizeWarning, InputDataError
 from aml_ppl.inference import predictive
 from aml_ppl.inference.structure import Structure
 from aml_ppl.models.base import Model
@@ -19,6 +22,15 @@ from aml_ppl.models.protocols import VariationalBound
 
 if TYPE_CHECKING:
     from aml_ppl.inference.base import Posterior
+
+
+# Groups without the sample dims (ArviZ's "data" groups), and the group whose variables carry
+# no event dims of their own.
+DATA_GROUPS = ("observed_data", "constant_data", "predictions_constant_data")
+LOG_LIKELIHOOD_GROUP = "log_likelihood"
+
+# The default memory budget of the replicate groups (``posterior_predictive``, ``predictions``).
+MEMORY_BUDGET = 2**28
 
 
 class ArvizExport:
@@ -54,11 +66,13 @@ class ArvizExport:
         pred_coords: dict[str, Any] | None = None,
         pred_dims: dict[str, list[str]] | None = None,
         prior: int | None = None,
+        memory_budget: int | None = MEMORY_BUDGET,
         **kwargs: Any,
     ) -> Any:
-        r"""Export to ArviZ ``InferenceData``, for every engine, dimensions named by plates.
+        r"""Export to ArviZ 0.23's ``InferenceData``, for every engine, dimensions named by
+        plates (:meth:`to_datatree` writes the same for ArviZ 1.x).
 
-        See :func:`aml_ppl.inference.export.to_inference_data` for the groups.
+        See :func:`aml_ppl.inference.export.describe` for the groups.
 
         Args:
             *args: The model's arguments; none means the fitting data.
@@ -71,6 +85,9 @@ class ArvizExport:
             pred_coords: Labels of the predictions groups' dimensions (``coords`` otherwise).
             pred_dims: Dimension names in the predictions groups (the plates' otherwise).
             prior: Adds ``prior`` and ``prior_predictive`` groups of this many prior draws.
+            memory_budget: Bytes each replicate group (``posterior_predictive``,
+                ``predictions``) may take (256 MiB by default); over it, evenly spaced draws are
+                kept, with a warning. ``None`` keeps every replicate.
             **kwargs: The model's keyword arguments.
 
         Example:
@@ -84,23 +101,93 @@ class ArvizExport:
             >>> post.to_arviz(num_samples=10, prior=5).prior_predictive["y"].dims
             ('chain', 'draw', 'school')
         """
-        return to_inference_data(
+        return to_inference_data(describe(
             self, args, kwargs, num_samples, coords=coords, dims=dims, predictions=predictions,
-            pred_coords=pred_coords, pred_dims=pred_dims, prior=prior,
-        )
+            pred_coords=pred_coords, pred_dims=pred_dims, prior=prior, memory_budget=memory_budget,
+        ))
 
     def to_datatree(self, *args: Any, **kwargs: Any) -> Any:
         r"""The export of :meth:`to_arviz` (same arguments) as an xarray ``DataTree``, one
-        child per group: the form ArviZ 1.x (``arviz_stats``, ``arviz_plots``) reads."""
-        return self.to_arviz(*args, **kwargs).to_datatree()
+        child per group, built by arviz-base: the form ArviZ 1.x reads
+        (``arviz_stats.loo(tree)``, ``arviz_stats.compare``, ``arviz_plots``).
+
+        Example:
+            >>> import arviz_stats, torch, aml_ppl as aml
+            >>> X = torch.randn(30, 2, dtype=torch.float64)
+            >>> y = X @ torch.tensor([1.0, -1.0], dtype=torch.float64) + 0.1 * torch.randn(30, dtype=torch.float64)
+            >>> tree = aml.fit(aml.models.BayesianLinearRegression(), X, y, seed=0).to_datatree(num_samples=200)
+            >>> tree["log_likelihood"]["obs"].dims, bool(arviz_stats.loo(tree).elpd > -100)
+            (('chain', 'draw', 'data'), True)
+        """
+        return to_data_tree(self.export_description(*args, **kwargs))
+
+    @on_own_stream
+    def export_description(self, *args: Any, **kwargs: Any) -> "ExportDescription":
+        r"""What :meth:`to_arviz` and :meth:`to_datatree` write (same arguments), before either
+        writer: one :class:`ExportDescription` read by both."""
+        return describe(self, args, **kwargs)
 
 
+@dataclass(frozen=True)
+class ExportDescription:
+    r"""One export, independent of the writer: ArviZ 0.23's ``InferenceData``
+    (:func:`to_inference_data`) and ArviZ 1.x's ``DataTree`` (:func:`to_data_tree`) are both
+    written from it, group by group, with the same dims and coordinates.
 
-def to_inference_data(
+    Attributes:
+        groups: Group name to its variables (numpy arrays; ``chain x draw x ...`` except in
+            :data:`DATA_GROUPS`); only non-empty groups.
+        dims: Group name to each variable's dimension names (sample dims excluded).
+        coords: Group name to the labels of its dimensions.
+        attrs: The export's attributes (engine, objective, ``point_estimate``, versions,
+            ``objective_history``, and where the memory budget cut them the replicates kept).
+    """
+
+    groups: dict[str, dict[str, np.ndarray]]
+    dims: dict[str, dict[str, list[str]]]
+    coords: dict[str, dict[str, Any]]
+    attrs: dict[str, Any]
+
+
+def to_inference_data(description: ExportDescription) -> Any:
+    r"""ArviZ 0.23's ``InferenceData`` of ``description``: each group through
+    ``az.dict_to_dataset``, as ``az.from_dict`` builds it."""
+    import arviz as az
+
+    datasets = {
+        group: az.dict_to_dataset(
+            values, coords=description.coords[group], dims=description.dims[group],
+            default_dims=[] if group in DATA_GROUPS else None, skip_event_dims=group == LOG_LIKELIHOOD_GROUP or None,
+        )
+        for group, values in description.groups.items()
+    }
+    return az.InferenceData(**datasets, attrs=dict(description.attrs))
+
+
+def to_data_tree(description: ExportDescription) -> Any:
+    r"""ArviZ 1.x's ``DataTree`` of ``description``: each group through arviz-base's
+    ``dict_to_dataset`` (the converter ``arviz_base.from_dict`` runs), one child per group,
+    the attributes on the root."""
+    from arviz_base import dict_to_dataset
+    from xarray import DataTree
+
+    datasets = {
+        group: dict_to_dataset(
+            values, coords=description.coords[group], dims=description.dims[group],
+            sample_dims=[] if group in DATA_GROUPS else None, skip_event_dims=group == LOG_LIKELIHOOD_GROUP,
+        )
+        for group, values in description.groups.items()
+    }
+    tree = DataTree.from_dict(datasets)
+    tree.attrs = dict(description.attrs)
+    return tree
+
+
+def describe(
     posterior: "Posterior",
     args: tuple,
-    kwargs: dict,
-    num_samples: int,
+    kwargs: dict | None = None,
+    num_samples: int = 1000,
     *,
     coords: dict | None = None,
     dims: dict | None = None,
@@ -108,8 +195,10 @@ def to_inference_data(
     pred_coords: dict | None = None,
     pred_dims: dict | None = None,
     prior: int | None = None,
-) -> Any:
-    r"""ArviZ ``InferenceData`` from one replay of the posterior's draws.
+    memory_budget: int | None = MEMORY_BUDGET,
+    **model_kwargs: Any,
+) -> ExportDescription:
+    r"""The :class:`ExportDescription` of one replay of the posterior's draws.
 
     Groups:
 
@@ -140,12 +229,20 @@ def to_inference_data(
     as in ``az.from_dict``. A point estimate exports one draw, with ``num_samples``
     predictive replicates, and ``attrs["point_estimate"] = 1``. ``attrs`` name the engine,
     its ``objective`` and hold the ``objective_history``.
-    """
-    import arviz as az
 
+    The replicate groups (``posterior_predictive``, ``predictions``) keep at most
+    ``memory_budget`` bytes each (:data:`MEMORY_BUDGET`, 256 MiB, by default; ``None``: all):
+    a group over it keeps the draws evenly spaced in each chain that fit (at least one),
+    says how many in ``attrs`` (``posterior_predictive_draws``, ``predictions_draws``), and
+    warns once (:class:`~aml_ppl.errors.ExportSizeWarning`). The posterior, the
+    log-likelihood and the statistics keep every draw: LOO needs them all.
+    """
+    kwargs = {**(kwargs or {}), **model_kwargs}
     check_count("num_samples", num_samples)
     if prior is not None:
         check_count("prior", prior)
+    if memory_budget is not None:
+        check_count("memory_budget", memory_budget)
     if predictions is not None:
         if not isinstance(predictions, (tuple, dict)):
             raise InputDataError(
@@ -156,15 +253,26 @@ def to_inference_data(
     if isinstance(posterior.model, VariationalBound):
         if predictions is not None or prior is not None:
             raise InputDataError("this model is known through its bound: it has no predictions or prior groups to export.")
-        return _bound_inference_data(posterior, args, num_samples)
+        return _bound_description(posterior, args, num_samples)
     point = posterior.is_point_estimate
     by_chain = posterior.draws_by_chain(num_samples)
     chains, draws = next(iter(by_chain.values())).shape[:2] if by_chain else (1, 1 if point else num_samples)
     flat = {name: value.flatten(0, 1) for name, value in by_chain.items()}
+    structure = posterior.fitted.inspect(args, kwargs)
     replicates = num_samples if point else chains * draws
-    if point:
-        flat = {name: value.expand(replicates, *value.shape[1:]) for name, value in flat.items()}
-    replayed = posterior.replay(replicates, args, kwargs, draws=flat)
+    budget = _ReplicateBudget(memory_budget, chains, replicates)
+
+    def rows_of(rows: torch.Tensor) -> dict[str, torch.Tensor]:  # a point estimate's one draw, repeated
+        return {name: value[:1].expand(len(rows), *value.shape[1:]) if point else value[rows] for name, value in flat.items()}
+
+    kept = budget.rows(_replicate_bytes(structure), "posterior_predictive")
+    if point:  # one distinct draw: the replicates are the only rows, and those over budget are never drawn
+        replayed = posterior.replay(len(kept), args, kwargs, draws=rows_of(kept))
+    else:
+        over = len(kept) < replicates
+        replayed = posterior.replay(replicates, args, kwargs, draws=flat, without=("predictive",) if over else ())
+        if over:
+            replayed.predictive = posterior.replay(len(kept), args, kwargs, draws=rows_of(kept)).predictive
     on_fitting_data = args is posterior.fitted.args and kwargs is posterior.fitted.kwargs
     lp = replayed.joint["lp"][: chains * draws] if on_fitting_data and "lp" in replayed.joint else None
 
@@ -178,7 +286,7 @@ def to_inference_data(
     latent.update(grouped({**replayed.deterministic, **replayed.discrete}))
     groups = {
         "posterior": latent,
-        "posterior_predictive": grouped(replayed.predictive, replicates // chains),
+        "posterior_predictive": grouped(replayed.predictive, len(kept) // chains),
         "log_likelihood": grouped(replayed.log_likelihood),
         "observed_data": _numpy(replayed.observed),
         "constant_data": _numpy(posterior.param_sites),
@@ -189,27 +297,59 @@ def to_inference_data(
         groups["prior"] = {name: value[None].cpu().numpy() for name, value in {**prior_latent, **prior_replayed.deterministic}.items()}
         groups["prior_predictive"] = {name: value[None].cpu().numpy() for name, value in prior_replayed.predictive.items()}
     coords = {**(posterior.model.coords() if isinstance(posterior.model, Model) else {}), **(coords or {})}
-    exported = az.from_dict(
-        **{group: values or None for group, values in groups.items()},
-        coords=coords,
-        dims=site_dims(posterior, posterior.fitted.inspect(args, kwargs), dims),
-        attrs=_attributes(posterior),
-    )
+    named = site_dims(posterior, structure, dims)
+    group_dims = {group: named for group in groups}
+    group_coords = {group: coords for group in groups}
     if predictions is not None:
         new_args, new_kwargs = predictions
-        predicted = posterior.replay(replicates, new_args, new_kwargs, draws=flat)
-        structure = posterior.fitted.inspect(new_args, new_kwargs)
-        named = site_dims(posterior, structure, pred_dims)
+        new_structure = posterior.fitted.inspect(new_args, new_kwargs)
+        rows = budget.rows(_replicate_bytes(new_structure), "predictions")
+        predicted = posterior.replay(len(rows), new_args, new_kwargs, draws=rows_of(rows))
+        named_new = site_dims(posterior, new_structure, pred_dims)
         labels = {**(coords or {}), **(pred_coords or {})}
-        values = grouped({**predicted.predictive, **predicted.deterministic}, replicates // chains)
         inputs = named_inputs(posterior.model, new_args, new_kwargs)
-        exported.add_groups(
-            predictions=az.dict_to_dataset(values, coords=labels, dims=named),
-            predictions_constant_data=az.dict_to_dataset(
-                _numpy(inputs), coords=labels, dims={**input_dims(inputs, named, structure), **(pred_dims or {})}, default_dims=[]
-            ),
-        )
-    return _with_history(exported, posterior)
+        groups["predictions"] = grouped({**predicted.predictive, **predicted.deterministic}, len(rows) // chains)
+        groups["predictions_constant_data"] = _numpy(inputs)
+        group_dims["predictions"] = named_new
+        group_dims["predictions_constant_data"] = {**input_dims(inputs, named_new, new_structure), **(pred_dims or {})}
+        group_coords["predictions"] = group_coords["predictions_constant_data"] = labels
+    attrs = {**_attributes(posterior), **budget.notes, "objective_history": posterior.history.cpu().numpy()}
+    groups = {group: values for group, values in groups.items() if values}
+    return ExportDescription(groups, {g: group_dims[g] for g in groups}, {g: group_coords[g] for g in groups}, attrs)
+
+
+class _ReplicateBudget:
+    r"""Which replicate rows each replicate group keeps under ``memory_budget`` bytes: all
+    where they fit, else evenly spaced draws of each chain (at least one per chain), noted in
+    :attr:`notes` and warned of once per export."""
+
+    def __init__(self, memory_budget: int | None, chains: int, replicates: int) -> None:
+        self.memory_budget, self.chains, self.replicates = memory_budget, chains, replicates
+        self.notes: dict[str, int] = {}
+
+    def rows(self, bytes_per_replicate: int, group: str) -> torch.Tensor:
+        per_chain = self.replicates // self.chains
+        if self.memory_budget is not None and bytes_per_replicate * self.replicates > self.memory_budget:
+            fitting = max(1, self.memory_budget // max(1, bytes_per_replicate * self.chains))
+            if fitting < per_chain:
+                if not self.notes:
+                    warnings.warn(
+                        f"to_arviz: {self.replicates} replicates in `{group}` would take "
+                        f"{bytes_per_replicate * self.replicates / 2**30:.2f} GiB, over memory_budget="
+                        f"{self.memory_budget / 2**30:.2f} GiB; kept {fitting * self.chains} "
+                        f"(attrs['{group}_draws']). Pass memory_budget=None (or a larger budget) to keep them all.",
+                        ExportSizeWarning,
+                        stacklevel=5,
+                    )
+                self.notes[f"{group}_draws"] = fitting * self.chains
+                within = torch.linspace(0, per_chain - 1, fitting).round().long()
+                return (torch.arange(self.chains)[:, None] * per_chain + within).flatten()
+        return torch.arange(self.replicates)
+
+
+def _replicate_bytes(structure: Structure) -> int:
+    r"""Bytes of one replicate of every observed site (float64, the widest the export writes)."""
+    return 8 * sum(math.prod(structure.sites[name].shape) for name in structure.observed if name in structure.sites)
 
 
 def site_dims(posterior: "Posterior", structure: Structure, given: dict | None) -> dict[str, list[str]]:
@@ -264,23 +404,21 @@ def named_inputs(model: Callable, args: tuple, kwargs: dict) -> dict[str, torch.
     return {name: value for name, value in bound.items() if isinstance(value, torch.Tensor)}
 
 
-def _bound_inference_data(posterior: "Posterior", args: tuple, num_samples: int) -> Any:
+def _bound_description(posterior: "Posterior", args: tuple, num_samples: int) -> ExportDescription:
     r"""For a model known through a variational bound (a DDPM): ``log_likelihood`` holds the
     bound per observation, ``posterior_predictive`` ``num_samples`` generated points, and
     ``observed_data`` the observations; the network is a point estimate, so there is no
     ``posterior`` group."""
-    import arviz as az
-
     site = posterior.model.observed_site
     observed = args[0]
     generated = posterior.predict(num_samples=num_samples, progress_bar=False).samples
-    exported = az.from_dict(
-        posterior_predictive={site: generated.unsqueeze(0).cpu().numpy()},
-        log_likelihood={site: posterior.log_prob(*args)[None, None].cpu().numpy()},
-        observed_data={site: observed.cpu().numpy()},
-        attrs=_attributes(posterior),
-    )
-    return _with_history(exported, posterior)
+    groups = {
+        "posterior_predictive": {site: generated.unsqueeze(0).cpu().numpy()},
+        "log_likelihood": {site: posterior.log_prob(*args)[None, None].cpu().numpy()},
+        "observed_data": {site: observed.cpu().numpy()},
+    }
+    attrs = {**_attributes(posterior), "objective_history": posterior.history.cpu().numpy()}
+    return ExportDescription(groups, {group: {} for group in groups}, {group: {} for group in groups}, attrs)
 
 
 def _attributes(posterior: "Posterior") -> dict[str, Any]:
@@ -291,14 +429,6 @@ def _attributes(posterior: "Posterior") -> dict[str, Any]:
         "inference_library": "pyro",
         "aml_ppl_version": __version__,
     }
-
-
-def _with_history(exported: Any, posterior: "Posterior") -> Any:
-    r"""The objective per iteration (``posterior.history``: SVI's ELBO loss, EM's mean
-    log-likelihood, the exact engine's log marginal likelihood, NUTS's ``lp``) as the
-    ``objective_history`` attribute of the whole ``InferenceData``, beside the engine's name."""
-    exported.attrs["objective_history"] = posterior.history.cpu().numpy()
-    return exported
 
 
 def _numpy(values: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -104,19 +105,29 @@ def log_mean_likelihood(
 
 
 def replay_draws(
-    posterior: "Posterior", draws: dict, num_draws: int, args: tuple, kwargs: dict, keep: tuple[str, str] | None = None
+    posterior: "Posterior",
+    draws: dict,
+    num_draws: int,
+    args: tuple,
+    kwargs: dict,
+    keep: tuple[str, str] | None = None,
+    without: tuple[str, ...] = (),
 ) -> Replayed:
     r"""Replicates, pointwise log-likelihood and deterministic sites for ``num_draws`` draws:
     the exact leave-one-out form for a :class:`PointwiseLikelihood` model, else the Pyro
     program replayed a chunk of draws at a time, each chunk written into the result (only
-    the ``(group, site)`` in ``keep``, if given: ``predict`` holds the one site it returns)."""
+    the ``(group, site)`` in ``keep``, if given: ``predict`` holds the one site it returns;
+    none of the groups in ``without``: an export over its memory budget keeps no replicates
+    of every draw)."""
     if isinstance(posterior.model, PointwiseLikelihood):
-        return joint_replay(posterior, draws, num_draws, args, kwargs)
+        replayed = joint_replay(posterior, draws, num_draws, args, kwargs)
+        return replace(replayed, **{group: {} for group in without})
     result = None
     for rows, replayed in replayed_chunks(posterior, draws, num_draws, args, kwargs):
         if keep is not None:
             group, site = keep
             replayed = Replayed(observed=replayed.observed, **{group: {site: getattr(replayed, group)[site]}})
+        replayed = replace(replayed, **{group: {} for group in without})
         if result is None:
             groups = {group: allocated(getattr(replayed, group), num_draws) for group in PER_DRAW_GROUPS}
             result = Replayed(observed=replayed.observed, **groups)
