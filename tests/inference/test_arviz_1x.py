@@ -154,3 +154,17 @@ def test_replicates_over_the_memory_budget_are_thinned_with_one_warning(engine):
         warnings.simplefilter("error")
         assert post.to_arviz(num_samples=40, memory_budget=None).posterior_predictive.sizes["draw"] == 40
         assert post.to_arviz(num_samples=40).posterior_predictive.sizes["draw"] == 40  # within the default budget, 256 MiB
+
+
+def test_an_arviz_plots_figure_of_an_export_is_saved(tmp_path):
+    r"""ArviZ 1.x's plots read the tree: the posterior predictive check of a BLR, to PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import arviz_plots
+
+    X, y = regression_data()
+    tree = aml.fit(aml.models.BayesianLinearRegression(noise_scale=None), X, y, seed=0).to_datatree(num_samples=100)
+    path = tmp_path / "ppc.png"
+    arviz_plots.plot_ppc_dist(tree).savefig(path)
+    assert path.stat().st_size > 10_000
