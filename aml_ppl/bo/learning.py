@@ -171,17 +171,17 @@ class RunningIntersection:
         after the first ``k`` records, for those not yet seen."""
         count = len(records)
         first = next((i for i, record in enumerate(records) if record.status != "seed"), count)
-        known = self.bounds is not None and self.key == key
         seen = count - 1
-        while seen >= (max(first, self.count + 1) if known else first):  # missed bounds, newest first
+        while seen >= first:  # missed bounds, newest first
+            if self.bounds is not None and seen <= self.count:  # the intersection so far reaches here
+                if self.key == key:
+                    lower, upper = torch.maximum(lower, self.bounds[0]), torch.minimum(upper, self.bounds[1])
+                break
             earlier_key, earlier_lower, earlier_upper = earlier(seen)
             if earlier_key != key:
                 break
             lower, upper = torch.maximum(lower, earlier_lower), torch.minimum(upper, earlier_upper)
             seen -= 1
-        else:
-            if known:
-                lower, upper = torch.maximum(lower, self.bounds[0]), torch.minimum(upper, self.bounds[1])
         self.bounds, self.count, self.key = (lower, upper), count, key
         return lower, upper
 
