@@ -116,9 +116,10 @@ def stagnation_message(records: Sequence[EvaluationRecord], safe_set: Tensor, do
     nothing certified is left to learn from, so the loop cannot leave what it knows (in
     d >= 3 a lone seed on a finite domain often has no certifiable neighbour, and every
     suggestion is the seed again); ``None`` otherwise. A loop that has converged inside a
-    larger safe set, or that still evaluates new points, gets ``None``."""
+    larger safe set, or that still evaluates new points, gets ``None``; so do sets chosen on
+    other candidates than ``domain`` (a domain remade since)."""
     evaluations = [index for index, record in enumerate(records) if record.status in ("ok", "failed")]
-    if len(evaluations) < STAGNATION_STEPS:
+    if len(evaluations) < STAGNATION_STEPS or safe_set.shape[0] != domain.shape[0]:
         return None
     window = [records[index] for index in evaluations[-STAGNATION_STEPS:]]
     known = {tuple(record.x) for record in records[: evaluations[-STAGNATION_STEPS]]}

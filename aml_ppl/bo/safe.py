@@ -101,9 +101,8 @@ class SafeBayesianOptimization:
             fitted GP's values are kept): each step conditions a copy on the evaluations,
             with its hyperparameters fixed unless ``fit_hyperparameters``. Replaces
             ``lengthscale``, ``output_scale`` and ``noise_variance``.
-        fit_hyperparameters: ``False`` keeps the prior's hyperparameters; ``True`` refits them by
-            type-II ML every step once there are enough points, each output scale at least the
-            prior's; ``"conservative"`` also each lengthscale at most it (:mod:`aml_ppl.bo.learning`).
+        fit_hyperparameters: ``False`` keeps the prior's; ``True`` refits by type-II ML from enough points on,
+            output scales at least the prior's; ``"conservative"`` also caps lengthscales (:mod:`aml_ppl.bo.learning`).
         intersect_bounds: Intersect the confidence bounds over time, as the reference
             experiments of Hübotter et al. (2024) do (the default); ``False`` gives the
             notes' per-step bounds. :meth:`resume` rebuilds the intersection from the journal.
@@ -427,12 +426,13 @@ class SafeBayesianOptimization:
             certificate=float(sets["certificate"]),
             seconds=seconds,
         )
+        stagnation = learning.stagnation_message([*self.records, record], sets["safe_set_pessimistic"], self.domain)
         if self.journal is not None and pending_id is not None:
             self.journal.complete(pending_id, record)
             self.records.append(record)
         else:
             self._append(record)
-        learning.warn_once(self._warned, StagnationWarning, learning.stagnation_message(self.records, sets["safe_set_pessimistic"], self.domain))
+        learning.warn_once(self._warned, StagnationWarning, stagnation)
         return record
 
     def run(
