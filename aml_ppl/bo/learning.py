@@ -1,10 +1,9 @@
 r"""What a safe-BO loop may learn, and when it should say it is stuck (issue 49).
 
-Pure functions over GPs, fits and records for
-:class:`~aml_ppl.bo.safe.SafeBayesianOptimization`:
+Functions over GPs, fits and records for :class:`~aml_ppl.bo.safe.SafeBayesianOptimization`:
 
-- hyperparameters fitted only on enough distinct points, within bounds that let a fit
-  widen the confidence bounds but never shrink the prior's uncertainty
+- hyperparameters fitted only on enough distinct points, with every output scale kept at or
+  above the prior's, and with ``conservative`` every lengthscale at or below it
   (:func:`learning_prior`, :func:`points_to_fit`), and the fits' hyperparameters as a key
   (:func:`hyperparameter_key`: the running intersection of bounds restarts when it changes);
 - the two messages a loop warns with, once each (:func:`warn_once`): a fit that moved a
@@ -38,12 +37,13 @@ MOVED_FACTOR = 10.0  # a lengthscale or output scale (standard deviation) this f
 
 
 def learning_prior(prior: GaussianProcess, conservative: bool) -> GaussianProcess:
-    r"""A copy of ``prior`` whose hyperparameters a fit may move only where the model stays at
-    least as uncertain: each ``ScaleKernel``'s output scale at or above the prior's (the fit
-    starts at twice it); with ``conservative`` also each lengthscale within [1e-3, 1] times the
-    prior's smallest (for ARD, the smallest of them; the fit starts at half), as a shorter
-    lengthscale only weakens what one point says about another. The outputs are not
-    standardised, so these bounds are in their own units.
+    r"""A copy of ``prior`` for a fit that may not shrink the prior's uncertainty: each
+    ``ScaleKernel``'s output scale at or above the prior's (the fit starts at twice it); with
+    ``conservative`` also each lengthscale within [1e-3, 1] times the prior's (its smallest,
+    for ARD; the fit starts at half), as a shorter lengthscale only weakens what one point
+    says about another, so the fitted model is nowhere more certain than the prior a priori.
+    Only output scales and lengthscales the fit learns are bounded (a user's ``LinearKernel``
+    variance is not). The outputs are not standardised: the bounds are in their own units.
 
     Args:
         prior: The GP of one output, with the hyperparameters the user trusts.
@@ -51,6 +51,15 @@ def learning_prior(prior: GaussianProcess, conservative: bool) -> GaussianProces
 
     Returns:
         A new GP; ``prior`` is unchanged.
+
+    Example:
+        >>> import gpytorch
+        >>> from aml_ppl.models import GaussianProcess
+        >>> kernel = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel()).double()
+        >>> kernel.outputscale = 4.0
+        >>> learner = learning_prior(GaussianProcess(kernel, mean="zero", noise=0.01), conservative=False)
+        >>> float(learner.gp.covar_module.raw_outputscale_constraint.lower_bound), float(learner.gp.covar_module.outputscale.detach())
+        (4.0, 8.0)
     """
     learner = copy.deepcopy(prior)
     learner.standardize_outputs = False
