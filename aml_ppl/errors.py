@@ -85,6 +85,17 @@ class ExportSizeWarning(AmlPplWarning):
     budget (``to_arviz(memory_budget=...)``)."""
 
 
+class HyperparameterFitWarning(AmlPplWarning):
+    r"""A safe-BO loop's hyperparameter fit moved a scale (a lengthscale, an output scale)
+    by an order of magnitude or more from the prior's: the confidence bounds, and so the
+    safety certificate, now rest on that fit."""
+
+
+class StagnationWarning(AmlPplWarning):
+    r"""A safe-BO loop's pessimistic safe set has stopped growing while it evaluates only
+    points it has already evaluated: it cannot leave what it knows."""
+
+
 def _describe(model: object) -> str:
     name = getattr(model, "__qualname__", None) or type(model).__name__
     return f"model {name}"

@@ -5,7 +5,7 @@ GPyTorch's settings for the whole process (``../shared/FACTS.md``).
 """
 
 from aml_ppl.bo.acquisition import ITL, VTL, UncertaintySampling
-from aml_ppl.bo.journal import EvaluationRecord, Journal
+from aml_ppl.bo.journal import EvaluationRecord, Journal, JournalContents, read_journal
 from aml_ppl.bo.problems import SafeProblem
 from aml_ppl.bo.safe import SafeBayesianOptimization
 
@@ -13,8 +13,10 @@ __all__ = [
     "EvaluationRecord",
     "ITL",
     "Journal",
+    "JournalContents",
     "SafeBayesianOptimization",
     "SafeProblem",
     "UncertaintySampling",
     "VTL",
+    "read_journal",
 ]

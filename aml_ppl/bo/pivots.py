@@ -30,11 +30,18 @@ def blocked_pivots(
     to the block's diagonal. Points whose residual variance is at most ``tolerance`` can never
     be chosen and leave the factorisation, whose cost is the points still open times the rank.
 
+    A rank-deficient matrix (a linear or constant kernel, a low-rank sum) gets about its rank
+    of pivots, fewer than asked: a residual variance at or below ``jitter`` counts as
+    explained, since conditioning on blocks with ``jitter`` on their diagonal resolves
+    nothing finer (below it, rounding would be taken for variance and every point chosen).
+    A first block may hold any number of pivots.
+
     Args:
         diagonal: The matrix's diagonal (``m``).
         columns: ``columns(index, rows)``, the matrix's entries at ``rows x index``.
         submatrix: ``submatrix(index)``, its rows and columns ``index``.
-        tolerance: The residual variance at which a point counts as explained.
+        tolerance: The residual variance at which a point counts as explained (at least
+            ``jitter``).
         jitter: Added to each block's diagonal.
         first: Indices offered as the first block, all at once: one large block in place of
             many small rounds.
@@ -45,7 +52,7 @@ def blocked_pivots(
         the matrix at them, as the blocks formed it (``jitter`` on each block).
     """
     residual = diagonal.detach().clone()
-    limit = max(float(tolerance), 1e-12 * float(residual.max().clamp_min(1e-300)))
+    limit = max(float(tolerance), float(jitter), 1e-12 * float(residual.max().clamp_min(1e-300)))
     open_points = torch.arange(residual.shape[0], device=residual.device)
     factor = residual.new_empty(min(residual.shape[0], 16 * block), residual.shape[0])  # a row per pivot
     rank, chosen, chol_columns = 0, [], []  # the factor's columns at each block's pivots
@@ -84,8 +91,8 @@ def blocked_pivots(
         chol_columns.append(torch.cat([factor[:rank, selected], block_chol.T]))
         others = torch.cat([pool[left_in_pool], unpooled])
         new = solve_lower(block_chol, torch.cat([pool_matrix[picked][:, left_in_pool], unpooled_rows], 1))
-        if rank + new.shape[0] > factor.shape[0]:
-            factor = torch.cat([factor[:rank], factor.new_empty(factor.shape)])
+        if rank + new.shape[0] > factor.shape[0]:  # room for this block's rows at least
+            factor = torch.cat([factor[:rank], factor.new_empty(max(factor.shape[0], new.shape[0]), factor.shape[1])])
         factor[rank : rank + new.shape[0], others] = new
         rank += new.shape[0]
         residual[others] = (residual[others] - new.square().sum(0)).clamp_min(0)

@@ -3,7 +3,6 @@ r"""Safe Bayesian optimisation with transductive acquisitions (notes AML §7.5).
 from __future__ import annotations
 
 import copy
-import itertools
 import math
 from concurrent.futures import Executor
 from pathlib import Path
@@ -19,6 +18,7 @@ from aml_ppl._data import check_count
 from aml_ppl.api import fit
 from aml_ppl.bo.acquisition import TRANSDUCTIVE, prior_pivots, transductive
 from aml_ppl.bo.journal import EvaluationRecord, Journal, domain_fingerprint, model_fingerprint
+from aml_ppl.bo import learning
 from aml_ppl.bo.pathwise import thompson_maximisers
 from aml_ppl.bo.problems import SafeProblem
 from aml_ppl.bo.runner import checked_values, evaluate_in_turn_or_in_flight
@@ -32,7 +32,7 @@ from aml_ppl.bo.sets import (
     set_aside,
     with_safeopt_sets,
 )
-from aml_ppl.errors import InputDataError
+from aml_ppl.errors import HyperparameterFitWarning, InputDataError, StagnationWarning
 from aml_ppl.inference.exact import Exact
 from aml_ppl.models.gp import GaussianProcess
 
@@ -101,7 +101,8 @@ class SafeBayesianOptimization:
             fitted GP's values are kept): each step conditions a copy on the evaluations,
             with its hyperparameters fixed unless ``fit_hyperparameters``. Replaces
             ``lengthscale``, ``output_scale`` and ``noise_variance``.
-        fit_hyperparameters: Refit each GP's hyperparameters by type-II ML every step.
+        fit_hyperparameters: ``False`` keeps the prior's; ``True`` refits by type-II ML from enough points on,
+            output scales at least the prior's; ``"conservative"`` also caps lengthscales (:mod:`aml_ppl.bo.learning`).
         intersect_bounds: Intersect the confidence bounds over time, as the reference
             experiments of Hübotter et al. (2024) do (the default); ``False`` gives the
             notes' per-step bounds. :meth:`resume` rebuilds the intersection from the journal.
@@ -123,7 +124,7 @@ class SafeBayesianOptimization:
         acquisition: str = "itl",
         lengthscale: float | None = None,
         noise_variance: float | None = None,
-        fit_hyperparameters: bool = False,
+        fit_hyperparameters: bool | str = False,
         intersect_bounds: bool = True,
         lipschitz: float | Sequence[float] | None = None,
         journal: str | Path | None = None,
@@ -137,6 +138,8 @@ class SafeBayesianOptimization:
     ) -> None:
         if acquisition not in ACQUISITIONS:
             raise InputDataError(f"`acquisition` must be one of {ACQUISITIONS}; got {acquisition!r}.")
+        if fit_hyperparameters not in (False, True, "conservative"):
+            raise InputDataError(f"`fit_hyperparameters` must be False, True or 'conservative'; got {fit_hyperparameters!r}.")
         if target not in ("area_of_interest", "thompson"):
             raise InputDataError(f"`target` must be 'area_of_interest' or 'thompson'; got {target!r}.")
         check_count("thompson_samples", thompson_samples)
@@ -191,8 +194,8 @@ class SafeBayesianOptimization:
             self.records += self.journal.interrupt_pending(first_step=len(self.records))
         self._priors: list[GaussianProcess] = []
         self._prior_pivots: Tensor | None = None  # a mask of the domain, made once
-        self._bounds: tuple[Tensor, Tensor] | None = None  # intersected over time, after
-        self._bounds_count = 0  # this many records
+        self._bounds = learning.RunningIntersection()
+        self._learners, self._warned = [], set()  # the priors a fit may move; the warnings given
         self._fitted: tuple[int, EvaluationRecord | None, list] | None = None  # after this many records
 
     def __enter__(self) -> "SafeBayesianOptimization":
@@ -290,10 +293,17 @@ class SafeBayesianOptimization:
             raise InputDataError(f"`models` has {len(self.models)} GPs for {Y.shape[1]} outputs (the objective, then each constraint).")
         if self.output_scale is not None and len(self.output_scale) not in (1, Y.shape[1]):
             raise InputDataError(f"`output_scale` has {len(self.output_scale)} values for {Y.shape[1]} outputs.")
-        engine = Exact(learn=self.fit_hyperparameters)
         if len(self._priors) != Y.shape[1]:  # made once: a fit conditions a GP without changing it
             self._priors = [self._prior(column) for column in range(Y.shape[1])]
-        return [fit(prior, X, Y[:, column], engine=engine) for column, prior in enumerate(self._priors)]
+            self._learners = [learning.learning_prior(p, self.fit_hyperparameters == "conservative") for p in self._priors if self.fit_hyperparameters]
+        learn = bool(self._learners) and torch.unique(X, dim=0).shape[0] >= learning.points_to_fit(self._learners)
+        gps, engine = (self._learners, Exact(learn=True)) if learn else (self._priors, Exact(learn=False))
+        # seeded by the number of points: a resumed loop refits to the same hyperparameters
+        posteriors = [fit(gp, X, Y[:, column], engine=engine, seed=X.shape[0]) for column, gp in enumerate(gps)]
+        if learn:
+            moved = learning.moved_scale_message(self._priors, posteriors, self.problem.objective_is_constraint)
+            learning.warn_once(self._warned, HyperparameterFitWarning, moved)
+        return posteriors
 
     def _prior(self, column: int) -> GaussianProcess:
         r"""The GP of output ``column`` before conditioning: a copy of the user's, or a
@@ -310,29 +320,18 @@ class SafeBayesianOptimization:
 
     def _confidence_bounds(self, posteriors: list, count: int) -> tuple[Tensor, Tensor]:
         # one GP for every output (no `models`): outputs of one covariance share its solve
-        shared = self._priors[0] if self.models is None else None
+        shared = posteriors[0].model if self.models is None else None
         return confidence_bounds(posteriors, self.domain, self._beta_at(count), shared)
 
-    def _intersected(self, lower: Tensor, upper: Tensor) -> tuple[Tensor, Tensor]:
-        r"""Intersect ``[lower, upper]`` with the bounds after every earlier number of
-        evaluations since the first seeds, so the result depends on the journal alone: in a
-        running loop only the newest bounds are new; after :meth:`resume` the earlier ones are
-        recomputed once (one GP fit per evaluation)."""
-        first = next((i for i, record in enumerate(self.records) if record.status != "seed"), len(self.records))
-        start = first if self._bounds is None else self._bounds_count + 1
-        missed = (
-            self._confidence_bounds(self._posteriors(self.records[:count]), count)
-            for count in range(start, len(self.records))
-        )
-        for earlier_lower, earlier_upper in itertools.chain([self._bounds] if self._bounds else [], missed):
-            lower, upper = torch.maximum(lower, earlier_lower), torch.minimum(upper, earlier_upper)
-        self._bounds, self._bounds_count = (lower, upper), len(self.records)
-        return lower, upper
+    def _earlier_bounds(self, count: int) -> tuple[tuple, Tensor, Tensor]:
+        posteriors = self._posteriors(self.records[:count])
+        return (learning.hyperparameter_key(posteriors), *self._confidence_bounds(posteriors, count))
 
     def _sets(self, posteriors: list) -> SafeSets:
         lower, upper = self._confidence_bounds(posteriors, len(self.records))
-        if self.intersect_bounds:
-            lower, upper = self._intersected(lower, upper)
+        if self.intersect_bounds:  # restarted when a fit changes the hyperparameters (RunningIntersection)
+            key = learning.hyperparameter_key(posteriors)
+            lower, upper = self._bounds.update(lower, upper, key, self.records, self._earlier_bounds)
         return safe_sets(lower, upper, self.problem.objective_is_constraint)
 
     # -- ask / tell ---------------------------------------------------------------------------
@@ -427,11 +426,13 @@ class SafeBayesianOptimization:
             certificate=float(sets["certificate"]),
             seconds=seconds,
         )
+        stagnation = learning.stagnation_message([*self.records, record], sets["safe_set_pessimistic"], self.domain)
         if self.journal is not None and pending_id is not None:
             self.journal.complete(pending_id, record)
             self.records.append(record)
         else:
             self._append(record)
+        learning.warn_once(self._warned, StagnationWarning, stagnation)
         return record
 
     def run(
