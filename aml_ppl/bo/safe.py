@@ -125,7 +125,8 @@ class SafeBayesianOptimization:
             sets, the acquisition and the recommendation run as on a grid. The intersection of
             bounds over time is keyed on fixed points, so on a box the sets use the current
             GP's bounds alone: a point is evaluated only if every constraint's lower bound
-            there is at least 0 under the GP of every evaluation so far. ``target="thompson"``
+            there is at least 0 under the GP of every evaluation so far (the records'
+            ``safe_set_size`` and ``area_size`` count candidates). ``target="thompson"``
             (ITL) or ``"vtl"`` direct the search at the optimum in six dimensions, where
             :math:`A_n` stays most of the box for many steps (benchmarks/RESULTS.md).
     """

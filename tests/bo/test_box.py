@@ -86,10 +86,10 @@ def test_a_grid_in_six_dimensions_never_leaves_a_lone_seed():
     assert loop.records[-1].safe_set_size == 1
 
 
-def check_box_run(seed, evaluations=49, **settings):
-    """Each suggestion is certified by the current GP (BoTorch's posterior of the loop's fits:
-    the constraint's mean - beta * sd >= 0 there), never truly unsafe, spread out, and the
-    recommendation is within 1.0 of the safe optimum 3.32237."""
+def certified_run(seed, evaluations, **settings):
+    """A box loop whose every suggestion is checked to be certified by the current GP (BoTorch's
+    posterior of the loop's fits: the constraint's mean - beta * sd >= 0 there) and found truly
+    safe."""
     problem, loop, objective = seeded_box_loop(seed, **settings)
     suggest, lower_bounds = loop.suggest, []
 
@@ -104,15 +104,27 @@ def check_box_run(seed, evaluations=49, **settings):
     X = torch.tensor([record.x for record in loop.records], dtype=torch.float64)
     assert len(lower_bounds) == evaluations and min(lower_bounds) >= 0
     assert int((~problem.safe_mask(X)).sum()) == 0
+    return problem, loop, X
+
+
+def check_box_run(seed, **settings):
+    """49 evaluations: certified and safe, at least 10 distinct points, and a recommendation
+    within 1.0 of the safe optimum 3.32237."""
+    problem, loop, X = certified_run(seed, 49, **settings)
     assert torch.unique(X, dim=0).shape[0] >= 10
     assert problem.simple_regret(loop.recommendation()) <= 1.0
-    return loop
 
 
 def test_a_box_leaves_the_lone_seed_safely_and_nears_the_optimum():
     """One safe seed, the fixed prior (lengthscale 0.3, output scales 1 and 2), beta 2, 49
     evaluations of ITL directed at Thompson maximisers (the other seeds and settings: slow)."""
     check_box_run(seed=0, acquisition="itl", target="thompson")
+
+
+@pytest.mark.parametrize("acquisition", ["itl", "vtl", "us", "safeopt"])
+def test_every_acquisition_runs_certified_on_a_box(acquisition):
+    _, loop, X = certified_run(seed=0, evaluations=4, acquisition=acquisition)
+    assert torch.unique(X, dim=0).shape[0] == 5
 
 
 @pytest.mark.slow
