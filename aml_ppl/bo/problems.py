@@ -36,6 +36,11 @@ class SafeProblem:
         num_seeds: How many seed points the reference experiments draw.
         output_scale: The prior standard deviation of each output in its own units (one
             number for all, or one per output); ``None`` when unknown.
+        bounds: The ``2 x d`` box the problem lives in, for a loop that searches it
+            (``SafeBayesianOptimization(problem, bounds=problem.bounds)``); ``None`` for a
+            problem on its finite domain alone.
+        optimum: The largest objective value over the truly safe part of the box, when known
+            (the domain's largest is then only a lower bound); :meth:`safe_optimum` returns it.
     """
 
     name: str
@@ -48,6 +53,8 @@ class SafeProblem:
     lengthscale: float | None = None
     num_seeds: int = 1
     output_scale: float | tuple[float, ...] | None = None
+    bounds: Tensor | None = None
+    optimum: float | None = None
 
     def true_values(self, X: Tensor) -> Tensor:
         r"""The noise-free ``values(X)``; an error for a problem that has none."""
@@ -71,7 +78,10 @@ class SafeProblem:
         return (constraints >= 0).all(1)
 
     def safe_optimum(self) -> float:
-        r"""The largest objective value over the truly safe part of the domain."""
+        r"""The largest objective value over the truly safe part of the domain (or of the
+        box: ``optimum``, when known)."""
+        if self.optimum is not None:
+            return self.optimum
         return self.true_values(self.domain)[self.safe_mask(), 0].max().item()
 
     def simple_regret(self, x: Tensor) -> float:
@@ -206,3 +216,47 @@ def candidate_domain(bounds: Tensor, num_points: int, seed: int = 0) -> Tensor:
         return torch.cartesian_prod(*axes) if d == 2 else axes[0][:, None]
     sobol = torch.quasirandom.SobolEngine(d, scramble=True, seed=seed).draw(num_points, dtype=torch.float64)
     return bounds[0] + (bounds[1] - bounds[0]) * sobol
+
+
+def constrained_hartmann6(points: int = 2000, seed: int = 0, noise_std: float = 0.1) -> SafeProblem:
+    r"""BoTorch's constrained Hartmann6 (tutorial ``closed_loop_botorch_only``), as safe BO.
+
+    Maximise the negated Hartmann6 function :math:`f = -H` on :math:`[0, 1]^6` subject to
+    the tutorial's :math:`\lVert x \rVert_1 - 3 \le 0`, written as the safety constraint
+    :math:`g(x) = 3 - \sum_i x_i \ge 0` (half the box is safe). The safe optimum is the
+    unconstrained one, :math:`f(z) = 3.32237` at BoTorch's :math:`z` (:math:`\sum z_i = 2.07`).
+    Both outputs are observed with noise sd ``noise_std`` (the tutorial's current version
+    uses 0.25). The one known safe seed is :math:`x_0 = (0.1, \dots, 0.1)`: :math:`f(x_0) =
+    0.07`, :math:`g(x_0) = 2.4`, 0.73 from :math:`z`.
+
+    Args:
+        points: The finite domain: ``x_0`` then ``points`` scrambled Sobol points of the box
+            (a grid loop searches these; a box loop, ``bounds=problem.bounds``, the box).
+        seed: The Sobol scrambling seed.
+        noise_std: The observation noise sd of both outputs.
+
+    Returns:
+        A problem with ``values`` ``n x 2`` (objective, constraint), the unit ``bounds``, the
+        ``optimum``, a prior (lengthscale 0.3, output scales 1 and 2) and :math:`\beta = 2`.
+
+    Example:
+        >>> problem = constrained_hartmann6(points=100)
+        >>> problem.true_values(problem.seed_points()).tolist()  # doctest: +ELLIPSIS
+        [[0.0698..., 2.4...]]
+    """
+    from botorch.test_functions import Hartmann
+
+    hartmann = Hartmann(dim=6, negate=True).to(torch.float64)
+    bounds = torch.tensor([[0.0] * 6, [1.0] * 6], dtype=torch.float64)
+    seed_point = torch.full((1, 6), 0.1, dtype=torch.float64)
+    domain = torch.cat([seed_point, candidate_domain(bounds, points, seed)])
+
+    def values(X: Tensor) -> Tensor:
+        return torch.stack([hartmann(X), 3 - X.sum(-1)], dim=-1)
+
+    seed_region = torch.zeros(domain.shape[0], dtype=torch.bool)
+    seed_region[0] = True
+    return SafeProblem(
+        "constrained_hartmann6", domain, values, noise_std, 2.0, seed_region, lengthscale=0.3,
+        output_scale=(1.0, 2.0), bounds=bounds, optimum=hartmann.optimal_value,
+    )

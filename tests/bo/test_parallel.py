@@ -149,3 +149,41 @@ def test_max_pending_needs_an_executor():
         loop.run(objective, budget=2, max_pending=2)
     with pytest.raises(InputDataError, match=r"`max_pending` must be an integer >= 1"):
         loop.run(objective, budget=2, executor=ThreadPoolExecutor(1), max_pending=0)
+
+
+def hartmann6_values(x):
+    r"""The constrained Hartmann6's noise-free values at ``x``: a module-level function, so a
+    Dask worker process can unpickle it."""
+    from aml_ppl.bo.problems import constrained_hartmann6
+
+    return constrained_hartmann6(points=1).true_values(x[None])[0]
+
+
+def test_a_dask_cluster_evaluates_a_box_loop_with_points_in_flight():
+    r"""Dask's ``Client.get_executor()`` (a one-process ``LocalCluster``) as the executor: two
+    points in flight, each certified by the finished evaluations, none truly unsafe."""
+    import distributed  # the test extra's
+
+    from aml_ppl.bo.problems import constrained_hartmann6
+
+    problem = constrained_hartmann6(points=1)
+    loop = SafeBayesianOptimization(problem, acquisition="itl", target="thompson", bounds=problem.bounds)
+    seeds = problem.seed_points()
+    loop.add_seed(seeds, problem.true_values(seeds))
+    suggest, pending_seen = loop.suggest, []
+
+    def recording_suggest(pending=None):
+        pending_seen.append(0 if pending is None else pending.shape[0])
+        return suggest(pending)
+
+    loop.suggest = recording_suggest
+    cluster = distributed.LocalCluster(n_workers=1, threads_per_worker=2, processes=True, dashboard_address=None)
+    try:
+        with distributed.Client(cluster) as client:
+            loop.run(hartmann6_values, budget=6, executor=client.get_executor(), max_pending=2, progress_bar=False)
+    finally:
+        cluster.close()
+    X = torch.tensor([record.x for record in loop.records], dtype=torch.float64)
+    assert [record.status for record in loop.records] == ["seed"] + ["ok"] * 6
+    assert max(pending_seen) == 1  # a second point was chosen while one was in flight
+    assert problem.safe_mask(X).all() and torch.unique(X, dim=0).shape[0] == 7
