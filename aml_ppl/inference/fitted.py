@@ -123,6 +123,11 @@ class Fitted:
     def observed_site(self, site: str | None) -> str:
         r"""``site`` checked to be an observed site; with ``None`` the only one."""
         observed = list(self.structure.observed)
+        if not observed:
+            raise InputDataError(
+                "the model has no observed site (no pyro.sample with obs=; a site that poutine.reparam "
+                "computes from its auxiliary latents is a latent): there is nothing to predict or score."
+            )
         if site is None:
             if len(observed) != 1:
                 raise InputDataError(f"the model has observed sites {observed}; name one with `site=`.")
@@ -138,6 +143,8 @@ class Fitted:
         coupled = self.structure.coupled
         tied = {name: group.name for group in coupled.values() for name in group.observed}
         terms = [*(name for name in self.structure.observed if name not in tied), *coupled]
+        if not terms:
+            return self.observed_site(site)  # raises: nothing observed
         if site is None and len(terms) == 1:
             return terms[0]
         if site in coupled:

@@ -11,7 +11,9 @@ from typing import Any, Callable
 import pyro
 import torch
 from pyro import poutine
+from pyro.distributions import Delta, ExpandedDistribution, MaskedDistribution
 from pyro.poutine.util import site_is_subsample
+from torch.distributions import Independent
 
 from aml_ppl.errors import AmlPplError, InputDataError
 
@@ -73,7 +75,8 @@ class Structure:
         latent: Continuous (or non-enumerated) sampled sites: what a posterior draws.
         enumerated: Discrete sites marked for parallel enumeration.
         local_enumerated: Those of them inside a plate (summed out of densities).
-        deterministic: ``pyro.deterministic`` sites.
+        deterministic: ``pyro.deterministic`` sites, and the sites a reparameteriser computes
+            from its auxiliary latents (:func:`is_reparameterised`).
         factors: ``pyro.factor`` sites.
         params: ``pyro.param`` sites.
         subsampled: Plate name to ``(size, subsample_size)`` for plates that subsample.
@@ -81,6 +84,9 @@ class Structure:
         observations: The values observed at the observed sites in this run.
         coupled: Groups of observed sites tied by plate-local enumerated sites
             (:class:`CoupledObservations`), by the name of their joint term.
+        reparameterised: The sites a reparameteriser turned into deterministic functions of
+            its auxiliary latents (``poutine.reparam``'s ``x`` beside its ``x_decentered``):
+            latents of the posterior, drawn by recomputing them (among ``deterministic``).
     """
 
     sites: dict[str, SiteShape]
@@ -95,6 +101,7 @@ class Structure:
     max_plate_nesting: int
     observations: dict[str, torch.Tensor] = field(default_factory=dict)
     coupled: dict[str, CoupledObservations] = field(default_factory=dict)
+    reparameterised: tuple[str, ...] = ()
 
     @property
     def latent_shapes(self) -> dict[str, torch.Size]:
@@ -138,7 +145,7 @@ def inspect_model(model: Callable, args: tuple, kwargs: dict) -> Structure:
     kinds: dict[str, list[str]] = {
         key: [] for key in ("observed", "latent", "enumerated", "local", "deterministic", "factors")
     }
-    params, subsampled = [], {}
+    params, subsampled, reparameterised = [], {}, []
     for name, site in trace.nodes.items():
         if site["type"] == "param":
             params.append(name)
@@ -156,6 +163,8 @@ def inspect_model(model: Callable, args: tuple, kwargs: dict) -> Structure:
         )
         sites[name] = _site_shape(site, plates)
         kinds[_kind(site)].append(name)
+        if is_reparameterised(site):
+            reparameterised.append(name)
         if is_enumerated(site) and plates:
             kinds["local"].append(name)
     for name, site in sites.items():
@@ -179,6 +188,7 @@ def inspect_model(model: Callable, args: tuple, kwargs: dict) -> Structure:
         max_plate_nesting=max((-dim for site in sites.values() for _, dim in site.plates), default=0),
         observations={name: trace.nodes[name]["value"] for name in kinds["observed"]},
         coupled=_coupled(trace, sites, tuple(kinds["observed"]), tuple(kinds["local"])),
+        reparameterised=tuple(reparameterised),
     )
 
 
@@ -245,14 +255,27 @@ def is_enumerated(site: dict) -> bool:
     )
 
 
+def is_reparameterised(site: dict) -> bool:
+    r"""Whether a trace site is one that a reparameteriser (``poutine.reparam`` with
+    ``LocScaleReparam``, ``TransformReparam``, ``NeuTraReparam``...) computed from the auxiliary
+    latents it drew: Pyro writes such a site as observed at a ``Delta`` whose point *is* the
+    computed value (masked out, or carrying the transform's log density), where a real
+    observation's value comes from the data. Its value is a latent of the posterior, not data."""
+    fn = site["fn"]
+    while isinstance(fn, (MaskedDistribution, Independent, ExpandedDistribution)):
+        fn = fn.base_dist
+    deterministic = site["infer"].get("_deterministic", False)
+    return site["is_observed"] and not deterministic and isinstance(fn, Delta) and fn.v is site["value"]
+
+
 def _kind(site: dict) -> str:
-    if site["infer"].get("_deterministic", False):
+    if site["infer"].get("_deterministic", False) or is_reparameterised(site):
         return "deterministic"
     if site["is_observed"]:
         return "factors" if site["infer"].get("is_auxiliary", False) else "observed"
     if is_enumerated(site):
         return "enumerated"
-    return "latent" if not site["infer"].get("is_auxiliary", False) else "factors"
+    return "latent"
 
 
 def undeclared_batch_sites(structure: Structure) -> list[str]:
