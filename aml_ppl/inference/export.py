@@ -28,9 +28,8 @@ class ArvizExport:
 
     def draws_by_chain(self, num_samples: int) -> dict[str, torch.Tensor]:
         r"""Draws in the fit's units (:meth:`model_draws`) shaped ``chain x draw x ...``; one
-        chain unless the engine has several."""
-        count = 1 if self.is_point_estimate else num_samples
-        return {name: value.unsqueeze(0) for name, value in self.model_draws(count).items()}
+        chain unless the engine has several (a point estimate: ``num_samples`` copies of it)."""
+        return {name: value.unsqueeze(0) for name, value in self.model_draws(num_samples).items()}
 
     def reported_draws(self, draws: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         r"""The draws as the ArviZ export reports them (a hook: a fit on transformed data
@@ -63,7 +62,7 @@ class ArvizExport:
         Args:
             *args: The model's arguments; none means the fitting data.
             num_samples: Draws per chain (MCMC exports the draws it kept; a point
-                estimate exports one draw, and ``num_samples`` predictive replicates).
+                estimate exports ``num_samples`` identical draws, flagged).
             coords: Labels of dimensions (``{"school": names}``), as ArviZ takes them.
             dims: Dimension names of sites, overriding the plates' (``{"eta": ["campus"]}``).
             predictions: The model's arguments at new inputs (a tuple, or a dict of keyword
@@ -137,8 +136,13 @@ def to_inference_data(
     converter does (``pyro.plate("school", 8)`` gives ``eta`` the dims ``(chain, draw,
     school)``); the others are ``{site}_dim_{k}``. ``coords`` and ``dims`` (and
     ``pred_coords``, ``pred_dims`` for the predictions groups) label and override them
-    as in ``az.from_dict``. A point estimate exports one draw, with ``num_samples``
-    predictive replicates, and ``attrs["point_estimate"] = 1``. ``attrs`` name the engine,
+    as in ``az.from_dict``. A point estimate (MAP, a delta guide, EM, an exact GP's type-II
+    hyperparameters) exports its value as ``num_samples`` identical draws, with as many
+    predictive replicates and ``attrs["point_estimate"] = 1``: plain ``az.loo`` and
+    ``az.compare`` run on it and give the plug-in density :math:`\sum_i \log p(y_i \mid
+    \hat\theta)` (a GP's: its exact leave-one-out predictives at :math:`\hat\theta`), with ArviZ's
+    own warning (every Pareto :math:`\hat k` is infinite: identical draws carry no
+    information about leaving a point out); :mod:`aml_ppl.analysis` refuses it. ``attrs`` name the engine,
     its ``objective`` and hold the ``objective_history``.
     """
     import arviz as az
@@ -157,13 +161,10 @@ def to_inference_data(
         if predictions is not None or prior is not None:
             raise InputDataError("this model is known through its bound: it has no predictions or prior groups to export.")
         return _bound_inference_data(posterior, args, num_samples)
-    point = posterior.is_point_estimate
     by_chain = posterior.draws_by_chain(num_samples)
-    chains, draws = next(iter(by_chain.values())).shape[:2] if by_chain else (1, 1 if point else num_samples)
+    chains, draws = next(iter(by_chain.values())).shape[:2] if by_chain else (1, num_samples)
     flat = {name: value.flatten(0, 1) for name, value in by_chain.items()}
-    replicates = num_samples if point else chains * draws
-    if point:
-        flat = {name: value.expand(replicates, *value.shape[1:]) for name, value in flat.items()}
+    replicates = chains * draws
     replayed = posterior.replay(replicates, args, kwargs, draws=flat)
     on_fitting_data = args is posterior.fitted.args and kwargs is posterior.fitted.kwargs
     lp = replayed.joint["lp"][: chains * draws] if on_fitting_data and "lp" in replayed.joint else None
