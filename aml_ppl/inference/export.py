@@ -14,7 +14,7 @@ from aml_ppl._data import check_count
 from aml_ppl.errors import InputDataError
 from aml_ppl.inference import predictive
 from aml_ppl.inference.structure import Structure
-from aml_ppl.models.base import Model
+from aml_ppl.models.base import Model, program_of
 from aml_ppl.models.protocols import VariationalBound
 
 if TYPE_CHECKING:
@@ -257,9 +257,8 @@ def input_dims(inputs: dict[str, torch.Tensor], named: dict[str, list[str]], str
 def named_inputs(model: Callable, args: tuple, kwargs: dict) -> dict[str, torch.Tensor]:
     r"""The tensors among a model's arguments under the names its program gives them
     (``arg{k}`` where the signature cannot be read)."""
-    program = model.model if isinstance(model, Model) else model
     try:
-        bound = dict(inspect.signature(program).bind_partial(*args, **kwargs).arguments)
+        bound = dict(inspect.signature(program_of(model)).bind_partial(*args, **kwargs).arguments)
     except (TypeError, ValueError):
         bound = {**{f"arg{index}": value for index, value in enumerate(args)}, **kwargs}
     return {name: value for name, value in bound.items() if isinstance(value, torch.Tensor)}

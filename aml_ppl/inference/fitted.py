@@ -17,12 +17,12 @@ import numpy as np
 import pyro
 import torch
 
-from aml_ppl._data import check_finite_arguments, check_new_arguments, convert_arguments
+from aml_ppl._data import check_finite_arguments, check_new_arguments, convert_arguments, positional_names
 from aml_ppl.errors import InputDataError
 from aml_ppl.inference.context import evaluation_mode, isolated_param_store, module_parameters
 from aml_ppl.inference.density import log_densities
 from aml_ppl.inference.structure import Structure, inspect_model
-from aml_ppl.models.base import Model
+from aml_ppl.models.base import Model, program_of
 
 
 @dataclass(frozen=True, eq=False)
@@ -115,8 +115,9 @@ class Fitted:
         args, kwargs = convert_arguments(args, kwargs)
         if isinstance(self.model, Model):
             args, kwargs = self.model.validate(*args, **kwargs)
-        check_finite_arguments(args, kwargs)
-        check_new_arguments(args, kwargs, self.args, self.kwargs)
+        names = positional_names(program_of(self.model), len(args))
+        check_finite_arguments(args, kwargs, names)
+        check_new_arguments(args, kwargs, self.args, self.kwargs, names)
         options = {k: v for k, v in self.kwargs.items() if not isinstance(v, torch.Tensor)}
         return args, {**options, **kwargs}
 

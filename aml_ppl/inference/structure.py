@@ -4,6 +4,7 @@ replay and the ArviZ exporter to shape and name what they return."""
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
@@ -167,6 +168,7 @@ def inspect_model(model: Callable, args: tuple, kwargs: dict) -> Structure:
             reparameterised.append(name)
         if is_enumerated(site) and plates:
             kinds["local"].append(name)
+    check_observations(trace, sites, tuple(kinds["observed"]))
     for name, site in sites.items():
         nested = [plate for plate, _ in site.plates if plate in subsampled]
         if len(nested) > 1:
@@ -189,6 +191,57 @@ def inspect_model(model: Callable, args: tuple, kwargs: dict) -> Structure:
         observations={name: trace.nodes[name]["value"] for name in kinds["observed"]},
         coupled=_coupled(trace, sites, tuple(kinds["observed"]), tuple(kinds["local"])),
         reparameterised=tuple(reparameterised),
+    )
+
+
+def check_observations(trace: Any, sites: dict[str, SiteShape], observed: tuple[str, ...]) -> None:
+    r"""Refuse observations that no engine should fit, naming the site, before any inference:
+    one whose shape broadcast against its site's (batch + event) shape is larger than its own
+    (a ``(n, 1)`` ``y`` under a plate of ``n``: ``n x n`` terms, each point counted ``n`` times;
+    Pyro's ELBOs reject it, a sampler silently fits it), and a discrete one outside its
+    distribution's support (a 2 in a Bernoulli's observations, whose log-probability is then
+    whatever the formula gives)."""
+    for name in observed:
+        value, site = trace.nodes[name]["value"], sites[name]
+        if not isinstance(value, torch.Tensor):
+            continue
+        try:
+            broadcast = torch.broadcast_shapes(value.shape, site.shape)
+        except RuntimeError:
+            broadcast = None
+        if broadcast is None or math.prod(broadcast) != value.numel():
+            raise InputDataError(
+                f"the observations at site {name!r} have shape {tuple(value.shape)}, and the site's distribution "
+                f"has shape {tuple(site.shape)} (its batch shape {tuple(site.batch_shape)}, plates "
+                f"{[plate for plate, _ in site.plates]}, and event shape {tuple(site.event_shape)}); they "
+                + (f"broadcast to {tuple(broadcast)}, counting each observation more than once. " if broadcast else "do not broadcast. ")
+                + f"Pass them shaped {tuple(site.shape)} (a column `y` as `y.squeeze(-1)`)."
+            )
+        _check_support(name, trace.nodes[name]["fn"], value)
+
+
+def _check_support(name: str, fn: Any, value: torch.Tensor) -> None:
+    r"""Refuse a discrete observation outside its distribution's support (site, value, index)."""
+    try:
+        support = fn.support
+        if not support.is_discrete:
+            return
+        inside = support.check(value)
+    except (NotImplementedError, RuntimeError, TypeError):  # a distribution without a checkable support
+        return
+    outside = ~inside
+    while outside.dim() > value.dim():  # enumerated dimensions of the structure trace
+        outside = outside.any(0)
+    if not outside.any():
+        return
+    index = tuple(outside.nonzero()[0].tolist())
+    base = fn
+    while hasattr(base, "base_dist"):
+        base = base.base_dist
+    raise InputDataError(
+        f"the observations at site {name!r} must lie in the support of its {type(base).__name__} ({support}); "
+        f"got {value[index].tolist()} at index {list(index)} ({int(outside.sum())} such value(s)). Recode them "
+        "(a Bernoulli observes 0 or 1, a Categorical 0 … K-1), or drop those points."
     )
 
 
