@@ -179,8 +179,8 @@ def check_export(posterior: Posterior, case: Case, num_samples: int = 200) -> No
     _require(idata.log_likelihood["obs"].shape == (chains, draws, observations.shape[0]), case, "log_likelihood['obs'] is not chain x draw x n.")
     _require(draws == num_samples if point else draws > 1, case, f"{draws} exported draws for a {'point estimate' if point else 'posterior'}.")
     if point:
-        _require(all(np.ptp(idata.posterior[name].values, axis=(0, 1)).max(initial=0) == 0 for name in idata.posterior.data_vars), case,
-                 "a point estimate's exported draws differ.")
+        _require(all(np.ptp(idata.posterior[name].values, axis=(0, 1)).max(initial=0) == 0 for name in posterior.latent_sites if name in idata.posterior), case,
+                 "a point estimate's exported draws of its latent sites differ.")
     missing = [name for name in (*posterior.latent_sites, *case.deterministic, *case.discrete) if name not in idata.posterior]
     _require(not missing, case, f"the posterior group lacks {missing}.")
     for name in case.params:
