@@ -17,7 +17,7 @@ from typing import Any, Callable
 import pyro
 import torch
 from pyro import poutine
-from pyro.infer.autoguide import AutoLaplaceApproximation
+from pyro.infer.autoguide import AutoGuide, AutoLaplaceApproximation
 from pyro.poutine.util import site_is_subsample
 
 from aml_ppl.errors import InputDataError, JitFallbackWarning, ModelFittingError, NonFiniteLossError
@@ -108,7 +108,7 @@ def fit_guide(
         loss.data_scale = ranks.world_size
     fitted_model = scale(model) if traced else model
     guide, spec = make_guide(fitted_model, ranks)
-    if spec == "custom":
+    if spec == "custom" and not isinstance(guide, AutoGuide):  # an autoguide is built from the model
         check_guide_sites(model, guide, args, kwargs)
     fitted_guide = scale(guide) if traced else guide
     with isolated_param_store():
