@@ -6,6 +6,7 @@ boundary works on tensors and trusts their shape.
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import numpy as np
@@ -120,11 +121,29 @@ def check_regression_data(
     return X, y
 
 
-def check_finite_arguments(args: tuple, kwargs: dict) -> None:
+def positional_names(program: Any, count: int) -> list[str]:
+    r"""How messages name the first ``count`` positional arguments of a model whose program is
+    ``program``: by its parameters' names (``argument 'X'``), as ``positional argument k``
+    where its signature does not name them (``*args``)."""
+    try:
+        parameters = list(inspect.signature(program).parameters.values())
+    except (TypeError, ValueError):
+        parameters = []
+    named = []
+    for parameter in parameters:
+        if parameter.kind not in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD):
+            break
+        named.append(f"argument {parameter.name!r}")
+    return [named[index] if index < len(named) else f"positional argument {index}" for index in range(count)]
+
+
+def check_finite_arguments(args: tuple, kwargs: dict, names: list[str] | None = None) -> None:
     r"""Raise, naming the argument and the path inside it (``keyword argument 'data'["C"][7]``),
     where a floating tensor among a model's arguments, or inside a dict, list, tuple or
-    namespace among them, holds NaN or inf: before inference starts, not deep inside it."""
-    named = [(f"positional argument {index}", value) for index, value in enumerate(args)]
+    namespace among them, holds NaN or inf: before inference starts, not deep inside it.
+    ``names``: the positional arguments' (:func:`positional_names`)."""
+    names = names or [f"positional argument {index}" for index in range(len(args))]
+    named = list(zip(names, args))
     named += [(f"keyword argument {key!r}", value) for key, value in kwargs.items()]
     for name, value in named:
         for path, tensor in _tensors_within(value, name):
@@ -156,10 +175,14 @@ def _tensors_within(value: Any, path: str, depth: int = 0) -> list[tuple[str, to
     return [found for item_path, item in items for found in _tensors_within(item, item_path, depth + 1)]
 
 
-def check_new_arguments(args: tuple, kwargs: dict, fitted_args: tuple, fitted_kwargs: dict) -> None:
+def check_new_arguments(
+    args: tuple, kwargs: dict, fitted_args: tuple, fitted_kwargs: dict, names: list[str] | None = None
+) -> None:
     r"""Raise where a new tensor argument disagrees with the fitting data's in its number of
-    dimensions or in any size past the first (the columns of an ``n x d`` input)."""
-    pairs = [(f"positional argument {i}", new, old) for i, (new, old) in enumerate(zip(args, fitted_args))]
+    dimensions or in any size past the first (the columns of an ``n x d`` input); ``names``:
+    the positional arguments' (:func:`positional_names`)."""
+    names = names or [f"positional argument {index}" for index in range(len(args))]
+    pairs = [(name, new, old) for name, new, old in zip(names, args, fitted_args)]
     pairs += [(f"keyword argument {k!r}", v, fitted_kwargs[k]) for k, v in kwargs.items() if k in fitted_kwargs]
     for name, new, old in pairs:
         if not (isinstance(new, torch.Tensor) and isinstance(old, torch.Tensor)) or old.dim() == 0:

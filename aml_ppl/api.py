@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from aml_ppl._core.randomness import RandomStream
-from aml_ppl._data import check_count, check_finite_arguments, column_names, convert_arguments
+from aml_ppl._data import check_count, check_finite_arguments, column_names, convert_arguments, positional_names
 from aml_ppl.errors import InputDataError
 from aml_ppl.inference.base import ENGINES, Engine, Posterior
-from aml_ppl.models.base import Model
+from aml_ppl.models.base import Model, program_of
 
 
 def fit(
@@ -57,7 +57,7 @@ def fit(
     if isinstance(model, Model):  # its own checks name the argument (`X`, `y`)
         args, kwargs = model.validate(*args, **kwargs)
         model.check_fitting_data(*args, **kwargs)
-    check_finite_arguments(args, kwargs)
+    check_finite_arguments(args, kwargs, positional_names(program_of(model), len(args)))
     if seed is not None:
         check_count("seed", seed, minimum=0)
     with RandomStream(seed).active():

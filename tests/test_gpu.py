@@ -50,7 +50,7 @@ def test_exact_gp_on_cuda_matches_the_cpu():
     prediction = gpu.predict(X[:5].to(CUDA))
     assert prediction.mean.device.type == "cuda"
     torch.testing.assert_close(prediction.mean.cpu(), cpu.predict(X[:5]).mean)
-    assert gpu.to_arviz(num_samples=20).log_likelihood["obs"].shape == (1, 1, 150)
+    assert gpu.to_arviz(num_samples=20).log_likelihood["obs"].shape == (1, 20, 150)
 
 
 def test_a_learned_gp_on_cuda_matches_the_cpu():

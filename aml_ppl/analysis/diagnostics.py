@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 from scipy.special import logsumexp
 
-from aml_ppl.errors import AmlPplError, AmlPplWarning
+from aml_ppl.errors import AmlPplError, AmlPplWarning, InputDataError
 from aml_ppl.inference.base import Posterior
 
 
@@ -56,6 +56,9 @@ def loo(posterior: Posterior, *args: Any, num_samples: int = 1000, **kwargs: Any
     Raises:
         PointEstimateError: For a point estimate, whose in-sample density would be
             reported as out-of-sample (an optimistic elpd that outranks real posteriors).
+        InputDataError: For a model with no observed site (Neal's funnel; a site that a
+            ``poutine.reparam`` reparameteriser computes is a latent, not data): there is no
+            observation to leave out.
 
     Warns:
         ParetoKWarning: Where the Pareto :math:`\hat k` of a point exceeds 0.7, naming the
@@ -65,6 +68,7 @@ def loo(posterior: Posterior, *args: Any, num_samples: int = 1000, **kwargs: Any
 
     _refuse_point_estimate(posterior)
     idata = posterior.to_arviz(*args, num_samples=num_samples, **kwargs)
+    _require_log_likelihood(idata)
     stats = getattr(idata, "sample_stats", None)
     ratio = None
     if not args and not kwargs and stats is not None and "log_q" in stats:
@@ -180,6 +184,7 @@ def compare(posteriors: dict[str, Any], num_samples: int = 1000, **options: Any)
                     f"the InferenceData {name!r} holds a point estimate ({posterior.attrs.get('engine')}); its "
                     "leave-one-out density would be optimistic and rank it above every full posterior."
                 )
+            _require_log_likelihood(posterior, name)
             entries[name] = posterior
             continue
         _refuse_point_estimate(posterior, name)
@@ -192,6 +197,17 @@ def compare(posteriors: dict[str, Any], num_samples: int = 1000, **options: Any)
     with warnings.catch_warnings():  # arviz 0.23 sorts in place, which pandas 3 deprecates
         warnings.filterwarnings("ignore", message="The inplace keyword", category=DeprecationWarning)
         return az.compare(entries, **options)
+
+
+def _require_log_likelihood(idata: Any, name: str | None = None) -> None:
+    r"""Refuse an export without a ``log_likelihood`` group: its model observes nothing."""
+    if "log_likelihood" not in idata.groups():
+        which = f" {name!r}" if name else ""
+        raise InputDataError(
+            f"the model{which} has no observed site, so there is no observation to leave out and no "
+            "log-likelihood for LOO (a site that poutine.reparam computes from its auxiliary latents "
+            "is a latent of the posterior, not data); pass the data with obs= to score a model by LOO."
+        )
 
 
 def _refuse_point_estimate(posterior: Posterior, name: str | None = None) -> None:

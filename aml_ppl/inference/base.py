@@ -113,7 +113,7 @@ class Posterior(ArvizExport, ABC):
     @property
     def is_point_estimate(self) -> bool:
         r"""Whether this posterior is a point mass (MAP, a delta guide, an EM estimate).
-        ArviZ then gets one draw and ``attrs["point_estimate"] = 1``, and
+        ArviZ then gets it as identical draws and ``attrs["point_estimate"] = 1``, and
         :func:`aml_ppl.analysis.loo` and ``compare`` refuse it."""
         return False
 
@@ -144,9 +144,12 @@ class Posterior(ArvizExport, ABC):
         Returns:
             Site name to a ``num_samples x ...`` tensor (ArviZ's ``posterior`` group; an exact
             GP fitted on standardised data reports its hyperparameters in ``y``'s units, as
-            :attr:`params` does, where :meth:`model_draws` gives the fit's own).
+            :attr:`params` does, where :meth:`model_draws` gives the fit's own). A site that a
+            ``poutine.reparam`` reparameteriser computes from its auxiliary latents is among
+            them, beside those auxiliary sites (``x`` and ``x_decentered``).
         """
-        return self.reported_draws(self.model_draws(num_samples))
+        draws = self.model_draws(num_samples)
+        return self.reported_draws({**draws, **predictive.reparameterised_values(self, draws, num_samples)})
 
     @on_own_stream
     def model_draws(self, num_samples: int = 1000) -> dict[str, torch.Tensor]:
@@ -226,9 +229,10 @@ class Posterior(ArvizExport, ABC):
     def credible_interval(
         self, site: str, level: float = 0.95, num_samples: int = 4000
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        r"""Central credible interval of a latent site: ``(lower, upper)``."""
-        if site not in self.latent_sites:
-            raise InputDataError(f"`site` must be one of {self.latent_sites}; got {site!r}.")
+        r"""Central credible interval of a latent (or reparameterised) site: ``(lower, upper)``."""
+        sites = [*self.latent_sites, *self.structure.reparameterised]
+        if site not in sites:
+            raise InputDataError(f"`site` must be one of {sites}; got {site!r}.")
         return Prediction.from_samples(self.sample(num_samples)[site]).interval(level)
 
     def save(self, path: str | Path) -> None:

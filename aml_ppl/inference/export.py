@@ -17,7 +17,7 @@ from aml_ppl._data import check_count
 from aml_ppl.errors import ExportSizeWarning, InputDataError
 from aml_ppl.inference import predictive
 from aml_ppl.inference.structure import Structure
-from aml_ppl.models.base import Model
+from aml_ppl.models.base import Model, program_of
 from aml_ppl.models.protocols import VariationalBound
 
 if TYPE_CHECKING:
@@ -40,9 +40,8 @@ class ArvizExport:
 
     def draws_by_chain(self, num_samples: int) -> dict[str, torch.Tensor]:
         r"""Draws in the fit's units (:meth:`model_draws`) shaped ``chain x draw x ...``; one
-        chain unless the engine has several."""
-        count = 1 if self.is_point_estimate else num_samples
-        return {name: value.unsqueeze(0) for name, value in self.model_draws(count).items()}
+        chain unless the engine has several (a point estimate: ``num_samples`` copies of it)."""
+        return {name: value.unsqueeze(0) for name, value in self.model_draws(num_samples).items()}
 
     def reported_draws(self, draws: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         r"""The draws as the ArviZ export reports them (a hook: a fit on transformed data
@@ -77,7 +76,7 @@ class ArvizExport:
         Args:
             *args: The model's arguments; none means the fitting data.
             num_samples: Draws per chain (MCMC exports the draws it kept; a point
-                estimate exports one draw, and ``num_samples`` predictive replicates).
+                estimate exports ``num_samples`` identical draws, flagged).
             coords: Labels of dimensions (``{"school": names}``), as ArviZ takes them.
             dims: Dimension names of sites, overriding the plates' (``{"eta": ["campus"]}``).
             predictions: The model's arguments at new inputs (a tuple, or a dict of keyword
@@ -226,8 +225,13 @@ def describe(
     converter does (``pyro.plate("school", 8)`` gives ``eta`` the dims ``(chain, draw,
     school)``); the others are ``{site}_dim_{k}``. ``coords`` and ``dims`` (and
     ``pred_coords``, ``pred_dims`` for the predictions groups) label and override them
-    as in ``az.from_dict``. A point estimate exports one draw, with ``num_samples``
-    predictive replicates, and ``attrs["point_estimate"] = 1``. ``attrs`` name the engine,
+    as in ``az.from_dict``. A point estimate (MAP, a delta guide, EM, an exact GP's type-II
+    hyperparameters) exports its value as ``num_samples`` identical draws, with as many
+    predictive replicates and ``attrs["point_estimate"] = 1``: plain ``az.loo`` and
+    ``az.compare`` run on it and give the plug-in density :math:`\sum_i \log p(y_i \mid
+    \hat\theta)` (a GP's: its exact leave-one-out predictives at :math:`\hat\theta`), with ArviZ's
+    own warning (every Pareto :math:`\hat k` is infinite: identical draws carry no
+    information about leaving a point out); :mod:`aml_ppl.analysis` refuses it. ``attrs`` name the engine,
     its ``objective`` and hold the ``objective_history``.
 
     The replicate groups (``posterior_predictive``, ``predictions``) keep at most
@@ -235,7 +239,8 @@ def describe(
     a group over it keeps the draws evenly spaced in each chain that fit (at least one),
     says how many in ``attrs`` (``posterior_predictive_draws``, ``predictions_draws``), and
     warns once (:class:`~aml_ppl.errors.ExportSizeWarning`). The posterior, the
-    log-likelihood and the statistics keep every draw: LOO needs them all.
+    log-likelihood and the statistics keep every draw: LOO needs them all (a point
+    estimate's identical draws are only as many as the replicates kept).
     """
     kwargs = {**(kwargs or {}), **model_kwargs}
     check_count("num_samples", num_samples)
@@ -254,25 +259,23 @@ def describe(
         if predictions is not None or prior is not None:
             raise InputDataError("this model is known through its bound: it has no predictions or prior groups to export.")
         return _bound_description(posterior, args, num_samples)
-    point = posterior.is_point_estimate
-    by_chain = posterior.draws_by_chain(num_samples)
-    chains, draws = next(iter(by_chain.values())).shape[:2] if by_chain else (1, 1 if point else num_samples)
-    flat = {name: value.flatten(0, 1) for name, value in by_chain.items()}
     structure = posterior.fitted.inspect(args, kwargs)
-    replicates = num_samples if point else chains * draws
-    budget = _ReplicateBudget(memory_budget, chains, replicates)
+    budget = _ReplicateBudget(memory_budget)
+    if posterior.is_point_estimate:  # identical draws: only as many as the replicate budget holds
+        num_samples = len(budget.rows(_replicate_bytes(structure), "posterior_predictive", 1, num_samples))
+    by_chain = posterior.draws_by_chain(num_samples)
+    chains, draws = next(iter(by_chain.values())).shape[:2] if by_chain else (1, num_samples)
+    flat = {name: value.flatten(0, 1) for name, value in by_chain.items()}
+    replicates = chains * draws
+    kept = budget.rows(_replicate_bytes(structure), "posterior_predictive", chains, replicates)
 
-    def rows_of(rows: torch.Tensor) -> dict[str, torch.Tensor]:  # a point estimate's one draw, repeated
-        return {name: value[:1].expand(len(rows), *value.shape[1:]) if point else value[rows] for name, value in flat.items()}
+    def rows_of(rows: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {name: value[rows] for name, value in flat.items()}
 
-    kept = budget.rows(_replicate_bytes(structure), "posterior_predictive")
-    if point:  # one distinct draw: the replicates are the only rows, and those over budget are never drawn
-        replayed = posterior.replay(len(kept), args, kwargs, draws=rows_of(kept))
-    else:
-        over = len(kept) < replicates
-        replayed = posterior.replay(replicates, args, kwargs, draws=flat, without=("predictive",) if over else ())
-        if over:
-            replayed.predictive = posterior.replay(len(kept), args, kwargs, draws=rows_of(kept)).predictive
+    over = len(kept) < replicates
+    replayed = posterior.replay(replicates, args, kwargs, draws=flat, without=("predictive",) if over else ())
+    if over:
+        replayed.predictive = posterior.replay(len(kept), args, kwargs, draws=rows_of(kept)).predictive
     on_fitting_data = args is posterior.fitted.args and kwargs is posterior.fitted.kwargs
     lp = replayed.joint["lp"][: chains * draws] if on_fitting_data and "lp" in replayed.joint else None
 
@@ -303,7 +306,7 @@ def describe(
     if predictions is not None:
         new_args, new_kwargs = predictions
         new_structure = posterior.fitted.inspect(new_args, new_kwargs)
-        rows = budget.rows(_replicate_bytes(new_structure), "predictions")
+        rows = budget.rows(_replicate_bytes(new_structure), "predictions", chains, replicates)
         predicted = posterior.replay(len(rows), new_args, new_kwargs, draws=rows_of(rows))
         named_new = site_dims(posterior, new_structure, pred_dims)
         labels = {**(coords or {}), **(pred_coords or {})}
@@ -323,28 +326,28 @@ class _ReplicateBudget:
     where they fit, else evenly spaced draws of each chain (at least one per chain), noted in
     :attr:`notes` and warned of once per export."""
 
-    def __init__(self, memory_budget: int | None, chains: int, replicates: int) -> None:
-        self.memory_budget, self.chains, self.replicates = memory_budget, chains, replicates
+    def __init__(self, memory_budget: int | None) -> None:
+        self.memory_budget = memory_budget
         self.notes: dict[str, int] = {}
 
-    def rows(self, bytes_per_replicate: int, group: str) -> torch.Tensor:
-        per_chain = self.replicates // self.chains
-        if self.memory_budget is not None and bytes_per_replicate * self.replicates > self.memory_budget:
-            fitting = max(1, self.memory_budget // max(1, bytes_per_replicate * self.chains))
+    def rows(self, bytes_per_replicate: int, group: str, chains: int, replicates: int) -> torch.Tensor:
+        per_chain = replicates // chains
+        if self.memory_budget is not None and bytes_per_replicate * replicates > self.memory_budget:
+            fitting = max(1, self.memory_budget // max(1, bytes_per_replicate * chains))
             if fitting < per_chain:
                 if not self.notes:
                     warnings.warn(
-                        f"to_arviz: {self.replicates} replicates in `{group}` would take "
-                        f"{bytes_per_replicate * self.replicates / 2**30:.2f} GiB, over memory_budget="
-                        f"{self.memory_budget / 2**30:.2f} GiB; kept {fitting * self.chains} "
+                        f"to_arviz: {replicates} replicates in `{group}` would take "
+                        f"{bytes_per_replicate * replicates / 2**30:.2f} GiB, over memory_budget="
+                        f"{self.memory_budget / 2**30:.2f} GiB; kept {fitting * chains} "
                         f"(attrs['{group}_draws']). Pass memory_budget=None (or a larger budget) to keep them all.",
                         ExportSizeWarning,
                         stacklevel=5,
                     )
-                self.notes[f"{group}_draws"] = fitting * self.chains
+                self.notes[f"{group}_draws"] = fitting * chains
                 within = torch.linspace(0, per_chain - 1, fitting).round().long()
-                return (torch.arange(self.chains)[:, None] * per_chain + within).flatten()
-        return torch.arange(self.replicates)
+                return (torch.arange(chains)[:, None] * per_chain + within).flatten()
+        return torch.arange(replicates)
 
 
 def _replicate_bytes(structure: Structure) -> int:
@@ -396,9 +399,8 @@ def input_dims(inputs: dict[str, torch.Tensor], named: dict[str, list[str]], str
 def named_inputs(model: Callable, args: tuple, kwargs: dict) -> dict[str, torch.Tensor]:
     r"""The tensors among a model's arguments under the names its program gives them
     (``arg{k}`` where the signature cannot be read)."""
-    program = model.model if isinstance(model, Model) else model
     try:
-        bound = dict(inspect.signature(program).bind_partial(*args, **kwargs).arguments)
+        bound = dict(inspect.signature(program_of(model)).bind_partial(*args, **kwargs).arguments)
     except (TypeError, ValueError):
         bound = {**{f"arg{index}": value for index, value in enumerate(args)}, **kwargs}
     return {name: value for name, value in bound.items() if isinstance(value, torch.Tensor)}

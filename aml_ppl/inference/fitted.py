@@ -17,12 +17,12 @@ import numpy as np
 import pyro
 import torch
 
-from aml_ppl._data import check_finite_arguments, check_new_arguments, convert_arguments
+from aml_ppl._data import check_finite_arguments, check_new_arguments, convert_arguments, positional_names
 from aml_ppl.errors import InputDataError
 from aml_ppl.inference.context import evaluation_mode, isolated_param_store, module_parameters
 from aml_ppl.inference.density import log_densities
 from aml_ppl.inference.structure import Structure, inspect_model
-from aml_ppl.models.base import Model
+from aml_ppl.models.base import Model, program_of
 
 
 @dataclass(frozen=True, eq=False)
@@ -115,14 +115,20 @@ class Fitted:
         args, kwargs = convert_arguments(args, kwargs)
         if isinstance(self.model, Model):
             args, kwargs = self.model.validate(*args, **kwargs)
-        check_finite_arguments(args, kwargs)
-        check_new_arguments(args, kwargs, self.args, self.kwargs)
+        names = positional_names(program_of(self.model), len(args))
+        check_finite_arguments(args, kwargs, names)
+        check_new_arguments(args, kwargs, self.args, self.kwargs, names)
         options = {k: v for k, v in self.kwargs.items() if not isinstance(v, torch.Tensor)}
         return args, {**options, **kwargs}
 
     def observed_site(self, site: str | None) -> str:
         r"""``site`` checked to be an observed site; with ``None`` the only one."""
         observed = list(self.structure.observed)
+        if not observed:
+            raise InputDataError(
+                "the model has no observed site (no pyro.sample with obs=; a site that poutine.reparam "
+                "computes from its auxiliary latents is a latent): there is nothing to predict or score."
+            )
         if site is None:
             if len(observed) != 1:
                 raise InputDataError(f"the model has observed sites {observed}; name one with `site=`.")
@@ -138,6 +144,8 @@ class Fitted:
         coupled = self.structure.coupled
         tied = {name: group.name for group in coupled.values() for name in group.observed}
         terms = [*(name for name in self.structure.observed if name not in tied), *coupled]
+        if not terms:
+            return self.observed_site(site)  # raises: nothing observed
         if site is None and len(terms) == 1:
             return terms[0]
         if site in coupled:

@@ -17,7 +17,8 @@ from typing import Any, Callable
 import pyro
 import torch
 from pyro import poutine
-from pyro.infer.autoguide import AutoLaplaceApproximation
+from pyro.infer.autoguide import AutoGuide, AutoLaplaceApproximation
+from pyro.poutine.util import site_is_subsample
 
 from aml_ppl.errors import InputDataError, JitFallbackWarning, ModelFittingError, NonFiniteLossError
 from aml_ppl.inference.context import isolated_param_store
@@ -107,6 +108,8 @@ def fit_guide(
         loss.data_scale = ranks.world_size
     fitted_model = scale(model) if traced else model
     guide, spec = make_guide(fitted_model, ranks)
+    if spec == "custom" and not isinstance(guide, AutoGuide):  # an autoguide is built from the model
+        check_guide_sites(model, guide, args, kwargs)
     fitted_guide = scale(guide) if traced else guide
     with isolated_param_store():
         loss, params = first_evaluation(loss, plain_loss, fitted_model, fitted_guide, args, kwargs)
@@ -131,6 +134,34 @@ def fit_guide(
             posterior=posterior,
         )
     return posterior
+
+
+def check_guide_sites(model: Callable, guide: Callable, args: tuple, kwargs: dict) -> None:
+    r"""Refuse a guide of the user's own whose sampled sites are not the model's latent sites,
+    naming both, before any step: the ELBO of a guide that samples ``mu_typo`` where the model
+    draws ``mu`` draws ``mu`` from the prior at every step (Pyro only warns), and ends in a
+    non-finite loss or a posterior that is the prior. Auxiliary guide sites
+    (``infer={"is_auxiliary": True}``) are the guide's own. One run of each under its prior,
+    the param store and the random state left alone."""
+    state = pyro.util.get_rng_state()
+    try:
+        structure = inspect_model(model, args, kwargs)
+        with pyro.get_param_store().scope(), torch.no_grad(), pyro.validation_enabled(False):
+            trace = poutine.trace(guide).get_trace(*args, **kwargs)
+    finally:
+        pyro.util.set_rng_state(state)
+    sampled = {
+        name for name, site in trace.nodes.items()
+        if site["type"] == "sample" and not site["is_observed"] and not site["infer"].get("is_auxiliary") and not site_is_subsample(site)
+    }
+    extra, missing = sorted(sampled - set(structure.sites)), sorted(set(structure.latent) - sampled)
+    if extra or missing:
+        found = [f"samples {extra}, which the model lacks" if extra else "", f"does not sample the model's latent sites {missing}" if missing else ""]
+        raise InputDataError(
+            f"the guide {', and '.join(part for part in found if part)}; a guide samples each latent site of the "
+            f"model under the model's name (the model's latent sites: {list(structure.latent)}). Rename the guide's "
+            "sites, or mark a site of the guide's own with infer={'is_auxiliary': True}."
+        )
 
 
 def first_evaluation(

@@ -66,6 +66,17 @@ def predict(posterior: "Posterior", args: tuple, kwargs: dict, num_samples: int,
     return Prediction.from_samples(posterior.replay(num_samples, args, kwargs, keep=("predictive", site)).predictive[site])
 
 
+def reparameterised_values(posterior: "Posterior", draws: dict[str, torch.Tensor], num_draws: int) -> dict[str, torch.Tensor]:
+    r"""The sites a reparameteriser computes from the drawn latents
+    (:attr:`~aml_ppl.inference.structure.Structure.reparameterised`), recomputed by replaying the
+    ``num_draws`` ``draws`` (``S x ...``) on the fitting data; empty for a model with none."""
+    names = posterior.structure.reparameterised
+    if not names:
+        return {}
+    replayed = posterior.replay(num_draws, posterior.data_args, posterior.data_kwargs, draws=draws)
+    return {name: replayed.deterministic[name] for name in names}
+
+
 def log_predictive_density(
     posterior: "Posterior", args: tuple, kwargs: dict, num_samples: int, site: str | None
 ) -> torch.Tensor:

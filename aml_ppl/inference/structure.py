@@ -4,6 +4,7 @@ replay and the ArviZ exporter to shape and name what they return."""
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
@@ -11,7 +12,9 @@ from typing import Any, Callable
 import pyro
 import torch
 from pyro import poutine
+from pyro.distributions import Delta, ExpandedDistribution, MaskedDistribution
 from pyro.poutine.util import site_is_subsample
+from torch.distributions import Independent
 
 from aml_ppl.errors import AmlPplError, InputDataError
 
@@ -73,7 +76,8 @@ class Structure:
         latent: Continuous (or non-enumerated) sampled sites: what a posterior draws.
         enumerated: Discrete sites marked for parallel enumeration.
         local_enumerated: Those of them inside a plate (summed out of densities).
-        deterministic: ``pyro.deterministic`` sites.
+        deterministic: ``pyro.deterministic`` sites, and the sites a reparameteriser computes
+            from its auxiliary latents (:func:`is_reparameterised`).
         factors: ``pyro.factor`` sites.
         params: ``pyro.param`` sites.
         subsampled: Plate name to ``(size, subsample_size)`` for plates that subsample.
@@ -81,6 +85,9 @@ class Structure:
         observations: The values observed at the observed sites in this run.
         coupled: Groups of observed sites tied by plate-local enumerated sites
             (:class:`CoupledObservations`), by the name of their joint term.
+        reparameterised: The sites a reparameteriser turned into deterministic functions of
+            its auxiliary latents (``poutine.reparam``'s ``x`` beside its ``x_decentered``):
+            latents of the posterior, drawn by recomputing them (among ``deterministic``).
     """
 
     sites: dict[str, SiteShape]
@@ -95,6 +102,7 @@ class Structure:
     max_plate_nesting: int
     observations: dict[str, torch.Tensor] = field(default_factory=dict)
     coupled: dict[str, CoupledObservations] = field(default_factory=dict)
+    reparameterised: tuple[str, ...] = ()
 
     @property
     def latent_shapes(self) -> dict[str, torch.Size]:
@@ -138,7 +146,7 @@ def inspect_model(model: Callable, args: tuple, kwargs: dict) -> Structure:
     kinds: dict[str, list[str]] = {
         key: [] for key in ("observed", "latent", "enumerated", "local", "deterministic", "factors")
     }
-    params, subsampled = [], {}
+    params, subsampled, reparameterised = [], {}, []
     for name, site in trace.nodes.items():
         if site["type"] == "param":
             params.append(name)
@@ -156,8 +164,11 @@ def inspect_model(model: Callable, args: tuple, kwargs: dict) -> Structure:
         )
         sites[name] = _site_shape(site, plates)
         kinds[_kind(site)].append(name)
+        if is_reparameterised(site):
+            reparameterised.append(name)
         if is_enumerated(site) and plates:
             kinds["local"].append(name)
+    check_observations(trace, sites, tuple(kinds["observed"]))
     for name, site in sites.items():
         nested = [plate for plate, _ in site.plates if plate in subsampled]
         if len(nested) > 1:
@@ -179,6 +190,58 @@ def inspect_model(model: Callable, args: tuple, kwargs: dict) -> Structure:
         max_plate_nesting=max((-dim for site in sites.values() for _, dim in site.plates), default=0),
         observations={name: trace.nodes[name]["value"] for name in kinds["observed"]},
         coupled=_coupled(trace, sites, tuple(kinds["observed"]), tuple(kinds["local"])),
+        reparameterised=tuple(reparameterised),
+    )
+
+
+def check_observations(trace: Any, sites: dict[str, SiteShape], observed: tuple[str, ...]) -> None:
+    r"""Refuse observations that no engine should fit, naming the site, before any inference:
+    one whose shape broadcast against its site's (batch + event) shape is larger than its own
+    (a ``(n, 1)`` ``y`` under a plate of ``n``: ``n x n`` terms, each point counted ``n`` times;
+    Pyro's ELBOs reject it, a sampler silently fits it), and a discrete one outside its
+    distribution's support (a 2 in a Bernoulli's observations, whose log-probability is then
+    whatever the formula gives)."""
+    for name in observed:
+        value, site = trace.nodes[name]["value"], sites[name]
+        if not isinstance(value, torch.Tensor):
+            continue
+        try:
+            broadcast = torch.broadcast_shapes(value.shape, site.shape)
+        except RuntimeError:
+            broadcast = None
+        if broadcast is None or math.prod(broadcast) != value.numel():
+            raise InputDataError(
+                f"the observations at site {name!r} have shape {tuple(value.shape)}, and the site's distribution "
+                f"has shape {tuple(site.shape)} (its batch shape {tuple(site.batch_shape)}, plates "
+                f"{[plate for plate, _ in site.plates]}, and event shape {tuple(site.event_shape)}); they "
+                + (f"broadcast to {tuple(broadcast)}, counting each observation more than once. " if broadcast else "do not broadcast. ")
+                + f"Pass them shaped {tuple(site.shape)} (a column `y` as `y.squeeze(-1)`)."
+            )
+        _check_support(name, trace.nodes[name]["fn"], value)
+
+
+def _check_support(name: str, fn: Any, value: torch.Tensor) -> None:
+    r"""Refuse a discrete observation outside its distribution's support (site, value, index)."""
+    try:
+        support = fn.support
+        if not support.is_discrete:
+            return
+        inside = support.check(value)
+    except (NotImplementedError, RuntimeError, TypeError):  # a distribution without a checkable support
+        return
+    outside = ~inside
+    while outside.dim() > value.dim():  # enumerated dimensions of the structure trace
+        outside = outside.any(0)
+    if not outside.any():
+        return
+    index = tuple(outside.nonzero()[0].tolist())
+    base = fn
+    while hasattr(base, "base_dist"):
+        base = base.base_dist
+    raise InputDataError(
+        f"the observations at site {name!r} must lie in the support of its {type(base).__name__} ({support}); "
+        f"got {value[index].tolist()} at index {list(index)} ({int(outside.sum())} such value(s)). Recode them "
+        "(a Bernoulli observes 0 or 1, a Categorical 0 … K-1), or drop those points."
     )
 
 
@@ -245,14 +308,27 @@ def is_enumerated(site: dict) -> bool:
     )
 
 
+def is_reparameterised(site: dict) -> bool:
+    r"""Whether a trace site is one that a reparameteriser (``poutine.reparam`` with
+    ``LocScaleReparam``, ``TransformReparam``, ``NeuTraReparam``...) computed from the auxiliary
+    latents it drew: Pyro writes such a site as observed at a ``Delta`` whose point *is* the
+    computed value (masked out, or carrying the transform's log density), where a real
+    observation's value comes from the data. Its value is a latent of the posterior, not data."""
+    fn = site["fn"]
+    while isinstance(fn, (MaskedDistribution, Independent, ExpandedDistribution)):
+        fn = fn.base_dist
+    deterministic = site["infer"].get("_deterministic", False)
+    return site["is_observed"] and not deterministic and isinstance(fn, Delta) and fn.v is site["value"]
+
+
 def _kind(site: dict) -> str:
-    if site["infer"].get("_deterministic", False):
+    if site["infer"].get("_deterministic", False) or is_reparameterised(site):
         return "deterministic"
     if site["is_observed"]:
         return "factors" if site["infer"].get("is_auxiliary", False) else "observed"
     if is_enumerated(site):
         return "enumerated"
-    return "latent" if not site["infer"].get("is_auxiliary", False) else "factors"
+    return "latent"
 
 
 def undeclared_batch_sites(structure: Structure) -> list[str]:

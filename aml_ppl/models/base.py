@@ -100,6 +100,14 @@ class Model(PyroModule):
         return self.model(*args, **kwargs)
 
 
+def program_of(model: Any) -> Any:
+    r"""The function whose signature names a model's arguments: a built-in model's Pyro
+    program (``model(X, y=None)``), a module's ``forward``, else the model itself."""
+    if isinstance(model, Model):
+        return model.model
+    return model.forward if isinstance(model, torch.nn.Module) else model
+
+
 class ModelLoss:
     r"""A training loss that the model computes itself, behind Pyro's ELBO interface
     (``differentiable_loss``, ``loss``, ``loss_and_grads``), so that SVI runs it as any ELBO.

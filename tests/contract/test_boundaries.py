@@ -160,7 +160,7 @@ def test_a_model_of_params_and_enumerated_sites_exports_under_every_engine_that_
     for engine in ("em", FAST_SVI, MAP()):
         idata = aml.fit(param_mixture, MIX_Y, engine=engine, seed=0).to_arviz(num_samples=10)
         assert set(idata.constant_data.data_vars) == {"weights", "locs"}
-        assert idata.posterior["z"].shape == (1, 1, MIX_Y.shape[0])
+        assert idata.posterior["z"].shape == (1, 10, MIX_Y.shape[0])
 
 
 def test_nuts_exports_arvizs_sample_stats():

@@ -139,8 +139,8 @@ def wide(y=None):
 @pytest.mark.parametrize("engine", ["svi", "map"])
 def test_replicates_over_the_memory_budget_are_thinned_with_one_warning(engine):
     r"""A replicate is 500 x 8 float64 values (32 000 bytes): a budget of 10 of them keeps 10
-    evenly spaced draws of the 40 asked (a point estimate draws only those 10), notes it in
-    ``attrs`` and warns once; the posterior and the log-likelihood keep every draw."""
+    evenly spaced draws of the 40 asked, notes it in ``attrs`` and warns once; the posterior
+    and the log-likelihood keep every draw (a point estimate's identical draws: those 10)."""
     y = torch.randn(500, 8, generator=torch.Generator().manual_seed(1))
     options = {"svi": SVI(num_steps=20, progress_bar=False), "map": MAP(progress_bar=False)}
     post = aml.fit(wide, y, engine=options[engine], seed=0)
@@ -149,7 +149,7 @@ def test_replicates_over_the_memory_budget_are_thinned_with_one_warning(engine):
     assert len(caught) == 1
     assert idata.posterior_predictive.sizes["draw"] == 10 and idata.attrs["posterior_predictive_draws"] == 10
     assert idata.predictions.sizes["draw"] == 10 and idata.attrs["predictions_draws"] == 10
-    assert idata.log_likelihood.sizes["draw"] == (1 if engine == "map" else 40)
+    assert idata.log_likelihood.sizes["draw"] == idata.posterior.sizes["draw"] == (10 if engine == "map" else 40)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert post.to_arviz(num_samples=40, memory_budget=None).posterior_predictive.sizes["draw"] == 40

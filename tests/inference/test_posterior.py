@@ -38,8 +38,8 @@ def test_to_arviz_has_every_group_and_passes_summary_and_loo(posterior, regressi
     chains = 2 if posterior.engine == "nuts" else 1
     assert idata.posterior.sizes["chain"] == chains
     assert idata.log_likelihood["obs"].shape[:2] == idata.posterior["beta"].shape[:2]
-    if posterior.is_point_estimate:  # MAP: one draw; LOO refused with advice
-        assert idata.posterior.sizes["draw"] == 1 and idata.attrs["point_estimate"] == 1
+    if posterior.is_point_estimate:  # MAP: identical draws; LOO refused with advice
+        assert idata.posterior.sizes["draw"] == 200 and idata.attrs["point_estimate"] == 1
         with pytest.raises(aml.analysis.PointEstimateError, match="laplace=True"):
             aml.analysis.loo(posterior)
         return
