@@ -125,11 +125,13 @@ def to_inference_data(
       ``step_size``, ``tree_depth``, ``acceptance_rate``, ``n_steps``); for SVI and MAP
       ``lp`` (:math:`\log p(y, \theta)` on the fitting data) and ``log_q`` (the guide's
       :math:`\log q(\theta)`, not for a point estimate), what
-      ``arviz_stats.loo_approximate_posterior(tree, lp, log_q)`` takes; for EM ``lp`` at
-      the estimate;
+      ``arviz_stats.loo_approximate_posterior(tree, lp, log_q)`` takes (none for an
+      amortised guide exported at new arguments, whose draws are not the fitting data's);
+      for EM ``lp`` at the estimate;
     - with ``predictions`` (the model's arguments at new inputs): ``predictions``, the
-      observed and deterministic sites replayed there under the same draws, and
-      ``predictions_constant_data``, the new inputs under the model's argument names;
+      observed and deterministic sites replayed there under the same draws (an amortised
+      guide's local latents drawn there, :meth:`~aml_ppl.inference.base.Posterior.draws_at`),
+      and ``predictions_constant_data``, the new inputs under the model's argument names;
     - with ``prior = N``: ``prior`` (N draws of the latent and deterministic sites from
       the prior) and ``prior_predictive`` (the observed sites under them).
 
@@ -164,6 +166,11 @@ def to_inference_data(
     replicates = num_samples if point else chains * draws
     if point:
         flat = {name: value.expand(replicates, *value.shape[1:]) for name, value in flat.items()}
+    at_args = posterior.draws_at(replicates, args, kwargs, flat)
+    redrawn = at_args is not flat  # an amortised guide's local latents, drawn at new arguments
+    if redrawn:
+        flat = at_args
+        by_chain = {name: value[: chains * draws].reshape(chains, draws, *value.shape[1:]) for name, value in flat.items()}
     replayed = posterior.replay(replicates, args, kwargs, draws=flat)
     on_fitting_data = args is posterior.fitted.args and kwargs is posterior.fitted.kwargs
     lp = replayed.joint["lp"][: chains * draws] if on_fitting_data and "lp" in replayed.joint else None
@@ -182,7 +189,7 @@ def to_inference_data(
         "log_likelihood": grouped(replayed.log_likelihood),
         "observed_data": _numpy(replayed.observed),
         "constant_data": _numpy(posterior.param_sites),
-        "sample_stats": posterior.sample_stats(by_chain, lp),
+        "sample_stats": {} if redrawn else posterior.sample_stats(by_chain, lp),
     }
     if prior is not None:
         prior_latent, prior_replayed = predictive.prior_draws(posterior, prior, args, kwargs)
@@ -197,7 +204,7 @@ def to_inference_data(
     )
     if predictions is not None:
         new_args, new_kwargs = predictions
-        predicted = posterior.replay(replicates, new_args, new_kwargs, draws=flat)
+        predicted = posterior.replay(replicates, new_args, new_kwargs, draws=posterior.draws_at(replicates, new_args, new_kwargs, flat))
         structure = posterior.fitted.inspect(new_args, new_kwargs)
         named = site_dims(posterior, structure, pred_dims)
         labels = {**(coords or {}), **(pred_coords or {})}
