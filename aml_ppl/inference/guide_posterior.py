@@ -78,15 +78,18 @@ class GuidePosterior(Posterior):
         local = self.structure.local_latents
         given = {name: value for name, value in (draws or {}).items() if name not in local}
         shapes = self.fitted.inspect(args, kwargs).latent_shapes
-        drawn = self._guide_draws(num_draws, args, kwargs, shapes, given)
+        advice = (
+            "A guide holding the parameters of the fitted points' latents has none for others: compute them "
+            "from the model's arguments (an amortised guide, as a VAE's encoder), or predict at the fitting data."
+        )
+        try:
+            drawn = self._guide_draws(num_draws, args, kwargs, shapes, given)
+        except Exception as error:  # the user's guide fails on these arguments in its own way
+            raise InputDataError(f"the guide fails on these arguments ({type(error).__name__}: {str(error).splitlines()[0]}). {advice}") from error
         wrong = {name: tuple(value.shape[1:]) for name, value in drawn.items() if value.shape[1:] != shapes[name]}
         if wrong:
-            raise InputDataError(
-                f"the guide, run on these arguments, draws local latent sites of other shapes than the model's "
-                f"({', '.join(f'{name}: {shape}, the model {tuple(shapes[name])}' for name, shape in wrong.items())}): "
-                "it holds their parameters for the fitted points only. Compute them from the model's arguments "
-                "(an amortised guide, as a VAE's encoder), or predict at the fitting data."
-            )
+            details = ", ".join(f"{name}: {shape}, the model's {tuple(shapes[name])}" for name, shape in wrong.items())
+            raise InputDataError(f"the guide, run on these arguments, draws latent sites of other shapes than the model's ({details}). {advice}")
         return drawn
 
     def _draw(self, num_samples: int) -> dict[str, torch.Tensor]:

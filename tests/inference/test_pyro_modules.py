@@ -156,3 +156,44 @@ def test_an_autoguide_has_codes_for_the_fitted_points_only(fitted_vae):
     assert not post.is_amortised
     with pytest.raises(InputDataError, match="amortised"):
         post.log_prob(binary_data(10, seed=2))
+
+
+def test_a_pyromodule_inside_a_model_function_is_snapshotted_too(tmp_path):
+    from pyro.nn import PyroModule
+
+    net = PyroModule[nn.Linear](3, 1)
+    X = torch.randn(40, 3, generator=torch.Generator().manual_seed(4))
+    y = X @ torch.tensor([1.0, -1.0, 0.5]) + 0.1 * torch.randn(40, generator=torch.Generator().manual_seed(5))
+
+    def regression(X, y=None):
+        sigma = pyro.sample("sigma", dist.HalfNormal(1.0))
+        with pyro.plate("data", X.shape[0]):
+            pyro.sample("y", dist.Normal(net(X).squeeze(-1), sigma), obs=y)
+
+    post = aml.fit(regression, X, y, engine=aml.inference.SVI(num_steps=100, lr=0.05, progress_bar=False), seed=0)
+    assert set(post.param_sites) == {"weight", "bias"}
+    post.save(tmp_path / "regression.pt")
+    reference = aml.load(tmp_path / "regression.pt", model=regression)
+    with torch.no_grad():
+        net.weight.zero_()
+    assert torch.allclose(post.log_prob(X, y, num_samples=20), reference.log_prob(X, y, num_samples=20), atol=1e-6)
+    assert bool((net.weight == 0).all())
+
+
+def test_a_guide_of_per_point_parameters_is_refused_at_new_points():
+    y = torch.tensor([0.5, 1.5, -0.2, 0.9])
+
+    def points(y):
+        with pyro.plate("data", len(y)):
+            mu = pyro.sample("mu", dist.Normal(0.0, 1.0))
+            pyro.sample("y", dist.Normal(mu, 1.0), obs=y)
+
+    def per_point_guide(y):
+        loc = pyro.param("loc", torch.zeros(4))
+        with pyro.plate("data", len(y)):
+            pyro.sample("mu", dist.Normal(loc, 0.5))
+
+    post = aml.fit(points, y, engine=aml.inference.SVI(guide=per_point_guide, num_steps=5, progress_bar=False))
+    assert post.is_amortised  # a guide of the user's own: run at new points, as Predictive runs it
+    with pytest.raises(InputDataError, match="the guide fails on these arguments.*amortised guide"):
+        post.log_prob(torch.tensor([0.1, 0.2, 0.3]))
