@@ -253,10 +253,18 @@ class Posterior(ArvizExport, ABC):
         keep: tuple[str, str] | None = None,
         without: tuple[str, ...] = (),
     ) -> Replayed:
-        r"""The replay of ``num_draws`` posterior draws (or of ``draws``, if given); only the
-        ``(group, site)`` in ``keep``, if given, and none of the groups in ``without``."""
-        draws = self.model_draws(num_draws) if draws is None else draws
+        r"""The replay of ``num_draws`` posterior draws at these arguments (:meth:`draws_at`; or
+        of ``draws``, if given); only the ``(group, site)`` in ``keep``, if given, and none of
+        the groups in ``without``."""
+        draws = self.draws_at(num_draws, args, kwargs) if draws is None else draws
         return predictive.replay_draws(self, draws, num_draws, args, kwargs, keep, without)
+
+    def draws_at(self, num_draws: int, args: tuple, kwargs: dict, draws: dict | None = None) -> dict[str, torch.Tensor]:
+        r"""Draws of the latent sites to run the model with on these arguments: ``draws`` (of
+        the fit's latent sites) as given, else ``num_draws`` new ones (:meth:`model_draws`). A
+        hook: a guide computing the local latents from the model's arguments (amortised)
+        draws those anew at new arguments."""
+        return self.model_draws(num_draws) if draws is None else draws
 
     def fit_statistics(self) -> dict[str, torch.Tensor] | None:
         r"""Precomputed statistics of a closed-form fit (a GP's transforms), else ``None``."""

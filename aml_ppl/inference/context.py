@@ -1,13 +1,15 @@
 r"""The contexts a model runs in while a posterior is fitted or read: its own Pyro param
-store, ``eval()`` mode, and learned values loaded into a torch module's parameters."""
+store, ``eval()`` mode, and learned values loaded into a torch module's parameters (the
+model's own, or those its ``pyro.module`` and ``PyroModule`` sites announce)."""
 
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 import pyro
 import torch
+from pyro.poutine.messenger import Messenger
 
 
 @contextmanager
@@ -50,3 +52,56 @@ def module_parameters(model: Callable, values: dict[str, torch.Tensor]) -> Itera
         with torch.no_grad():
             for name, value in saved.items():
                 own[name].copy_(value)
+
+
+class LearnedValues(Messenger):
+    r"""Every ``pyro.param`` site named in ``values`` takes its learned value while the program
+    runs, the torch modules behind the sites included.
+
+    A site that ``pyro.module`` or a ``PyroModule`` announces passes the module's own
+    ``nn.Parameter``, which the module computes with whatever the site returns: the learned
+    value is copied into that parameter, and the parameter's own value put back when the
+    program returns (Pyro's ``pyro.module(..., update_module_params=True)``, undone). Any
+    other site takes the value, as ``poutine.substitute`` gives it. So a posterior reads its
+    snapshot, never what the user's module holds later; sites are matched by their full
+    names (``"decoder$$$fc1.weight"``), where ``poutine.substitute`` strips the module's
+    name and misses them.
+
+    Args:
+        values: Site name to learned (constrained) value.
+    """
+
+    def __init__(self, values: dict[str, torch.Tensor]) -> None:
+        super().__init__()
+        self.values = values
+        self.own: dict[torch.Tensor, torch.Tensor] = {}
+
+    def __enter__(self) -> "LearnedValues":
+        self.own = {}
+        return super().__enter__()
+
+    def __exit__(self, *exception: Any) -> None:
+        with torch.no_grad():
+            for parameter, value in self.own.items():
+                parameter.copy_(value)
+        self.own = {}
+        return super().__exit__(*exception)
+
+    def _pyro_param(self, msg: dict) -> None:
+        learned = self.values.get(msg["name"])
+        if learned is None:
+            return
+        announced = msg["args"][1] if len(msg["args"]) > 1 else None
+        if isinstance(announced, torch.nn.Parameter):  # a module's own parameter
+            if announced not in self.own:
+                self.own[announced] = announced.detach().clone()
+            with torch.no_grad():
+                announced.copy_(learned)
+            msg["value"] = announced
+        else:
+            msg["value"] = learned
+
+
+def with_learned_values(program: Callable, values: dict[str, torch.Tensor]) -> Callable:
+    r"""``program`` run with the learned ``values`` of its param sites (:class:`LearnedValues`)."""
+    return LearnedValues(values)(program) if values else program

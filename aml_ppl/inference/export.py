@@ -213,11 +213,13 @@ def describe(
       ``step_size``, ``tree_depth``, ``acceptance_rate``, ``n_steps``); for SVI and MAP
       ``lp`` (:math:`\log p(y, \theta)` on the fitting data) and ``log_q`` (the guide's
       :math:`\log q(\theta)`, not for a point estimate), what
-      ``arviz_stats.loo_approximate_posterior(tree, lp, log_q)`` takes; for EM ``lp`` at
-      the estimate;
+      ``arviz_stats.loo_approximate_posterior(tree, lp, log_q)`` takes (none for an
+      amortised guide exported at new arguments, whose draws are not the fitting data's);
+      for EM ``lp`` at the estimate;
     - with ``predictions`` (the model's arguments at new inputs): ``predictions``, the
-      observed and deterministic sites replayed there under the same draws, and
-      ``predictions_constant_data``, the new inputs under the model's argument names;
+      observed and deterministic sites replayed there under the same draws (an amortised
+      guide's local latents drawn there, :meth:`~aml_ppl.inference.base.Posterior.draws_at`),
+      and ``predictions_constant_data``, the new inputs under the model's argument names;
     - with ``prior = N``: ``prior`` (N draws of the latent and deterministic sites from
       the prior) and ``prior_predictive`` (the observed sites under them).
 
@@ -267,6 +269,10 @@ def describe(
     chains, draws = next(iter(by_chain.values())).shape[:2] if by_chain else (1, num_samples)
     flat = {name: value.flatten(0, 1) for name, value in by_chain.items()}
     replicates = chains * draws
+    at_args = posterior.draws_at(replicates, args, kwargs, flat)
+    if at_args is not flat:  # an amortised guide's local latents, drawn at new arguments
+        flat = at_args
+        by_chain = {name: value[: chains * draws].reshape(chains, draws, *value.shape[1:]) for name, value in flat.items()}
     kept = budget.rows(_replicate_bytes(structure), "posterior_predictive", chains, replicates)
 
     def rows_of(rows: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -293,7 +299,7 @@ def describe(
         "log_likelihood": grouped(replayed.log_likelihood),
         "observed_data": _numpy(replayed.observed),
         "constant_data": _numpy(posterior.param_sites),
-        "sample_stats": posterior.sample_stats(by_chain, lp),
+        "sample_stats": {} if redrawn else posterior.sample_stats(by_chain, lp),
     }
     if prior is not None:
         prior_latent, prior_replayed = predictive.prior_draws(posterior, prior, args, kwargs)
@@ -307,7 +313,8 @@ def describe(
         new_args, new_kwargs = predictions
         new_structure = posterior.fitted.inspect(new_args, new_kwargs)
         rows = budget.rows(_replicate_bytes(new_structure), "predictions", chains, replicates)
-        predicted = posterior.replay(len(rows), new_args, new_kwargs, draws=rows_of(rows))
+        at_new = posterior.draws_at(len(rows), new_args, new_kwargs, rows_of(rows))
+        predicted = posterior.replay(len(rows), new_args, new_kwargs, draws=at_new)
         named_new = site_dims(posterior, new_structure, pred_dims)
         labels = {**(coords or {}), **(pred_coords or {})}
         inputs = named_inputs(posterior.model, new_args, new_kwargs)

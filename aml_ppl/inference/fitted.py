@@ -19,7 +19,7 @@ import torch
 
 from aml_ppl._data import check_finite_arguments, check_new_arguments, convert_arguments, positional_names
 from aml_ppl.errors import InputDataError
-from aml_ppl.inference.context import evaluation_mode, isolated_param_store, module_parameters
+from aml_ppl.inference.context import evaluation_mode, isolated_param_store, module_parameters, with_learned_values
 from aml_ppl.inference.density import log_densities
 from aml_ppl.inference.structure import Structure, inspect_model
 from aml_ppl.models.base import Model, program_of
@@ -66,24 +66,19 @@ class Fitted:
 
     @cached_property
     def structure(self) -> Structure:
-        r"""The model's sites by kind, traced on the fitting data when first asked for (the
-        random state is left as it was, so the first use draws what a later one would)."""
-        state = pyro.util.get_rng_state()
-        try:
-            return self._trace_structure(self.args, self.kwargs)
-        finally:
-            pyro.util.set_rng_state(state)
+        r"""The model's sites by kind, traced on the fitting data when first asked for."""
+        return self._trace_structure(self.args, self.kwargs)
 
     def evaluation_model(self) -> Callable:
         r"""The model as it is replayed: learned ``pyro.param`` values substituted (and loaded
         into the model's own ``nn.Parameter`` s while it runs)."""
         if not self.params:
             return self.model
-        substituted = pyro.poutine.substitute(self.model, data=self.params)
+        learned = with_learned_values(self.model, self.params)
 
         def evaluated(*args: Any, **kwargs: Any) -> Any:
             with module_parameters(self.model, self.params):
-                return substituted(*args, **kwargs)
+                return learned(*args, **kwargs)
 
         return evaluated
 
@@ -92,11 +87,17 @@ class Fitted:
         mode, leaving the caller's param store alone."""
         params = self.params
         with isolated_param_store(), evaluation_mode(self.model), module_parameters(self.model, params), torch.no_grad():
-            return pyro.poutine.substitute(method, data=params)(*args, **kwargs)
+            return with_learned_values(method, params)(*args, **kwargs)
 
     def _trace_structure(self, args: tuple, kwargs: dict) -> Structure:
-        with evaluation_mode(self.model):
-            return inspect_model(self.evaluation_model(), args, kwargs)
+        r"""The structure trace, the random state left as it was: a verb draws what it would
+        without it (the first use of :attr:`structure` what a later one would)."""
+        state = pyro.util.get_rng_state()
+        try:
+            with evaluation_mode(self.model):
+                return inspect_model(self.evaluation_model(), args, kwargs)
+        finally:
+            pyro.util.set_rng_state(state)
 
     def inspect(self, args: tuple, kwargs: dict) -> Structure:
         r"""The model's structure for these arguments; the observed sites are the fit's

@@ -20,13 +20,13 @@ from pyro import poutine
 from pyro.infer.autoguide import AutoGuide, AutoLaplaceApproximation
 from pyro.poutine.util import site_is_subsample
 
-from aml_ppl.errors import InputDataError, JitFallbackWarning, ModelFittingError, NonFiniteLossError
+from aml_ppl.errors import InputDataError, ModelFittingError, NonFiniteLossError
 from aml_ppl.inference.context import isolated_param_store
 from aml_ppl.inference.distributed import DataPlateScale, Ranks
 from aml_ppl.inference.fitted import Fitted
 from aml_ppl.inference.guide_posterior import GuidePosterior
 from aml_ppl.inference.guides import frozen_copy, param_values, warn_if_collapsed, warn_if_on_boundary
-from aml_ppl.inference.losses import finite_or_nan
+from aml_ppl.inference.losses import Fallback, finite_or_nan
 from aml_ppl.inference.structure import inspect_model, undeclared_batch_sites
 from aml_ppl.models.base import Model
 from aml_ppl.models.protocols import DataScaledLoss
@@ -79,7 +79,7 @@ def fit_guide(
     objective: str,
     advice: str,
     loss: Any,
-    plain_loss: Callable[[], Any] | None,
+    fallbacks: tuple[Fallback, ...],
     make_guide: GuideMaker,
     optimise: Optimiser,
     parallel: Parallel,
@@ -90,8 +90,8 @@ def fit_guide(
         engine, objective: Recorded in the posterior's :class:`~aml_ppl.inference.fitted.Fitted`.
         advice: What a :class:`~aml_ppl.errors.NonFiniteLossError` advises.
         loss: The loss (a Pyro ELBO or a model's own).
-        plain_loss: For a compiled default loss, the plain one to fall back to (with a
-            :class:`~aml_ppl.errors.JitFallbackWarning`) when the model does not trace.
+        fallbacks: The losses to fall back to, in order, when the one before fails on the
+            model's first evaluation (:func:`first_evaluation`).
         make_guide: The guide and how it was made, given the model as it is fitted (scaled
             for the ranks) and the ranks.
         optimise: The optimiser's run.
@@ -112,7 +112,7 @@ def fit_guide(
         check_guide_sites(model, guide, args, kwargs)
     fitted_guide = scale(guide) if traced else guide
     with isolated_param_store():
-        loss, params = first_evaluation(loss, plain_loss, fitted_model, fitted_guide, args, kwargs)
+        loss, params = first_evaluation(loss, fallbacks, fitted_model, fitted_guide, args, kwargs)
         if traced and not scale.seen:
             raise InputDataError(
                 f"`distributed=True`: the model has no sample site inside a plate named "
@@ -165,27 +165,28 @@ def check_guide_sites(model: Callable, guide: Callable, args: tuple, kwargs: dic
 
 
 def first_evaluation(
-    loss: Any, plain_loss: Callable[[], Any] | None, model: Callable, guide: Callable, args: tuple, kwargs: dict
+    loss: Any, fallbacks: tuple[Fallback, ...], model: Callable, guide: Callable, args: tuple, kwargs: dict
 ) -> tuple[Any, dict[str, torch.Tensor]]:
     r"""Evaluate the loss once before the first step: it creates every parameter (so that
     rank 0's values can be broadcast before any gradient is taken) and compiles a JIT
-    loss. A compiled loss whose model does not trace is replaced by ``plain_loss()``, with a
-    warning. Returns the loss to use and the parameters by name (unconstrained leaves)."""
-    evaluate = getattr(loss, "differentiable_loss", loss.loss)
-    try:
-        with poutine.trace(param_only=True) as capture:
-            finite_or_nan(evaluate, model, guide, *args, **kwargs)
-    except Exception as error:  # tracing fails in many ways (data-dependent control flow, ...)
-        if plain_loss is None:
-            raise
-        warnings.warn(
-            f"jit=True: the model does not trace ({type(error).__name__}: {str(error)[:200]}); "
-            "running SVI without the JIT.",
-            JitFallbackWarning,
-            stacklevel=5,
-        )
-        return first_evaluation(plain_loss(), None, model, guide, args, kwargs)
-    return loss, {name: site["value"].unconstrained() for name, site in capture.trace.nodes.items()}
+    loss. A loss that fails on the model (a compiled one whose model does not trace, particles
+    drawn at once where the model does not broadcast over them) is replaced by the next of
+    ``fallbacks``, which says so. Returns the loss to use and the parameters by name
+    (unconstrained leaves)."""
+    remaining = list(fallbacks)
+    while True:
+        evaluate = getattr(loss, "differentiable_loss", loss.loss)
+        try:
+            with poutine.trace(param_only=True) as capture:
+                finite_or_nan(evaluate, model, guide, *args, **kwargs)
+        except Exception as error:  # tracing and broadcasting fail in many ways (data-dependent control flow, ...)
+            if not remaining:
+                raise
+            fallback = remaining.pop(0)
+            fallback.announce(error, stacklevel=5)
+            loss = fallback.make()
+            continue
+        return loss, {name: site["value"].unconstrained() for name, site in capture.trace.nodes.items()}
 
 
 def freeze(fitted: Fitted, guide: Callable, spec: str) -> GuidePosterior:

@@ -12,8 +12,8 @@ from pyro.infer import Predictive
 
 from aml_ppl.errors import InputDataError
 from aml_ppl.inference.base import Posterior
-from aml_ppl.inference.context import isolated_param_store
-from aml_ppl.inference.guides import is_delta_guide, make_autoguide, substituted
+from aml_ppl.inference.context import isolated_param_store, with_learned_values
+from aml_ppl.inference.guides import check_learned_match, is_delta_guide, make_autoguide
 from aml_ppl.inference.fitted import Fitted
 from aml_ppl.inference.io import register_posterior, stored
 from aml_ppl.models.protocols import VariationalBound
@@ -42,7 +42,7 @@ class GuidePosterior(Posterior):
         self.guide_spec = guide_spec
         self.guide_params = guide_params
         self._point_estimate = isinstance(fitted.model, VariationalBound) or is_delta_guide(
-            substituted(guide, guide_params), fitted.args, fitted.kwargs
+            with_learned_values(guide, guide_params), fitted.args, fitted.kwargs
         )
         super().__init__(fitted)
 
@@ -57,30 +57,66 @@ class GuidePosterior(Posterior):
         through its bound."""
         if isinstance(self.model, VariationalBound):
             return {}
-        guide = None if self.is_point_estimate else substituted(self.guide, self.guide_params)
+        guide = None if self.is_point_estimate else with_learned_values(self.guide, self.guide_params)
         return self.fitted.log_density_stats(draws, guide, lp)
 
+    @property
+    def is_amortised(self) -> bool:
+        r"""Whether the guide draws local latents from the model's arguments: a guide of the
+        user's own (or the model's) where latent sites sit in a plate that holds observations
+        (a VAE's encoder computing each point's code), run on new arguments as Pyro's
+        ``Predictive(model, guide=guide)`` runs it. An autoguide's are parameters, one per
+        fitted point."""
+        return self.guide_spec in ("custom", "model") and bool(self.structure.local_latents)
+
+    def draws_at(self, num_draws: int, args: tuple, kwargs: dict, draws: dict | None = None) -> dict[str, torch.Tensor]:
+        r"""As :meth:`Posterior.draws_at`; an amortised guide (:attr:`is_amortised`) is run on
+        new arguments for every latent site, those of ``draws`` that are not local kept (the
+        guide conditioned on them)."""
+        if not self.is_amortised or (args is self.data_args and kwargs is self.data_kwargs):
+            return super().draws_at(num_draws, args, kwargs, draws)
+        local = self.structure.local_latents
+        given = {name: value for name, value in (draws or {}).items() if name not in local}
+        shapes = self.fitted.inspect(args, kwargs).latent_shapes
+        advice = (
+            "A guide holding the parameters of the fitted points' latents has none for others: compute them "
+            "from the model's arguments (an amortised guide, as a VAE's encoder), or predict at the fitting data."
+        )
+        try:
+            drawn = self._guide_draws(num_draws, args, kwargs, shapes, given)
+        except Exception as error:  # the user's guide fails on these arguments in its own way
+            raise InputDataError(f"the guide fails on these arguments ({type(error).__name__}: {str(error).splitlines()[0]}). {advice}") from error
+        wrong = {name: tuple(value.shape[1:]) for name, value in drawn.items() if value.shape[1:] != shapes[name]}
+        if wrong:
+            details = ", ".join(f"{name}: {shape}, the model's {tuple(shapes[name])}" for name, shape in wrong.items())
+            raise InputDataError(f"the guide, run on these arguments, draws latent sites of other shapes than the model's ({details}). {advice}")
+        return drawn
+
     def _draw(self, num_samples: int) -> dict[str, torch.Tensor]:
-        r"""Draw in one vectorised pass when the guide broadcasts (autoguides do),
-        else one guide run per draw."""
-        guide = substituted(self.guide, self.guide_params)
-        args, kwargs = self.data_args, self.data_kwargs
+        return self._guide_draws(num_samples, self.data_args, self.data_kwargs, self.latent_shapes)
+
+    def _guide_draws(
+        self, num_samples: int, args: tuple, kwargs: dict, shapes: dict[str, torch.Size], given: dict | None = None
+    ) -> dict[str, torch.Tensor]:
+        r"""``num_samples`` draws of the sites in ``shapes`` from the guide run on these
+        arguments, conditioned on ``given`` (``S x ...`` values of some of them): in one
+        vectorised pass when the guide broadcasts (autoguides do), else one guide run per draw."""
+        guide = with_learned_values(self.guide, self.guide_params)
+        given = given or {}
         with isolated_param_store(), torch.no_grad():
             try:  # a guide that does not broadcast over a draws plate raises or misshapes
                 vectorised = Predictive(
-                    guide, num_samples=num_samples, parallel=True, return_sites=self.latent_sites
+                    guide, posterior_samples=given, num_samples=num_samples, parallel=True, return_sites=list(shapes)
                 )(*args, **kwargs)
             except Exception:
                 vectorised = {}
-            if all(
-                name in vectorised and vectorised[name].shape == (num_samples, *shape)
-                for name, shape in self.latent_shapes.items()
-            ):
-                return {name: vectorised[name] for name in self.latent_sites}
-            draws: dict[str, list[torch.Tensor]] = {name: [] for name in self.latent_sites}
-            for _ in range(num_samples):
-                trace = poutine.trace(guide).get_trace(*args, **kwargs)
-                for name in self.latent_sites:
+            if all(name in vectorised and vectorised[name].shape == (num_samples, *shape) for name, shape in shapes.items()):
+                return {name: vectorised[name] for name in shapes}
+            draws: dict[str, list[torch.Tensor]] = {name: [] for name in shapes}
+            for index in range(num_samples):
+                conditioned = poutine.condition(guide, {name: value[index] for name, value in given.items()})
+                trace = poutine.trace(conditioned).get_trace(*args, **kwargs)
+                for name in shapes:
                     draws[name].append(trace.nodes[name]["value"])
         return {name: torch.stack(values) for name, values in draws.items()}
 
@@ -113,4 +149,6 @@ class GuidePosterior(Posterior):
                     guide.register_buffer(name, state[name])
             else:
                 guide.load_state_dict(state)
-        return cls(fitted, guide=guide, guide_spec=spec, guide_params=stored(tensors, "guide_param"))
+        guide_params = stored(tensors, "guide_param")
+        check_learned_match("guide", guide, args, kwargs, guide_params)
+        return cls(fitted, guide=guide, guide_spec=spec, guide_params=guide_params)

@@ -24,7 +24,7 @@ from pyro.infer.autoguide import (
     init_to_value,
 )
 
-from aml_ppl.errors import AmlPplWarning
+from aml_ppl.errors import AmlPplWarning, InputDataError
 from aml_ppl.inference.context import isolated_param_store
 from aml_ppl.inference.distributed import RankFailureError, Ranks
 from aml_ppl.inference.losses import finite_or_nan
@@ -250,5 +250,33 @@ def param_values(program: Callable, args: tuple, kwargs: dict) -> dict[str, torc
     return {name: site["value"].detach().clone() for name, site in capture.trace.nodes.items()}
 
 
-def substituted(program: Callable, params: dict[str, torch.Tensor]) -> Callable:
-    return poutine.substitute(program, data=params) if params else program
+def check_learned_match(what: str, program: Callable, args: tuple, kwargs: dict, learned: dict[str, torch.Tensor]) -> None:
+    r"""Refuse a ``program`` (a model or guide passed to ``load``) whose param sites, the
+    parameters of its ``pyro.module`` and ``PyroModule`` networks among them, are not the
+    saved posterior's ``learned`` ones by name and shape: its learned values would be
+    substituted into a network they do not fit, or a network's parameter left at its
+    initial value. Nothing is checked where nothing was learned.
+
+    Raises:
+        InputDataError: Naming the missing, unexpected and reshaped parameters.
+    """
+    if not learned:
+        return
+    with isolated_param_store():
+        announced = {name: value.shape for name, value in param_values(program, args, kwargs).items()}
+    missing = sorted(set(learned) - set(announced))
+    unexpected = sorted(set(announced) - set(learned))
+    reshaped = [
+        f"{name}: saved {tuple(learned[name].shape)}, here {tuple(announced[name])}"
+        for name in sorted(set(learned) & set(announced)) if learned[name].shape != announced[name]
+    ]
+    if missing or unexpected or reshaped:
+        problems = [
+            *([f"saved but not in it: {missing}"] if missing else []),
+            *([f"in it but not saved: {unexpected}"] if unexpected else []),
+            *([f"shapes differ ({'; '.join(reshaped)})"] if reshaped else []),
+        ]
+        raise InputDataError(
+            f"the {what} passed to `load` does not have the saved posterior's parameters: {'; '.join(problems)}. "
+            f"Pass a {what} built as the fitted one was (the same networks, names and sizes)."
+        )

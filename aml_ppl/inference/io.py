@@ -16,7 +16,9 @@ from aml_ppl._core.files import atomic_write
 from aml_ppl._core.randomness import RandomStream
 from aml_ppl._core.registry import Registry
 from aml_ppl.errors import AmlPplError, InputDataError
+from aml_ppl.inference.context import evaluation_mode
 from aml_ppl.inference.fitted import Fitted
+from aml_ppl.inference.guides import check_learned_match
 from aml_ppl.models.base import Model, model_class
 
 if TYPE_CHECKING:
@@ -59,12 +61,16 @@ def load(path: str | Path, model: Callable | None = None, guide: Callable | None
         path: The file.
         model: Needed for a plain Pyro model function or a model that cannot be
             rebuilt from its configuration (one holding a GPyTorch kernel); registered
-            models are rebuilt from the file.
+            models are rebuilt from the file. The saved values of its learned parameters
+            (its networks' weights) are what the posterior computes with: the module
+            passed keeps its own, and is only run with the saved ones substituted.
         guide: Needed when the fit used a guide of the user's own.
 
     Raises:
         InputDataError: If there is no such file, the file is not a saved posterior (truncated,
-            empty, another format), or the model is needed.
+            empty, another format), the model is needed, or the model or guide passed does not
+            have the saved parameters (names and shapes of its ``pyro.param`` sites, its
+            ``pyro.module`` and ``PyroModule`` networks' parameters among them).
     """
     path = Path(path)
     if not path.is_file():
@@ -88,6 +94,8 @@ def load(path: str | Path, model: Callable | None = None, guide: Callable | None
         model, tuple(payload["args"]), dict(payload["kwargs"]), engine=meta["engine"], objective=meta["objective"],
         history=tensors["_history"], params=stored(tensors, "model_param"),
     )
+    with evaluation_mode(model):
+        check_learned_match("model", model, fitted.args, fitted.kwargs, fitted.params)
     posterior = POSTERIORS[payload["kind"]].from_state(fitted, tensors, meta, guide)
     # A seeded fit's draws go on where the saved posterior's stopped.
     posterior.random_stream = RandomStream.from_state_tensors(payload.get("random_stream", {}))

@@ -4,8 +4,10 @@ model's own loss compiled, and a non-finite loss read as NaN rather than raised.
 from __future__ import annotations
 
 import functools
+import logging
 import math
 import warnings
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import pyro
@@ -25,6 +27,8 @@ from aml_ppl.errors import JitFallbackWarning
 from aml_ppl.inference.structure import inspect_model
 from aml_ppl.models.base import ModelLoss
 from aml_ppl.models.protocols import PreferredLoss
+
+LOG = logging.getLogger("aml_ppl")
 
 
 class CompiledOnceMeanField_ELBO(JitTraceMeanField_ELBO):
@@ -103,6 +107,51 @@ class CompiledModelLoss(ModelLoss):
 JIT_LOSSES = {Trace_ELBO: JitTrace_ELBO, TraceMeanField_ELBO: CompiledOnceMeanField_ELBO, TraceEnum_ELBO: JitTraceEnum_ELBO}
 
 
+@dataclass(frozen=True)
+class Fallback:
+    r"""A loss to run where the one before it fails on the model's first evaluation, and how
+    that is told: a ``warning`` of this class, or (``None``) a note in the ``aml_ppl`` log,
+    where the fallback gives the same estimate at another cost.
+
+    Attributes:
+        make: Makes the loss.
+        reason: What failed, e.g. ``"jit=True: the model does not trace"``.
+        remedy: What runs instead, e.g. ``"running SVI without the JIT"``.
+        warning: The warning's class; ``None`` for a note.
+    """
+
+    make: Callable[[], Any]
+    reason: str
+    remedy: str
+    warning: type[Warning] | None = None
+
+    def announce(self, error: Exception, stacklevel: int) -> None:
+        message = f"{self.reason} ({type(error).__name__}: {str(error)[:200]}); {self.remedy}."
+        if self.warning is None:
+            LOG.info(message)
+        else:
+            warnings.warn(message, self.warning, stacklevel=stacklevel + 1)
+
+
+def default_fallbacks(make: Callable[..., Any], jit: bool, vectorize: bool) -> tuple[Fallback, ...]:
+    r"""Where the default loss ``make(jit=..., vectorize=...)`` fails on the model: without the
+    JIT (a :class:`~aml_ppl.errors.JitFallbackWarning`), then with the particles one after
+    another (a note: the same estimate, at the cost of one pass a particle)."""
+    fallbacks = []
+    if jit:
+        fallbacks.append(Fallback(
+            functools.partial(make, jit=False, vectorize=vectorize), "jit=True: the model does not trace",
+            "running SVI without the JIT", JitFallbackWarning,
+        ))
+    if vectorize:
+        fallbacks.append(Fallback(
+            functools.partial(make, jit=False, vectorize=False),
+            "the model or guide does not broadcast over a plate of particles",
+            "drawing the particles one after another",
+        ))
+    return tuple(fallbacks)
+
+
 def finite_or_nan(loss_fn: Callable, *args: Any, **kwargs: Any) -> Any:
     r"""Evaluate a loss; NaN where a distribution rejected a non-finite parameter.
 
@@ -118,11 +167,16 @@ def finite_or_nan(loss_fn: Callable, *args: Any, **kwargs: Any) -> Any:
         return math.nan
 
 
-def default_loss(model: Callable, args: tuple, kwargs: dict, num_particles: int = 1, jit: bool = False) -> Any:
+def default_loss(
+    model: Callable, args: tuple, kwargs: dict, num_particles: int = 1, jit: bool = False, vectorize: bool = False
+) -> Any:
     r"""The loss SVI runs when none is given: the model's own ``default_loss`` if it has one
     (a BNN's ``TraceMeanField_ELBO``), ``TraceEnum_ELBO`` when the model marks discrete sites
     for parallel enumeration, else ``Trace_ELBO``; with ``jit`` its compiled form (a model's
-    own loss without one runs plain, with a :class:`~aml_ppl.errors.JitFallbackWarning`)."""
+    own loss without one runs plain, with a :class:`~aml_ppl.errors.JitFallbackWarning`).
+    With ``vectorize`` (and several particles) Pyro's ELBOs draw every particle at once, on a
+    plate left of the model's (``vectorize_particles=True``): one pass of the model and guide
+    rather than one per particle, for a model and guide that broadcast over that plate."""
     if isinstance(model, PreferredLoss):
         loss = model.default_loss(num_particles)
         if not jit:
@@ -138,7 +192,7 @@ def default_loss(model: Callable, args: tuple, kwargs: dict, num_particles: int 
         )
         return loss
     structure = inspect_model(model, args, kwargs)
-    options: dict[str, Any] = {"num_particles": num_particles}
+    options: dict[str, Any] = {"num_particles": num_particles, "vectorize_particles": vectorize and num_particles > 1}
     if structure.enumerated:
         options["max_plate_nesting"] = structure.max_plate_nesting
     loss_type = TraceEnum_ELBO if structure.enumerated else Trace_ELBO

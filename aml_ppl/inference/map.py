@@ -117,7 +117,7 @@ class MAP(Engine):
         name = "laplace" if self.laplace else "delta"
         return fit_guide(
             model, args, kwargs, engine=self.name, objective=self.objective, advice=self.non_finite_advice,
-            loss=default_loss(model, args, kwargs), plain_loss=None,
+            loss=default_loss(model, args, kwargs), fallbacks=(),
             make_guide=lambda fitted_model, ranks: (make_autoguide(name, model, args, kwargs), name),
             optimise=lambda fitted_model, guide, loss, ranks: self._optimise(fitted_model, guide, loss, args, kwargs, ranks),
             parallel=self.parallel,

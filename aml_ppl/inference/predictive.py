@@ -91,7 +91,7 @@ def log_predictive_density(
     if isinstance(posterior.model, ConditionalPredictive):
         terms = conditional_log_likelihood(posterior, num_samples, site, args, kwargs)
         return torch.logsumexp(terms, 0) - math.log(terms.shape[0])
-    return log_mean_likelihood(posterior, posterior.model_draws(num_samples), site, args, kwargs)
+    return log_mean_likelihood(posterior, posterior.draws_at(num_samples, args, kwargs), site, args, kwargs)
 
 
 # Values per returned tensor of a replayed chunk of draws: 8 MB in float64. The replay holds a
@@ -162,7 +162,7 @@ def replayed_chunks(
     10⁵ observations replay 10 at a time). The model is inspected once for all chunks;
     ``draw_discrete`` as in :func:`~aml_ppl.inference.replay.replay`."""
     structure = posterior.fitted.inspect(args, kwargs)
-    check_same_latents(posterior.structure, structure)
+    check_same_latents({name: value.shape[1:] for name, value in draws.items()}, structure)
     model = posterior.fitted.evaluation_model()
     start, chunk = 0, 1
     with evaluation_mode(posterior.model):
@@ -183,14 +183,16 @@ def prior_draws(posterior: "Posterior", num_samples: int, args: tuple, kwargs: d
         return prior_replay(posterior.fitted.evaluation_model(), num_samples, args, kwargs, structure)
 
 
-def check_same_latents(fitted: Structure, new: Structure) -> None:
-    r"""Refuse new arguments under which a latent site has another shape than in the fit: a
-    site sized by a plate over groups (Pyro's baseball players) has a posterior for the
-    fitted members only, and new data with another number of members has none to draw."""
+def check_same_latents(drawn: dict[str, torch.Size], new: Structure) -> None:
+    r"""Refuse new arguments under which a latent site has another shape than its ``drawn``
+    values (one draw's shape, site by site): a site sized by a plate over groups (Pyro's
+    baseball players) has a posterior for the fitted members only, and new data with another
+    number of members has none to draw (an amortised guide draws a VAE's codes at new data
+    itself, :meth:`~aml_ppl.inference.guide_posterior.GuidePosterior.draws_at`)."""
     changed = {
-        name: (tuple(fitted.latent_shapes[name]), tuple(shape))
+        name: (tuple(drawn[name]), tuple(shape))
         for name, shape in new.latent_shapes.items()
-        if name in fitted.latent_shapes and fitted.latent_shapes[name] != shape
+        if name in drawn and drawn[name] != shape
     }
     if changed:
         plates = sorted({plate for name in changed for plate, _ in new.sites[name].plates})
@@ -199,7 +201,8 @@ def check_same_latents(fitted: Structure, new: Structure) -> None:
             f"the posterior has latent sites sized by the plate(s) {plates} for the fitted members only "
             f"({details}); predict or score the fitted members (the same arguments, or observations "
             "changed alone), or give the new members a posterior by fitting a model that draws them "
-            "from the population (the hyperprior)."
+            "from the population (the hyperprior), or, for per-point latents, a guide that computes "
+            "them from the model's arguments (amortised, as a VAE's encoder)."
         )
 
 

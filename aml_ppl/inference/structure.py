@@ -108,6 +108,13 @@ class Structure:
     def latent_shapes(self) -> dict[str, torch.Size]:
         return {name: self.sites[name].shape for name in self.latent}
 
+    @property
+    def local_latents(self) -> tuple[str, ...]:
+        r"""Latent sites in a plate that holds observations (a VAE's code of each point): new
+        data has new ones, which a guide computing them from the data (amortised) can draw."""
+        data_plates = {plate for name in self.observed for plate, _ in self.sites[name].plates}
+        return tuple(name for name in self.latent if any(plate in data_plates for plate, _ in self.sites[name].plates))
+
     def with_observed(self, observed: tuple[str, ...]) -> "Structure":
         r"""This structure with ``observed`` (a fit's observed sites) as the observed
         sites, also where these arguments leave them unobserved (``obs=None``)."""

@@ -14,7 +14,7 @@ from aml_ppl.inference.distributed import Ranks
 from aml_ppl.inference.guide_fit import Parallel, fit_guide, guide_incompatibility
 from aml_ppl.inference.guide_posterior import GuidePosterior
 from aml_ppl.inference.guides import AUTOGUIDES, make_autoguide, map_start
-from aml_ppl.inference.losses import default_loss
+from aml_ppl.inference.losses import default_fallbacks, default_loss
 from aml_ppl.inference.steps import OPTIMIZERS, StepLoop
 from aml_ppl.models.protocols import HasGuide, InitialValues
 
@@ -42,6 +42,11 @@ class SVI(Engine):
             else ``Trace_ELBO(num_particles)``.
         optim: ``"adam"``, ``"clipped_adam"`` or a ``pyro.optim`` optimiser.
         num_particles: Samples per ELBO estimate for the default loss.
+        vectorize_particles: Draw the particles of the default loss at once, on a plate left
+            of the model's (Pyro's ``vectorize_particles=True``: one pass of the model and
+            guide for all of them); a model or guide that does not broadcast over that plate
+            (its first evaluation fails, or Pyro's shape check refuses a site) runs them one
+            after another, with a note in the ``aml_ppl`` log. ``False``: one after another.
         patience: Stop when the mean loss over the last ``patience`` steps is
             less than ``tolerance`` (relative) below that of the ``patience``
             steps before; ``None`` runs all steps.
@@ -104,6 +109,7 @@ class SVI(Engine):
         loss: Any = None,
         optim: str | pyro.optim.PyroOptim = "adam",
         num_particles: int = 1,
+        vectorize_particles: bool = True,
         patience: int | None = None,
         tolerance: float = 1e-4,
         jit: bool = False,
@@ -134,6 +140,7 @@ class SVI(Engine):
         self.guide = guide
         self.loss = loss
         self.num_particles = num_particles
+        self.vectorize_particles = bool(vectorize_particles)
         self.optim = optim
         self.patience = patience
         self.tolerance = tolerance
@@ -151,6 +158,7 @@ class SVI(Engine):
     def fit(self, model: Callable, *args: Any, **kwargs: Any) -> GuidePosterior:
         self.check_supports(model, args, kwargs)
         plain = functools.partial(default_loss, model, args, kwargs, self.num_particles)
+        vectorize = self.vectorize_particles and self.num_particles > 1
         optim = OPTIMIZERS[self.optim](self.lr) if isinstance(self.optim, str) else self.optim
         steps = StepLoop(
             self.num_steps, optim, patience=self.patience, tolerance=self.tolerance, ema_decay=self.ema_decay,
@@ -158,8 +166,8 @@ class SVI(Engine):
         )
         return fit_guide(
             model, args, kwargs, engine=self.name, objective=self.objective, advice=self.non_finite_advice,
-            loss=self.loss if self.loss is not None else plain(jit=self.jit),
-            plain_loss=plain if self.jit and self.loss is None else None,
+            loss=self.loss if self.loss is not None else plain(jit=self.jit, vectorize=vectorize),
+            fallbacks=default_fallbacks(plain, self.jit, vectorize) if self.loss is None else (),
             make_guide=lambda fitted_model, ranks: self._make_guide(model, args, kwargs, fitted_model, ranks),
             optimise=lambda fitted_model, guide, loss, ranks: steps.run(loss, fitted_model, guide, args, kwargs, ranks),
             parallel=Parallel(self.distributed, self.data_plate, self.timeout),
