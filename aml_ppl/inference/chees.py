@@ -358,7 +358,7 @@ class ChEES(Engine):
     Example:
         >>> import torch, aml_ppl as aml
         >>> X = torch.randn(30, 2, dtype=torch.float64); y = X.sum(-1)
-        >>> engine = aml.inference.ChEES(num_samples=20, warmup_steps=20, num_chains=8)
+        >>> engine = aml.inference.ChEES(num_samples=20, warmup_steps=50, num_chains=8)
         >>> post = aml.fit(aml.models.BayesianLinearRegression(), X, y, engine=engine)
         >>> post.samples["beta"].shape
         torch.Size([8, 20, 2])

@@ -83,3 +83,14 @@ def test_a_clean_regression_is_silent(regression_data):
     assert post.samples["beta"].shape == (2, 150, 3)
     aml.fit(aml.models.BayesianLinearRegression(), *regression_data,
             engine=ChEES(num_samples=150, warmup_steps=150, num_chains=8), seed=0)
+
+
+@pytest.mark.slow
+def test_the_readmes_one_call_is_silent():
+    # README, "The one call": its data and NUTS engine, and ChEES's defaults on it.
+    generator = torch.Generator().manual_seed(0)
+    X = torch.randn(100, 3, dtype=torch.float64, generator=generator)
+    y = X @ torch.tensor([1.0, -2.0, 0.5], dtype=torch.float64) + 0.3 * torch.randn(100, dtype=torch.float64, generator=generator)
+    model = aml.models.BayesianLinearRegression(prior_precision=1.0, noise_scale=None)
+    aml.fit(model, X, y, engine=aml.inference.NUTS(num_samples=500, num_chains=2, progress_bar=False), seed=0)
+    aml.fit(model, X, y, engine="chees", seed=0)
