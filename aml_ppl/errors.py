@@ -71,6 +71,12 @@ class JitFallbackWarning(AmlPplWarning):
     faithfully; the engine ran without it."""
 
 
+class SamplingWarning(AmlPplWarning):
+    r"""A Hamiltonian sampler's run should not be trusted as it is (divergences, a stuck chain,
+    r-hat or ESS out of bounds, low E-BFMI, capped trajectories): the message names the
+    parameters and chains and the fix (:mod:`aml_ppl.inference.mcmc_diagnostics`)."""
+
+
 class ConvergenceWarning(AmlPplWarning):
     r"""An optimiser stopped on its iteration cap, not on a tolerance."""
 

@@ -56,6 +56,7 @@ from aml_ppl.inference.base import Engine, register_engine
 from aml_ppl.inference.context import isolated_param_store
 from aml_ppl.inference.fitted import Fitted
 from aml_ppl.inference.mcmc import SamplePosterior, sampler_incompatibility
+from aml_ppl.inference.mcmc_diagnostics import check_sampling, warn_if_untrustworthy
 from aml_ppl.inference.metric import DENSE_AT_MOST
 from aml_ppl.inference.nuts_kernel import MAX_ENERGY_ERROR, MAX_STEP_SIZE, MIN_STEP_SIZE
 from aml_ppl.inference.vectorised_nuts import (
@@ -357,7 +358,7 @@ class ChEES(Engine):
     Example:
         >>> import torch, aml_ppl as aml
         >>> X = torch.randn(30, 2, dtype=torch.float64); y = X.sum(-1)
-        >>> engine = aml.inference.ChEES(num_samples=20, warmup_steps=20, num_chains=8)
+        >>> engine = aml.inference.ChEES(num_samples=20, warmup_steps=50, num_chains=8)
         >>> post = aml.fit(aml.models.BayesianLinearRegression(), X, y, engine=engine)
         >>> post.samples["beta"].shape
         torch.Size([8, 20, 2])
@@ -395,4 +396,6 @@ class ChEES(Engine):
         except BatchingError as error:
             raise ModelFittingError(f"ChEES-HMC cannot batch the chains: {error}; run engine='nuts' instead.") from error
         fitted = Fitted(model, args, kwargs, engine=self.name, objective="lp", history=stats["lp"].flatten())
-        return SamplePosterior(fitted, samples={name: value.detach() for name, value in samples.items()}, stats=stats)
+        samples = {name: value.detach() for name, value in samples.items()}
+        warn_if_untrustworthy("ChEES-HMC", check_sampling(samples, stats, step_cap=("n_steps", self.max_leapfrog_steps)))
+        return SamplePosterior(fitted, samples=samples, stats=stats)

@@ -19,6 +19,7 @@ from aml_ppl.inference.chains import chain_executor, default_chains, run_chains
 from aml_ppl.inference.context import isolated_param_store
 from aml_ppl.inference.fitted import Fitted
 from aml_ppl.inference.io import register_posterior, stored
+from aml_ppl.inference.mcmc_diagnostics import check_sampling, warn_if_untrustworthy
 from aml_ppl.inference.nuts_kernel import SAMPLE_STATS, MultinomialNUTS, flatten, model_gradient
 from aml_ppl.inference.vectorised_nuts import BatchingError, VectorisedNUTS
 from aml_ppl.inference.structure import inspect_model
@@ -205,6 +206,8 @@ class NUTS(Engine):
             for name in SAMPLE_STATS
         }
         fitted = Fitted(model, args, kwargs, engine=self.name, objective="lp", history=stats["lp"].flatten())
+        report = check_sampling(samples, stats, step_cap=("tree_depth", self.kernel_options["max_tree_depth"]))
+        warn_if_untrustworthy("NUTS", report)
         return SamplePosterior(fitted, samples=samples, stats=stats)
 
     def _vectorised(self, model: Callable, args: tuple, kwargs: dict, jit: bool, seeds: list[int]) -> list | None:

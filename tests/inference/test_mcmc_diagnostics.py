@@ -1,0 +1,96 @@
+"""The end-of-fit check of NUTS and ChEES runs: it warns once on a run that should not be
+trusted (the centred funnel), names the parameters, chains and fixes, and stays silent on a
+clean run (the suite turns any warning into an error)."""
+
+import math
+
+import pyro
+import pyro.distributions as dist
+import pytest
+import torch
+
+import aml_ppl as aml
+from aml_ppl.errors import SamplingWarning
+from aml_ppl.inference import ChEES, NUTS
+from aml_ppl.inference.mcmc_diagnostics import MAX_RHAT, check_sampling
+
+
+def centred_funnel():
+    """Neal's funnel, centred: the scale of x is exp(y / 2), so the neck needs far smaller steps
+    than the mouth and one adapted step size diverges there."""
+    y = pyro.sample("y", dist.Normal(torch.tensor(0.0, dtype=torch.float64), 3.0))
+    pyro.sample("x", dist.Normal(torch.zeros(9, dtype=torch.float64), (y / 2).exp()).to_event(1))
+
+
+def clean_stats(chains, draws, generator):
+    return {"diverging": torch.zeros(chains, draws, dtype=torch.bool),
+            "energy": torch.randn(chains, draws, generator=generator, dtype=torch.float64),
+            "step_size": torch.full((chains, draws), 0.5, dtype=torch.float64),
+            "tree_depth": torch.full((chains, draws), 3)}
+
+
+def test_independent_draws_pass_every_check():
+    generator = torch.Generator().manual_seed(0)
+    draws = {"mu": torch.randn(4, 300, generator=generator, dtype=torch.float64),
+             "beta": torch.randn(4, 300, 2, 3, generator=generator, dtype=torch.float64)}
+    report = check_sampling(draws, clean_stats(4, 300, generator), step_cap=("tree_depth", 10))
+    assert report.problems == []
+    assert set(report.rhat) == {"mu", *(f"beta[{i}, {j}]" for i in range(2) for j in range(3))}
+    assert max(report.rhat.values()) < MAX_RHAT and min(report.ess_bulk.values()) > 400  # 1200 independent draws
+    assert all(value > 0.3 for value in report.bfmi)
+
+
+def test_each_problem_is_named_with_its_chain_or_parameter():
+    generator = torch.Generator().manual_seed(1)
+    draws = {"mu": torch.randn(3, 200, generator=generator, dtype=torch.float64)}
+    draws["mu"][2] += 4.0  # chain 2 elsewhere: r-hat
+    stats = clean_stats(3, 200, generator)
+    stats["diverging"][1, :150] = True  # chain 1 mostly divergent: stuck
+    stats["step_size"][0] = 1e-4  # chain 0's step size collapsed
+    stats["tree_depth"][0, :7] = 10  # seven capped trees
+    stats["energy"][1] = torch.linspace(0, 1, 200, dtype=torch.float64)  # energy that barely moves: E-BFMI ~ 0
+    report = check_sampling(draws, stats, step_cap=("tree_depth", 10))
+    text = " | ".join(report.problems)
+    for phrase in ("150 divergent transitions", "chain(s) [1] stuck", "chain(s) [0] adapted step sizes 0.0001",
+                   "7 of 600 transitions hit the cap tree_depth = 10", "E-BFMI below 0.3 in chain(s) [1]",
+                   "split r-hat above 1.05 for mu"):
+        assert phrase in text
+    assert any("target_accept_prob" in fix for fix in report.fixes)
+
+
+def test_short_runs_are_judged_on_divergences_only():
+    generator = torch.Generator().manual_seed(2)
+    stuck = torch.cat([torch.randn(1, 50, generator=generator), torch.full((1, 50), 3.0)]).double()
+    assert check_sampling({"mu": stuck}, clean_stats(2, 50, generator)).problems == []
+
+
+def test_nuts_on_the_centred_funnel_warns_once_naming_the_fix():
+    engine = NUTS(num_samples=100, warmup_steps=100, num_chains=2, executor=None, progress_bar=False)
+    with pytest.warns(SamplingWarning, match="NUTS's draws should not be trusted.*r-hat above 1.05 for y.*non-centre") as caught:
+        aml.fit(centred_funnel, engine=engine, seed=0)
+    assert len(caught) == 1
+
+
+def test_chees_on_the_centred_funnel_warns():
+    with pytest.warns(SamplingWarning, match="ChEES-HMC's draws should not be trusted.*r-hat above 1.05 for y.*non-centre"):
+        aml.fit(centred_funnel, engine=ChEES(num_samples=100, warmup_steps=100, num_chains=8), seed=0)
+
+
+def test_a_clean_regression_is_silent(regression_data):
+    # filterwarnings = error: any SamplingWarning fails the test.
+    engine = NUTS(num_samples=150, warmup_steps=150, num_chains=2, executor=None, progress_bar=False)
+    post = aml.fit(aml.models.BayesianLinearRegression(), *regression_data, engine=engine, seed=0)
+    assert post.samples["beta"].shape == (2, 150, 3)
+    aml.fit(aml.models.BayesianLinearRegression(), *regression_data,
+            engine=ChEES(num_samples=150, warmup_steps=150, num_chains=8), seed=0)
+
+
+@pytest.mark.slow
+def test_the_readmes_one_call_is_silent():
+    # README, "The one call": its data and NUTS engine, and ChEES's defaults on it.
+    generator = torch.Generator().manual_seed(0)
+    X = torch.randn(100, 3, dtype=torch.float64, generator=generator)
+    y = X @ torch.tensor([1.0, -2.0, 0.5], dtype=torch.float64) + 0.3 * torch.randn(100, dtype=torch.float64, generator=generator)
+    model = aml.models.BayesianLinearRegression(prior_precision=1.0, noise_scale=None)
+    aml.fit(model, X, y, engine=aml.inference.NUTS(num_samples=500, num_chains=2, progress_bar=False), seed=0)
+    aml.fit(model, X, y, engine="chees", seed=0)
