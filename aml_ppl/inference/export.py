@@ -270,7 +270,8 @@ def describe(
     flat = {name: value.flatten(0, 1) for name, value in by_chain.items()}
     replicates = chains * draws
     at_args = posterior.draws_at(replicates, args, kwargs, flat)
-    if at_args is not flat:  # an amortised guide's local latents, drawn at new arguments
+    redrawn = at_args is not flat  # an amortised guide's local latents, drawn at new arguments
+    if redrawn:
         flat = at_args
         by_chain = {name: value[: chains * draws].reshape(chains, draws, *value.shape[1:]) for name, value in flat.items()}
     kept = budget.rows(_replicate_bytes(structure), "posterior_predictive", chains, replicates)

@@ -10,7 +10,6 @@ losses and the step that failed, if one did); everything else is the same for bo
 from __future__ import annotations
 
 import copy
-import warnings
 from dataclasses import dataclass
 from typing import Any, Callable
 
