@@ -18,12 +18,20 @@ at radius :math:`r \sim U(0, 1)` in units of the lengthscales :math:`\ell` along
 :math:`u` uniform on the sphere (:math:`S_n` near its edge, where it grows, and the first
 unsafe points beyond), and scrambled Sobol points :math:`Q_n` of the whole box (the
 targets far away and, once :math:`S_n` is large, sample points there too).
+
+The running intersection of bounds over time (Sui et al. 2015) is keyed on points that stay;
+these move, so on a box the sets use the current GP's bounds alone: a point is evaluated only
+if every constraint's lower bound there is at least 0 under the GP of every evaluation so
+far. The records' ``safe_set_size`` and ``area_size`` count candidates. In six dimensions
+:math:`A_n` stays most of the box for many steps, so ITL aimed at all of it explores;
+``target="thompson"`` or VTL direct the search at the optimum (benchmarks/RESULTS.md).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import gpytorch
 import torch
@@ -32,8 +40,11 @@ from torch import Tensor
 from aml_ppl._data import check_count
 from aml_ppl.errors import InputDataError
 
+if TYPE_CHECKING:
+    from aml_ppl.bo.safe import SafeBayesianOptimization
 
-@dataclass(frozen=True)
+
+@dataclass
 class BoxSearch:
     r"""A box :math:`[a, b] \subset \mathbb R^d` searched through candidates made afresh each
     step (see the module's docstring).
@@ -56,6 +67,7 @@ class BoxSearch:
     bounds: Tensor
     num_global: int = 1024
     num_local: int = 1024
+    _made: tuple | None = field(default=None, init=False, repr=False, compare=False)  # the last step's
 
     def __post_init__(self) -> None:
         bounds = torch.as_tensor(self.bounds, dtype=torch.float64)
@@ -65,14 +77,29 @@ class BoxSearch:
             raise InputDataError(f"`bounds` needs finite lower < upper in every dimension; got {bounds.tolist()}.")
         check_count("num_global", self.num_global)
         check_count("num_local", self.num_local)
-        object.__setattr__(self, "bounds", bounds)
+        self.bounds = bounds
 
     @property
     def dimension(self) -> int:
         return self.bounds.shape[1]
 
-    def to(self, device: torch.device) -> "BoxSearch":
-        return BoxSearch(self.bounds.to(device), self.num_global, self.num_local)
+    def config(self) -> dict[str, Any]:
+        r"""The box's settings for a loop's journal."""
+        return {"bounds": self.bounds.tolist(), "box": [self.num_global, self.num_local]}
+
+    def step_candidates(self, loop: "SafeBayesianOptimization") -> Tensor:
+        r"""The candidates of ``loop``'s current step: made once per new record, seeded by the
+        number of records (a resumed loop makes the same), spread at the loop's ``lengthscale``,
+        else the smallest of its ``models``' kernels', else a tenth of the box."""
+        newest = loop.records[-1] if loop.records else None
+        if self._made is None or self._made[0] != len(loop.records) or self._made[1] is not newest:
+            if loop.models is None:
+                scale = torch.tensor(loop.lengthscale, dtype=torch.float64)
+            else:
+                scale = kernel_lengthscale([model.gp for model in loop.models], self.dimension)
+                scale = 0.1 * (self.bounds[1] - self.bounds[0]) if scale is None else scale
+            self._made = (len(loop.records), newest, self.candidates(loop.observations[0], scale, len(loop.records)))
+        return self._made[2]
 
     def contains(self, X: Tensor) -> Tensor:
         r"""Whether each row of ``X`` (``n x d``) lies in the box: an ``n`` mask."""
@@ -106,6 +133,30 @@ class BoxSearch:
         steps = (radius * direction).to(lower) * torch.as_tensor(scale, dtype=torch.float64).to(lower)
         local = torch.maximum(torch.minimum(centres[:, None, :] + steps, upper), lower)
         return torch.cat([centres, local.reshape(-1, self.dimension), spread])
+
+
+def box_search(
+    bounds: Tensor | BoxSearch | None, intersect_bounds: bool | None, dimension: int, device: torch.device
+) -> tuple[BoxSearch | None, bool]:
+    r"""A safe-BO loop's box (``None`` without ``bounds``: the problem's finite domain) and
+    whether it intersects its bounds over time: by default on a finite domain only; on a box,
+    whose candidates move, ``intersect_bounds=True`` is refused.
+
+    Raises:
+        InputDataError: On a box of another dimension than the domain's, or with
+            ``intersect_bounds=True``.
+    """
+    if bounds is None:
+        return None, intersect_bounds is not False
+    box = bounds if isinstance(bounds, BoxSearch) else BoxSearch(bounds)
+    if box.dimension != dimension:
+        raise InputDataError(f"`bounds` is a box in {box.dimension} dimensions; the problem's domain has {dimension}.")
+    if intersect_bounds:
+        raise InputDataError(
+            "`intersect_bounds=True` needs the same points at every step; on a box (`bounds`) the candidates "
+            "move, and each step's bounds are the current GP's. Leave `intersect_bounds` unset."
+        )
+    return BoxSearch(box.bounds.to(device), box.num_global, box.num_local), False
 
 
 def kernel_lengthscale(models: list, dimension: int) -> Tensor | None:

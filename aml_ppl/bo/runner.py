@@ -141,3 +141,26 @@ def _evaluated_on_daemon(objective: Callable[[Tensor], Tensor], x: Tensor) -> Fu
 
     threading.Thread(target=evaluate, daemon=True, name="aml_ppl-evaluation").start()
     return future
+
+
+def checked_seeds(
+    X: Tensor, Y: Tensor, dimension: int, num_outputs: int | None, objective_is_constraint: bool
+) -> tuple[Tensor, Tensor]:
+    r"""Seed evaluations ``X`` (``n x d``) and ``Y`` (``n x (1 + c)``) as float64, checked.
+
+    Raises:
+        InputDataError: On NaN values, mismatched shapes, or a seed observed unsafe.
+    """
+    X, Y = torch.as_tensor(X, dtype=torch.float64), torch.as_tensor(Y, dtype=torch.float64)
+    if X.ndim != 2 or X.shape[1] != dimension or Y.ndim != 2 or Y.shape[0] != X.shape[0]:
+        raise InputDataError(
+            f"seed `X` must be n x {dimension} and `Y` n x (1 + c); got {tuple(X.shape)} and {tuple(Y.shape)}."
+        )
+    if num_outputs not in (None, Y.shape[1]):
+        raise InputDataError(f"seed `Y` has {Y.shape[1]} columns; the journal's seeds have {num_outputs}.")
+    for name, value in (("X", X), ("Y", Y)):
+        if not torch.isfinite(value).all():
+            raise InputDataError(f"seed `{name}` has NaN or infinite values.")
+    if ((Y[:, :1] if objective_is_constraint else Y[:, 1:]) < 0).any():
+        raise InputDataError("a seed point is not safe (a constraint value below 0); seed with safe points.")
+    return X, Y

@@ -17,12 +17,12 @@ from torch import Tensor
 from aml_ppl._data import check_count
 from aml_ppl.api import fit
 from aml_ppl.bo.acquisition import TRANSDUCTIVE, prior_pivots, transductive
-from aml_ppl.bo.box import BoxSearch, kernel_lengthscale
+from aml_ppl.bo.box import BoxSearch, box_search
 from aml_ppl.bo.journal import EvaluationRecord, Journal, domain_fingerprint, model_fingerprint
 from aml_ppl.bo import learning
 from aml_ppl.bo.pathwise import thompson_maximisers
 from aml_ppl.bo.problems import SafeProblem
-from aml_ppl.bo.runner import checked_values, evaluate_in_turn_or_in_flight
+from aml_ppl.bo.runner import checked_seeds, checked_values, evaluate_in_turn_or_in_flight
 from aml_ppl.bo.sets import (
     SafeSets,
     checked_beta,
@@ -105,10 +105,8 @@ class SafeBayesianOptimization:
         fit_hyperparameters: ``False`` keeps the prior's; ``True`` refits by type-II ML from enough points on,
             output scales at least the prior's; ``"conservative"`` also caps lengthscales (:mod:`aml_ppl.bo.learning`).
         intersect_bounds: Intersect the confidence bounds over time, as the reference
-            experiments of Hübotter et al. (2024) do (the default on a finite domain);
-            ``False`` gives the notes' per-step bounds. :meth:`resume` rebuilds the
-            intersection from the journal. On a box, the bounds are per step (``True`` is
-            refused).
+            experiments of Hübotter et al. (2024) do (the default); ``False`` gives the
+            notes' per-step bounds. :meth:`resume` rebuilds the intersection from the journal.
         lipschitz: For ``"safeopt"`` only: Lipschitz constants of the constraints (one
             number for all, or one per constraint); ``None`` for GP-based expanders.
         journal: Path of the SQLite journal, or ``None`` for none. A file that already
@@ -117,19 +115,9 @@ class SafeBayesianOptimization:
         resume: Continue the evaluations in ``journal`` (the settings must match).
         retries: How many times in a row a point whose evaluation failed may be proposed
             again before it is set aside (0: never; a success there clears its failures).
-        bounds: Search this box (``2 x d``, or a :class:`~aml_ppl.bo.box.BoxSearch` to set
-            its candidate counts) instead of the problem's finite domain, whose dimension it
-            must have: in six dimensions no point of a fixed grid lies near enough to a lone
-            seed to be certified, so a grid loop evaluates the seed again and again. Each step
-            chooses from candidates made afresh (:attr:`domain`: the evaluations, points
-            around them at the prior's lengthscales, Sobol points of the box), on which the
-            sets, the acquisition and the recommendation run as on a grid. The intersection of
-            bounds over time is keyed on fixed points, so on a box the sets use the current
-            GP's bounds alone: a point is evaluated only if every constraint's lower bound
-            there is at least 0 under the GP of every evaluation so far (the records'
-            ``safe_set_size`` and ``area_size`` count candidates). ``target="thompson"``
-            (ITL) or ``"vtl"`` direct the search at the optimum in six dimensions, where
-            :math:`A_n` stays most of the box for many steps (benchmarks/RESULTS.md).
+        bounds: Search this box (``2 x d``, or a :class:`~aml_ppl.bo.box.BoxSearch`) through
+            candidates made afresh each step (:attr:`domain`), with per-step bounds: a point is
+            evaluated only if certified by the current GP (:mod:`aml_ppl.bo.box`).
     """
 
     def __init__(
@@ -172,13 +160,7 @@ class SafeBayesianOptimization:
         self.problem = problem
         self.device = torch.device(device)
         self._grid = problem.domain.to(self.device)
-        self.box = _checked_box(bounds, self._grid.shape[1], self.device)
-        if self.box is not None and intersect_bounds:
-            raise InputDataError(
-                "`intersect_bounds=True` needs the same points at every step; on a box (`bounds`) the "
-                "candidates move, and each step's bounds are the current GP's. Leave `intersect_bounds` unset."
-            )
-        intersect_bounds = self.box is None if intersect_bounds is None else intersect_bounds
+        self.box, intersect_bounds = box_search(bounds, intersect_bounds, self._grid.shape[1], self.device)
         self.beta = beta if beta is not None else problem.beta
         if not callable(self.beta):
             checked_beta(self.beta)
@@ -211,7 +193,7 @@ class SafeBayesianOptimization:
             "output_scale": self.output_scale,
             "target": target if target == "area_of_interest" else f"thompson:{thompson_samples}",
             "models": None if self.models is None else [model_fingerprint(model) for model in self.models],
-            **({} if self.box is None else {"bounds": self.box.bounds.tolist(), "box": [self.box.num_global, self.box.num_local]}),
+            **({} if self.box is None else self.box.config()),
         }
         self.journal = Journal(journal, config=config, resume=resume) if journal is not None else None
         self.records: list[EvaluationRecord] = self.journal.records() if self.journal else []
@@ -222,7 +204,6 @@ class SafeBayesianOptimization:
         self._bounds = learning.RunningIntersection()
         self._learners, self._warned = [], set()  # the priors a fit may move; the warnings given
         self._fitted: tuple[int, EvaluationRecord | None, list] | None = None  # after this many records
-        self._candidates: tuple[int, EvaluationRecord | None, Tensor] | None = None  # likewise, on a box
 
     def __enter__(self) -> "SafeBayesianOptimization":
         return self
@@ -249,25 +230,9 @@ class SafeBayesianOptimization:
 
     @property
     def domain(self) -> Tensor:
-        r"""The points the current step chooses from, ``N x d``: the problem's domain, or on a
-        box the step's candidates (:class:`~aml_ppl.bo.box.BoxSearch`: the evaluated points,
-        points around them at the prior's lengthscales, Sobol points of the box), made once
-        per new record and seeded by the number of records."""
-        if self.box is None:
-            return self._grid
-        newest = self.records[-1] if self.records else None
-        if self._candidates is None or self._candidates[0] != len(self.records) or self._candidates[1] is not newest:
-            X = self._observations(self.records)[0]
-            self._candidates = (len(self.records), newest, self.box.candidates(X, self._box_scale(), len(self.records)))
-        return self._candidates[2]
-
-    def _box_scale(self) -> Tensor:
-        r"""The lengthscales the box's local candidates are spread over: the loop's
-        ``lengthscale``, else the smallest of the ``models``' kernels, else a tenth of the box."""
-        if self.models is None:
-            return torch.tensor(self.lengthscale, dtype=torch.float64)
-        found = kernel_lengthscale([model.gp for model in self.models], self.box.dimension)
-        return found if found is not None else 0.1 * (self.box.bounds[1] - self.box.bounds[0])
+        r"""The points the step chooses from, ``N x d``: the problem's domain, or on a box the
+        step's candidates (:meth:`~aml_ppl.bo.box.BoxSearch.step_candidates`)."""
+        return self._grid if self.box is None else self.box.step_candidates(self)
 
     @property
     def observations(self) -> tuple[Tensor, Tensor]:
@@ -298,20 +263,7 @@ class SafeBayesianOptimization:
         Raises:
             InputDataError: On NaN values, mismatched shapes, or a seed observed unsafe.
         """
-        X, Y = torch.as_tensor(X, dtype=torch.float64), torch.as_tensor(Y, dtype=torch.float64)
-        if X.ndim != 2 or X.shape[1] != self.domain.shape[1] or Y.ndim != 2 or Y.shape[0] != X.shape[0]:
-            raise InputDataError(
-                f"seed `X` must be n x {self.domain.shape[1]} and `Y` n x (1 + c); got "
-                f"{tuple(X.shape)} and {tuple(Y.shape)}."
-            )
-        if self.num_outputs not in (None, Y.shape[1]):
-            raise InputDataError(f"seed `Y` has {Y.shape[1]} columns; the journal's seeds have {self.num_outputs}.")
-        for name, value in (("X", X), ("Y", Y)):
-            if not torch.isfinite(value).all():
-                raise InputDataError(f"seed `{name}` has NaN or infinite values.")
-        constraints = Y[:, :1] if self.problem.objective_is_constraint else Y[:, 1:]
-        if (constraints < 0).any():
-            raise InputDataError("a seed point is not safe (a constraint value below 0); seed with safe points.")
+        X, Y = checked_seeds(X, Y, self._grid.shape[1], self.num_outputs, self.problem.objective_is_constraint)
         recorded = torch.tensor(
             [record.x for record in self.records if record.status == "seed"], dtype=torch.float64
         ).reshape(-1, X.shape[1])
@@ -538,15 +490,6 @@ class SafeBayesianOptimization:
         sets = self.current_sets()
         lower = sets["lower"][0].masked_fill(~sets["safe_set_pessimistic"], -math.inf)
         return self.domain[lower.argmax()]
-
-
-def _checked_box(bounds: Tensor | BoxSearch | None, dimension: int, device: torch.device) -> BoxSearch | None:
-    if bounds is None:
-        return None
-    box = bounds if isinstance(bounds, BoxSearch) else BoxSearch(bounds)
-    if box.dimension != dimension:
-        raise InputDataError(f"`bounds` is a box in {box.dimension} dimensions; the problem's domain has {dimension}.")
-    return box.to(device)
 
 
 def _checked_models(models: Sequence[GaussianProcess] | GaussianProcess) -> list[GaussianProcess]:

@@ -159,9 +159,11 @@ def hartmann6_values(x):
     return constrained_hartmann6(points=1).true_values(x[None])[0]
 
 
-def test_a_dask_cluster_evaluates_a_box_loop_with_points_in_flight():
-    r"""Dask's ``Client.get_executor()`` (a one-process ``LocalCluster``) as the executor: two
-    points in flight, each certified by the finished evaluations, none truly unsafe."""
+@pytest.mark.parametrize("processes", [False, pytest.param(True, marks=pytest.mark.slow)])
+def test_a_dask_cluster_evaluates_a_box_loop_with_points_in_flight(processes):
+    r"""Dask's ``Client.get_executor()`` (a one-worker ``LocalCluster``: threads, or a worker
+    process that unpickles the objective) as the executor: two points in flight, none truly
+    unsafe."""
     import distributed  # the test extra's
 
     from aml_ppl.bo.problems import constrained_hartmann6
@@ -177,7 +179,7 @@ def test_a_dask_cluster_evaluates_a_box_loop_with_points_in_flight():
         return suggest(pending)
 
     loop.suggest = recording_suggest
-    cluster = distributed.LocalCluster(n_workers=1, threads_per_worker=2, processes=True, dashboard_address=None)
+    cluster = distributed.LocalCluster(n_workers=1, threads_per_worker=2, processes=processes, dashboard_address=None)
     try:
         with distributed.Client(cluster) as client:
             loop.run(hartmann6_values, budget=6, executor=client.get_executor(), max_pending=2, progress_bar=False)
