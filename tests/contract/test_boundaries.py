@@ -33,7 +33,7 @@ FAST_SVI = SVI(num_steps=50, lr=0.05, progress_bar=False)
                          ids=["svi", "map", "nuts"])
 def test_nan_in_a_plain_models_data_names_the_argument_before_inference(engine):
     y = torch.tensor([0.1, float("nan"), 0.3])
-    with pytest.raises(aml.InputDataError, match="positional argument 0 has 1 NaN"):
+    with pytest.raises(aml.InputDataError, match="argument 'y' has 1 NaN"):
         aml.fit(conjugate_normal, y, engine=engine)
     with pytest.raises(aml.InputDataError, match="keyword argument 'y'"):
         aml.fit(conjugate_normal, y=torch.tensor([float("inf")]), engine=engine)
@@ -51,11 +51,11 @@ def test_nan_inside_a_dict_list_or_namespace_argument_is_named_by_its_path():
 
     values = torch.randn(10)
     values[7] = float("nan")
-    with pytest.raises(aml.InputDataError, match=r"positional argument 0\['C'\] has 1 NaN.*first at positional argument 0\['C'\]\[7\]"):
+    with pytest.raises(aml.InputDataError, match=r"argument 'data'\['C'\] has 1 NaN.*first at argument 'data'\['C'\]\[7\]"):
         aml.fit(regression, {"C": values}, engine=FAST_SVI)
     with pytest.raises(aml.InputDataError, match=r"keyword argument 'data'\['C'\]\[1\]"):
         aml.fit(regression, data={"C": [torch.zeros(2), torch.tensor([0.0, float("inf")])]}, engine=FAST_SVI)
-    with pytest.raises(aml.InputDataError, match=r"positional argument 0\.C has 1 NaN"):
+    with pytest.raises(aml.InputDataError, match=r"argument 'data'\.C has 1 NaN"):
         aml.fit(regression, types.SimpleNamespace(C=values), engine=FAST_SVI)
 
 
