@@ -10,13 +10,11 @@ naming exactly the engines whose checks pass.
 from __future__ import annotations
 
 import math
-import warnings
 
 import arviz as az
 import pytest
 
 import aml_ppl as aml
-from aml_ppl.errors import SamplingWarning
 from aml_ppl.inference import EM, ENGINES, MAP, NUTS, SVI, ChEES, Exact, capable_engines
 from aml_ppl.testing import CASES, Case, check_export, check_predictions, check_round_trip
 from aml_ppl.testing.cases import conjugate_normal_posterior
@@ -66,21 +64,10 @@ def test_every_registered_engine_is_in_the_contract():
     assert set(ENGINE_CONFIGS) == set(ENGINES) == set(CAPABLE)
 
 
-# Short sampler runs whose end-of-fit check rightly warns, kept short because these tests check
-# the posterior's contract, not the sampling: the mixture's chains sit in different labellings
-# of its components (r-hat 1.7 for locs under ChEES; the predictive is the same in each), and
-# 2 x 150 NUTS draws give eight schools' mu a bulk ESS near 60 and the mixture's locs a tail
-# ESS near 80.
-SAMPLING_WARNS = {("nuts", "eight_schools"), ("nuts", "mixture"), ("chees", "mixture")}
-
-
 def fitted(engine: str, case: Case) -> aml.Posterior:
     key = (engine, case.name)
     if key not in _FITS:
-        with warnings.catch_warnings():
-            if key in SAMPLING_WARNS:
-                warnings.simplefilter("ignore", SamplingWarning)
-            _FITS[key] = aml.fit(case.model, *case.args, engine=ENGINE_CONFIGS[engine](), seed=0, **case.kwargs)
+        _FITS[key] = aml.fit(case.model, *case.args, engine=ENGINE_CONFIGS[engine](), seed=0, **case.kwargs)
     return _FITS[key]
 
 
