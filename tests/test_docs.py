@@ -8,6 +8,7 @@ headless Chromium with the gallery's figures.
 """
 
 import importlib
+import inspect
 import re
 import shutil
 import subprocess
@@ -99,6 +100,9 @@ def test_the_api_pages_render_every_public_name():
         assert all(f"{module}.{name}" in API_MODULES for group in dropped for name in group.split("|")), module
         names = importlib.import_module(module).__all__
         assert not [name for name in names if re.match("_[^_]", name)], module  # the site's filter drops them
+        for name in names:  # a module among the names is rendered by a directive of its own
+            if inspect.ismodule(getattr(importlib.import_module(module), name)):
+                assert f"{module}.{name}" in directives, f"no `::: {module}.{name}` on an API page"
     packages = {".".join(path.relative_to(ROOT).parent.parts) for path in (ROOT / "aml_ppl").rglob("__init__.py")}
     with_all = {name for name in packages if "__all__" in vars(importlib.import_module(name))}
     assert with_all <= set(API_MODULES)
@@ -122,7 +126,7 @@ def test_the_built_api_pages_hold_every_public_name(site):
         page = "api/index.html" if module == "aml_ppl" else f"api/{module.split('.')[1]}/index.html"
         html = (site / page).read_text()
         for name in importlib.import_module(module).__all__:
-            if f"{module}.{name}" in API_MODULES:  # a subpackage: its own page
+            if inspect.ismodule(getattr(importlib.import_module(module), name)):  # its own directive
                 continue
             assert f'id="{module}.{name}"' in html, f"{module}.{name} is not on {page}"
 
