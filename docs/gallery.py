@@ -7,6 +7,7 @@ docs/gallery/, which docs/gallery.md shows. The MkDocs hook (docs/hooks.py) runs
 figure is missing, so the figures always come from the code as it is.
 """
 
+import os
 import runpy
 import sys
 from pathlib import Path
@@ -88,7 +89,9 @@ def main(argv: list[str]) -> None:
         figure, ax = plt.subplots(figsize=(6, 4.5))
         draw(namespace, ax)
         figure.tight_layout()
-        figure.savefig(OUT / f"{name}.png", dpi=100)
+        partial = OUT / f".{name}.{os.getpid()}.png"  # written whole, then renamed: builds in parallel
+        figure.savefig(partial, dpi=100)               # never read half a figure
+        os.replace(partial, OUT / f"{name}.png")
         plt.close("all")
         print(f"gallery: {OUT / name}.png")
 
