@@ -38,9 +38,9 @@ browser:
 	@command -v chromium >/dev/null 2>&1 || { command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ] \
 		&& timeout 600 apt-get install -y -qq chromium >/dev/null 2>&1; } || echo "no Chromium: the browser test will skip"
 
-# The documentation site into site/: the gallery's examples run, then MkDocs with warnings as errors.
+# The documentation site into site/ (the `docs` extra, which `test` takes): the gallery's
+# examples run, then MkDocs with warnings as errors.
 docs: install
-	$(PY) -m pip install -q -e ".[test,demo,docs]"
 	OMP_NUM_THREADS=1 $(PY) docs/gallery.py
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
