@@ -9,6 +9,7 @@ headless Chromium with the gallery's figures.
 
 import importlib
 import inspect
+import os
 import re
 import shutil
 import subprocess
@@ -115,7 +116,8 @@ def site(tmp_path_factory):
     if not mkdocs.exists():
         pytest.skip("mkdocs is not installed (the `docs` extra; `make docs` installs it)")
     build = subprocess.run([str(mkdocs), "build", "--strict", "--site-dir", str(out)], cwd=ROOT,
-                           capture_output=True, text=True, timeout=1200)
+                           capture_output=True, text=True, timeout=1200,
+                           env={**os.environ, "NO_MKDOCS_2_WARNING": "1", "OMP_NUM_THREADS": "1"})
     assert build.returncode == 0, build.stderr[-5000:]
     return out
 
