@@ -6,7 +6,7 @@ PY      = $(VENV)/bin/python
 # `torch>=` range in pyproject.toml is already met and pip pulls no CUDA build.
 TORCH_CPU ?= torch==2.13.0
 
-.PHONY: install demo test test-slow browser bench gpu-check clean
+.PHONY: install demo test test-slow browser docs bench gpu-check clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +38,12 @@ browser:
 	@command -v chromium >/dev/null 2>&1 || { command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ] \
 		&& timeout 600 apt-get install -y -qq chromium >/dev/null 2>&1; } || echo "no Chromium: the browser test will skip"
 
+# The documentation site into site/ (the `docs` extra, which `test` takes): the gallery's
+# examples run, then MkDocs with warnings as errors.
+docs: install
+	OMP_NUM_THREADS=1 $(PY) docs/gallery.py
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
 bench: install
 	$(PY) -m pip install -q -e ".[test,demo,bench]"
 	$(PY) benchmarks/bench_blr.py
@@ -58,4 +64,4 @@ gpu-check: install
 	$(PY) benchmarks/bench_gpu.py
 
 clean:
-	rm -rf $(VENV) out .pytest_cache
+	rm -rf $(VENV) out .pytest_cache site docs/gallery

@@ -8,21 +8,18 @@ cost, not the second. Here ``torch.func.grad`` of the potential is traced once b
 ``make_fx`` into one graph holding the forward and the backward operations, which the
 PyTorch JIT then freezes, after simplifying it (:mod:`aml_ppl.inference.graph_simplify`: constants folded,
 identities, repeats and dead code dropped), so that an evaluation is one call with no Python
-of the model's and no autograd graph: 50 us against 291 us for Pyro's JIT potential and
-gradient on a 569 x 30 logistic regression (with the Bernoulli below), 85 us against 345 us
-on eight schools (one thread, ``benchmarks/bench_potential.py``). ``torch.compile`` of the same graph is faster per
-call on eight schools (40 us) but takes 1 to 6 s to build in each process with its cache warm
-(24 s cold), more than it saves in a NUTS run of a thousand transitions.
+of the model's and no autograd graph. ``torch.compile`` of the same graph is faster per call
+but takes seconds to build in each process, more than it saves in a NUTS run of a thousand
+transitions (the timings: docs/design-notes.md, "The compiled potential").
 
 Each ATen operation costs about a microsecond here whatever its size, so the trace takes the
 Bernoulli's log-probability in the form with the fewest: PyTorch's
 ``binary_cross_entropy_with_logits`` runs as a dozen operations forward and another dozen
 backward, where :math:`\log p(y \mid \ell) = y\,\ell - \operatorname{softplus}(\ell)` is
-three, and ``softplus``'s backward one (a logistic regression's graph: 67 nodes, 77 us, to 46
-nodes, 50 us). The two agree to rounding: with the threshold at 40, past which
-:math:`\log(1 + e^{\ell})` and :math:`\ell` differ by less than :math:`e^{-40} \approx 4
-\cdot 10^{-18}`, the difference is at most a few units in the last place of :math:`\ell` in
-float64 (``tests/inference/test_compiled.py``).
+three, and ``softplus``'s backward one. The two agree to rounding: with the threshold at 40,
+past which :math:`\log(1 + e^{\ell})` and :math:`\ell` differ by less than
+:math:`e^{-40} \approx 4 \cdot 10^{-18}`, the difference is at most a few units in the last
+place of :math:`\ell` in float64 (``tests/inference/test_compiled.py``).
 
 As any trace, the graph records one run: a branch on a latent value is frozen into it, so a
 caller checks it against the plain evaluation at further points

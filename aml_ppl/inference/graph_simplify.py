@@ -8,12 +8,11 @@ operations whose result the trace already fixes: the log-Jacobian of an identity
 ``neg``, and the gradient of the flat vector assembled as a sum of zero-padded slices
 (``slice_backward``), one per site. On the CPU each remaining ATen operation costs about a
 microsecond of dispatch whatever its size, and the models HMC serves are small, so these
-dominate an evaluation: on eight schools the graph falls from 155 nodes to 82 and an
-evaluation from 133 to 85 us (``benchmarks/bench_potential.py``). Where the data are many, the
-operations over them count instead: a Normal likelihood's log-density is traced as six of them
-and its gradient as four more, of which only the residual, its square and the matrix
-products need the data's size once the constant factors and terms are applied after the
-sums and products (32 chains of a regression on 1 000 points: 182 to 127 us).
+dominate an evaluation. Where the data are many, the operations over them count instead: a
+Normal likelihood's log-density is traced as six of them and its gradient as four more, of
+which only the residual, its square and the matrix products need the data's size once the
+constant factors and terms are applied after the sums and products. (What each pass gains:
+docs/design-notes.md, "The compiled potential".)
 
 The passes are the classical ones of an optimising compiler (Aho, Lam, Sethi and Ullman,
 *Compilers*, 2nd ed., §8.5 and §9.1: constant folding, algebraic identities, common

@@ -36,11 +36,11 @@ class CompiledOnceMeanField_ELBO(JitTraceMeanField_ELBO):
 
     Pyro 1.9's version checks for a cached ``_loss_and_surrogate_loss`` but stores its
     compiled loss as ``_differentiable_loss``, so it runs ``torch.jit.trace`` again at every
-    step: on a 8-50-50-1 BNN, 44-48 ms a step against the plain ``TraceMeanField_ELBO``'s
-    5-6 ms, and about 3 MB more memory a step (``benchmarks/RESULTS.md``). Marking the
-    compiled loss as cached makes later steps run the trace of the first (2.2-2.7 ms); the
-    estimate is unchanged (the minibatch's ``randperm`` and the guide's draws are ops of the
-    trace, drawn anew each call). ``SVI(jit=True)`` uses it for a mean-field loss.
+    step, slower than the plain ``TraceMeanField_ELBO`` and holding more memory each step.
+    Marking the compiled loss as cached makes later steps run the trace of the first
+    (timings: docs/design-notes.md, "SVI's compiled losses"); the estimate is unchanged (the
+    minibatch's ``randperm`` and the guide's draws are ops of the trace, drawn anew each
+    call). ``SVI(jit=True)`` uses it for a mean-field loss.
 
     Example:
         >>> import torch, aml_ppl as aml

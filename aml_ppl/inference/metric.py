@@ -11,16 +11,11 @@ smallest eigenvalue is up to
 .. math::
     \kappa_\text{noise}(n, d) = \left(\frac{1 + \sqrt{d/n}}{1 - \sqrt{d/n}}\right)^2,
 
-and a dense metric from such a window makes an isotropic posterior that ill-conditioned.
-Measured on NUTS (``benchmarks/RESULTS.md``, issue 30, eleventh and twelfth sessions), the
-dense metric slows eight schools and a Bayesian linear regression, whose window spreads stay
-within 2.2 times :math:`\kappa_\text{noise}` (autocorrelated draws spread wider than
-independent ones), and speeds a logistic regression on 30 correlated predictors, 10 to 27
-times past it. So a window's metric is dense where its correlation spread exceeds
-``SPREAD_PAST_NOISE`` times :math:`\kappa_\text{noise}`, the variances otherwise. On Pyro's
-examples the rule raises NUTS's effective samples per second 3.5 times on the partially
-pooled baseball model and 1.3 times on a hierarchical logistic regression, and leaves eight
-schools, varying intercepts and the GP tutorial's model on the diagonal metric's very draws.
+and a dense metric from such a window makes an isotropic posterior that ill-conditioned
+(autocorrelated draws spread wider than independent ones). So a window's metric is dense
+where its correlation spread exceeds ``SPREAD_PAST_NOISE`` times :math:`\kappa_\text{noise}`,
+the variances otherwise. (The spreads measured on NUTS's test posteriors, and what the rule
+gains on Pyro's examples: docs/design-notes.md, "NUTS's metric".)
 """
 
 from __future__ import annotations
@@ -31,17 +26,14 @@ from pyro.ops.welford import WelfordCovariance
 
 # A dense metric comes from a window with at least this many draws per coordinate. Below one
 # per coordinate the window's covariance is singular, and Stan's shrinkage towards 1e-3 I then
-# gives the missing directions an inverse mass near 1e-4: on a 31-coordinate logistic
-# regression the first window's 25 draws made the next 50 trees 470 leapfrog steps each, and
-# the warm-up cost 1.4 times the diagonal metric's. At two per coordinate the smallest
+# gives the missing directions an inverse mass near 1e-4, which sends the next window's trees
+# to the depth cap (docs/design-notes.md). At two per coordinate the smallest
 # eigenvalue is still about (1 - 2^-1/2)^2 = 9 % of the truth (Marchenko-Pastur).
 DENSE_DRAWS_PER_COORDINATE = 2
 # ... and at least this many draws in all. The noise bound holds for independent draws; a
 # short window early in the warm-up holds a chain still drifting towards the posterior, whose
-# coordinates move together: on a GP's 4 hyperparameters, 23 such draws spread 5.2 times past
-# the bound and the dense metric from them halved the effective sample size. (Independent
-# draws of 2 to 5 uncorrelated coordinates pass SPREAD_PAST_NOISE times the bound in up to
-# 0.4 % of windows of 10 draws, and in none of 2 000 of 15 or more.)
+# coordinates move together and spread past the bound though the posterior's do not
+# (docs/design-notes.md, "NUTS's metric").
 DENSE_DRAWS_AT_LEAST = 50
 # By default a window's metric is dense where its correlation spread exceeds this many times
 # the noise bound, and there are at most DENSE_AT_MOST coordinates (a dense estimate costs

@@ -60,9 +60,8 @@ def per_draw(
     each of ``num_draws`` draws (``S x ...`` each), concatenated.
 
     For a model that cannot take all draws on one plate, each run pays Python's work per site
-    again: Pyro's handlers, an enumeration's contraction (41 ms a draw on Pyro's ``hmm.py``
-    ``model_1``, 20 sequences x 30 steps). From ``compile_from`` draws on, ``run`` is traced
-    at the first draw and the trace runs the others (7 ms a draw there), if it froze no value
+    again: Pyro's handlers, an enumeration's contraction. From ``compile_from`` draws on, ``run``
+    is traced at the first draw and the trace runs the others, if it froze no value
     of the program's own and agrees with ``run`` at the second and the last draw; else every
     draw runs plainly, with the same result.
     """

@@ -21,7 +21,7 @@ from torch import Tensor
 from aml_ppl.errors import ModelFittingError
 
 # Elements of the widest rows x columns temporary per block in the E- and M-steps: 2 MiB
-# in float64, one core's L2 cache (measured best at n = 10^6, d = 10 on the project CPU).
+# in float64, one core's L2 cache (docs/design-notes.md, "Mixtures' blocks").
 BLOCK_ELEMENTS = 1 << 20
 
 # (values, event_dims) -> each data point's component's value; see GaussianMixture.model.
@@ -44,8 +44,7 @@ def quadratic_pays(k: int, d: int, dtype: torch.dtype) -> bool:
     r"""Whether correlated covariances take :class:`QuadraticTerms` and the M-step's pair
     products: in float64 (see :func:`_correlated_terms`), where the ``d(d+3)/2`` features
     per point cost less than about 2.5 times the ``k d`` projections and weighted
-    coordinates of the other way (measured: 2x faster at d = 10, k = 3 and 8; 3x slower at
-    d = 50, k = 3)."""
+    coordinates of the other way (docs/design-notes.md, "Mixtures' blocks")."""
     return dtype == torch.float64 and d + 3 <= 5 * k
 
 

@@ -2,11 +2,10 @@ r"""The squared-exponential and Matérn-3/2 and -5/2 kernels in closed form, for
 engine's evaluations of the log marginal likelihood (notes AML §6.3).
 
 At a few hundred points an evaluation through GPyTorch's modules and autograd is nearly all
-fixed costs of small operations (2.6 ms at n = 200 on one thread, of which the Cholesky
-factor and inverse take 0.6); written out, the kernel matrix and the gradient of
+fixed costs of small operations; written out, the kernel matrix and the gradient of
 :math:`\log p(y \mid X)` with respect to the lengthscales and the scale take a handful of
-operations on :math:`n \times n` arrays (1.5 ms in all). Any other kernel is evaluated
-through GPyTorch and autograd.
+operations on :math:`n \times n` arrays (timings: docs/design-notes.md, "Exact GP
+restarts"). Any other kernel is evaluated through GPyTorch and autograd.
 """
 
 from __future__ import annotations
