@@ -245,13 +245,7 @@ class Posterior(ArvizExport, ABC):
     # -- the shared machinery --------------------------------------------------------
 
     def replay(
-        self,
-        num_draws: int,
-        args: tuple,
-        kwargs: dict,
-        draws: dict | None = None,
-        keep: tuple[str, str] | None = None,
-        without: tuple[str, ...] = (),
+        self, num_draws: int, args: tuple, kwargs: dict, draws: dict | None = None, keep: tuple[str, str] | None = None, without: tuple[str, ...] = ()
     ) -> Replayed:
         r"""The replay of ``num_draws`` posterior draws at these arguments (:meth:`draws_at`; or
         of ``draws``, if given); only the ``(group, site)`` in ``keep``, if given, and none of
