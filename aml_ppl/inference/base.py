@@ -144,9 +144,8 @@ class Posterior(ArvizExport, ABC):
         Returns:
             Site name to a ``num_samples x ...`` tensor (ArviZ's ``posterior`` group; an exact
             GP fitted on standardised data reports its hyperparameters in ``y``'s units, as
-            :attr:`params` does, where :meth:`model_draws` gives the fit's own). A site that a
-            ``poutine.reparam`` reparameteriser computes from its auxiliary latents is among
-            them, beside those auxiliary sites (``x`` and ``x_decentered``).
+            :attr:`params` does, where :meth:`model_draws` gives the fit's own); a site that
+            ``poutine.reparam`` computes is among them, beside its auxiliary sites.
         """
         draws = self.model_draws(num_samples)
         return self.reported_draws({**draws, **predictive.reparameterised_values(self, draws, num_samples)})
@@ -245,13 +244,7 @@ class Posterior(ArvizExport, ABC):
     # -- the shared machinery --------------------------------------------------------
 
     def replay(
-        self,
-        num_draws: int,
-        args: tuple,
-        kwargs: dict,
-        draws: dict | None = None,
-        keep: tuple[str, str] | None = None,
-        without: tuple[str, ...] = (),
+        self, num_draws: int, args: tuple, kwargs: dict, draws: dict | None = None, keep: tuple[str, str] | None = None, without: tuple[str, ...] = ()
     ) -> Replayed:
         r"""The replay of ``num_draws`` posterior draws at these arguments (:meth:`draws_at`; or
         of ``draws``, if given); only the ``(group, site)`` in ``keep``, if given, and none of
@@ -260,10 +253,8 @@ class Posterior(ArvizExport, ABC):
         return predictive.replay_draws(self, draws, num_draws, args, kwargs, keep, without)
 
     def draws_at(self, num_draws: int, args: tuple, kwargs: dict, draws: dict | None = None) -> dict[str, torch.Tensor]:
-        r"""Draws of the latent sites to run the model with on these arguments: ``draws`` (of
-        the fit's latent sites) as given, else ``num_draws`` new ones (:meth:`model_draws`). A
-        hook: a guide computing the local latents from the model's arguments (amortised)
-        draws those anew at new arguments."""
+        r"""Draws to run the model with on these arguments: ``draws`` as given, else ``num_draws``
+        new ones (a hook: an amortised guide draws its local latents anew at new arguments)."""
         return self.model_draws(num_draws) if draws is None else draws
 
     def fit_statistics(self) -> dict[str, torch.Tensor] | None:
