@@ -73,7 +73,7 @@ def main() -> None:
     start = time.perf_counter()
     ours(y, options.sequential_steps, False)
     sequential = time.perf_counter() - start
-    print(f"| run | steps | s per fit | ms per step | final -ELBO (mean of last 20%) |")
+    print("| run | steps | s per fit | ms per step | final -ELBO (mean of last 20%) |")
     print("|---|---|---|---|---|")
     for name, seconds in times.items():
         key = "ours" if name.startswith("ours") else "plain"

@@ -3,7 +3,6 @@ trusted (the centred funnel), names the parameters, chains and fixes, and stays 
 clean run. The suite ignores SamplingWarning (pyproject: its sampler runs are short); the
 tests of silence here turn it back into an error."""
 
-import math
 
 import pyro
 import pyro.distributions as dist
