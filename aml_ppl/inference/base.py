@@ -117,6 +117,16 @@ class Posterior(ArvizExport, ABC):
         :func:`aml_ppl.analysis.loo` and ``compare`` refuse it."""
         return False
 
+    def local_approximation(self, num_samples: int) -> "Posterior | None":
+        r"""For a point estimate, a Gaussian approximation of the posterior around it, which
+        :meth:`to_arviz` exports in its place (ArviZ's PSIS needs draws that differ):
+        :math:`\mathcal{N}(\hat\theta_u, H^{-1})` in the unconstrained coordinates
+        :math:`\theta_u`, :math:`H` the Hessian of the negative log joint (MAP: the Laplace
+        approximation, MacKay 2003 §27) or of the negative log-likelihood (EM: the observed
+        information, AML §3) at the estimate. ``None`` where there is none: not a point
+        estimate, or an engine without one (then the export keeps identical draws)."""
+        return None
+
     # -- the structure, for the surface ---------------------------------------------
 
     @property

@@ -58,6 +58,18 @@ class MixturePosterior(Posterior):
     def is_point_estimate(self) -> bool:
         return self.replicates is None
 
+    def local_approximation(self, num_samples: int) -> "MixturePosterior | None":
+        r"""The observed-information Gaussian around the estimate (``uncertainty="fisher"``'s
+        draws, :func:`~aml_ppl.inference.em_generic.fisher_replicates`); ``None`` on the generic
+        path or where the information is not positive definite (a boundary estimate)."""
+        if not self.is_point_estimate or not self._closed_form:
+            return None
+        try:
+            replicates = fisher_replicates(self.model, self.data_args[0], self.params, num_samples)
+        except ModelFittingError:
+            return None
+        return MixturePosterior(self.fitted, params=self.params, replicates=replicates, converged=self.converged)
+
     def sample_stats(self, draws: dict[str, torch.Tensor], lp: torch.Tensor | None = None) -> dict[str, np.ndarray]:
         r"""``lp`` at the estimate (each bootstrap replicate): the mean log-likelihood EM
         climbs, times the number of points, plus the log prior."""

@@ -66,6 +66,7 @@ class ArvizExport:
         pred_dims: dict[str, list[str]] | None = None,
         prior: int | None = None,
         memory_budget: int | None = MEMORY_BUDGET,
+        point_estimate: str = "laplace",
         **kwargs: Any,
     ) -> Any:
         r"""Export to ArviZ 0.23's ``InferenceData``, for every engine, dimensions named by
@@ -75,8 +76,7 @@ class ArvizExport:
 
         Args:
             *args: The model's arguments; none means the fitting data.
-            num_samples: Draws per chain (MCMC exports the draws it kept; a point
-                estimate exports ``num_samples`` identical draws, flagged).
+            num_samples: Draws per chain (MCMC exports the draws it kept).
             coords: Labels of dimensions (``{"school": names}``), as ArviZ takes them.
             dims: Dimension names of sites, overriding the plates' (``{"eta": ["campus"]}``).
             predictions: The model's arguments at new inputs (a tuple, or a dict of keyword
@@ -87,6 +87,11 @@ class ArvizExport:
             memory_budget: Bytes each replicate group (``posterior_predictive``,
                 ``predictions``) may take (256 MiB by default); over it, evenly spaced draws are
                 kept, with a warning. ``None`` keeps every replicate.
+            point_estimate: What a point estimate (MAP, EM, an exact GP's type-II
+                hyperparameters) exports: ``"laplace"`` (default) draws of its Gaussian
+                approximation (:meth:`~aml_ppl.inference.base.Posterior.local_approximation`),
+                so that PSIS-LOO in ArviZ 0.23 and arviz-stats runs on it; ``"identical"``
+                ``num_samples`` copies of the estimate. Both flag ``attrs["point_estimate"]``.
             **kwargs: The model's keyword arguments.
 
         Example:
@@ -103,6 +108,7 @@ class ArvizExport:
         return to_inference_data(describe(
             self, args, kwargs, num_samples, coords=coords, dims=dims, predictions=predictions,
             pred_coords=pred_coords, pred_dims=pred_dims, prior=prior, memory_budget=memory_budget,
+            point_estimate=point_estimate,
         ))
 
     def to_datatree(self, *args: Any, **kwargs: Any) -> Any:
@@ -195,6 +201,7 @@ def describe(
     pred_dims: dict | None = None,
     prior: int | None = None,
     memory_budget: int | None = MEMORY_BUDGET,
+    point_estimate: str = "laplace",
     **model_kwargs: Any,
 ) -> ExportDescription:
     r"""The :class:`ExportDescription` of one replay of the posterior's draws.
@@ -261,6 +268,13 @@ def describe(
         if predictions is not None or prior is not None:
             raise InputDataError("this model is known through its bound: it has no predictions or prior groups to export.")
         return _bound_description(posterior, args, num_samples)
+    if point_estimate not in ("laplace", "identical"):
+        raise InputDataError(f"`point_estimate` must be 'laplace' or 'identical'; got {point_estimate!r}.")
+    attributes = _attributes(posterior)
+    if posterior.is_point_estimate and point_estimate == "laplace":
+        approximation = posterior.local_approximation(num_samples)
+        attributes["point_estimate_draws"] = "identical" if approximation is None else "laplace"
+        posterior = approximation or posterior
     structure = posterior.fitted.inspect(args, kwargs)
     budget = _ReplicateBudget(memory_budget)
     if posterior.is_point_estimate:  # identical draws: only as many as the replicate budget holds
@@ -324,7 +338,7 @@ def describe(
         group_dims["predictions"] = named_new
         group_dims["predictions_constant_data"] = {**input_dims(inputs, named_new, new_structure), **(pred_dims or {})}
         group_coords["predictions"] = group_coords["predictions_constant_data"] = labels
-    attrs = {**_attributes(posterior), **budget.notes, "objective_history": posterior.history.cpu().numpy()}
+    attrs = {**attributes, **budget.notes, "objective_history": posterior.history.cpu().numpy()}
     groups = {group: values for group, values in groups.items() if values}
     return ExportDescription(groups, {g: group_dims[g] for g in groups}, {g: group_coords[g] for g in groups}, attrs)
 

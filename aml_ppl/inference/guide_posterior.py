@@ -13,7 +13,7 @@ from pyro.infer import Predictive
 from aml_ppl.errors import InputDataError
 from aml_ppl.inference.base import Posterior
 from aml_ppl.inference.context import isolated_param_store, with_learned_values
-from aml_ppl.inference.guides import check_learned_match, is_delta_guide, make_autoguide
+from aml_ppl.inference.guides import check_learned_match, is_delta_guide, make_autoguide, sites_on_boundary
 from aml_ppl.inference.fitted import Fitted
 from aml_ppl.inference.io import register_posterior, stored
 from aml_ppl.models.protocols import VariationalBound
@@ -49,6 +49,32 @@ class GuidePosterior(Posterior):
     @property
     def is_point_estimate(self) -> bool:
         return self._point_estimate
+
+    def local_approximation(self, num_samples: int) -> "GuidePosterior | None":
+        r"""The Laplace approximation at the mode (what ``MAP(laplace=True)`` fits): Pyro's
+        ``AutoLaplaceApproximation`` started at this point estimate, its Hessian taken there.
+        ``None`` for a model known through its bound, one with enumerated sites, a mode on the
+        boundary of a site's support (:func:`~aml_ppl.inference.guides.sites_on_boundary`), or
+        one where the Hessian is not positive definite (a saddle) or so flat that draws
+        overflow a site's transform to infinity."""
+        if not self.is_point_estimate or isinstance(self.model, VariationalBound) or self.structure.enumerated:
+            return None
+        args, kwargs = self.data_args, self.data_kwargs
+        mode = {name: value[0] for name, value in self._draw(1).items()}
+        model = self.fitted.evaluation_model()
+        with isolated_param_store():
+            guide = make_autoguide("laplace", model, args, kwargs, start=mode)
+            guide(*args, **kwargs)
+            if sites_on_boundary(guide, args, kwargs):
+                return None
+            try:
+                gaussian = guide.laplace_approximation(*args, **kwargs)
+            except (torch.linalg.LinAlgError, ValueError, RuntimeError):
+                return None
+            _as_buffers(gaussian)
+        laplace = GuidePosterior(self.fitted, guide=gaussian, guide_spec="laplace", guide_params={})
+        draws = laplace.sample(num_samples)  # a flat direction overflows its site's transform
+        return laplace if all(bool(value.isfinite().all()) for value in draws.values()) else None
 
     def sample_stats(self, draws: dict[str, torch.Tensor], lp: torch.Tensor | None = None) -> dict[str, np.ndarray]:
         r"""``lp`` and, unless this is a point estimate, ``log_q`` of each draw
@@ -144,11 +170,19 @@ class GuidePosterior(Posterior):
         state = stored(tensors, "guide")
         if state:
             if spec == "laplace":
-                for name in ("loc", "scale", "scale_tril"):
-                    delattr(guide, name)
-                    guide.register_buffer(name, state[name])
+                _as_buffers(guide, state)
             else:
                 guide.load_state_dict(state)
         guide_params = stored(tensors, "guide_param")
         check_learned_match("guide", guide, args, kwargs, guide_params)
         return cls(fitted, guide=guide, guide_spec=spec, guide_params=guide_params)
+
+
+def _as_buffers(gaussian: torch.nn.Module, values: dict[str, torch.Tensor] | None = None) -> None:
+    r"""Fix a Laplace approximation's ``AutoMultivariateNormal`` (``loc``, ``scale``,
+    ``scale_tril``) as buffers of ``values``, or of its own values detached: not parameters
+    a later fit could train."""
+    for name in ("loc", "scale", "scale_tril"):
+        value = getattr(gaussian, name).detach() if values is None else values[name]
+        delattr(gaussian, name)
+        gaussian.register_buffer(name, value)

@@ -149,23 +149,28 @@ def map_start(
 BOUNDARY_UNCONSTRAINED = 10.0
 
 
-def warn_if_on_boundary(guide: AutoLaplaceApproximation, args: tuple, kwargs: dict) -> None:
-    r"""Warn, naming the sites, where the mode of a Laplace approximation lies on the
-    boundary of a constrained site's support: the log density is not locally
-    quadratic there, so :math:`\mathcal{N}(\hat\theta, H^{-1})` misstates the posterior.
-    The mode is read by running the guide (a point mass there) and mapping each value back
-    to the unconstrained space."""
+def sites_on_boundary(guide: AutoLaplaceApproximation, args: tuple, kwargs: dict) -> list[str]:
+    r"""The sites whose value at the mode of a Laplace approximation lies on the boundary of
+    a constrained support: the log density is not locally quadratic there, so
+    :math:`\mathcal{N}(\hat\theta, H^{-1})` misstates the posterior. The mode is read by
+    running the guide (a point mass there) and mapping each value back to the unconstrained
+    space."""
     with torch.no_grad(), poutine.block():
         mode = poutine.trace(guide).get_trace(*args, **kwargs)
     supports = {
         name: site["fn"].support for name, site in guide.prototype_trace.iter_stochastic_nodes() if not site_is_subsample(site)
     }
-    on_boundary = [
+    return [
         name
         for name, support in supports.items()
         if support is not dist.constraints.real
         and bool((biject_to(support).inv(mode.nodes[name]["value"]).abs() > BOUNDARY_UNCONSTRAINED).any())
     ]
+
+
+def warn_if_on_boundary(guide: AutoLaplaceApproximation, args: tuple, kwargs: dict) -> None:
+    r"""Warn, naming them, where :func:`sites_on_boundary` finds sites."""
+    on_boundary = sites_on_boundary(guide, args, kwargs)
     if on_boundary:
         warnings.warn(
             f"the mode lies on the boundary of the support of {on_boundary}, where a Laplace "

@@ -162,7 +162,8 @@ def _flat_draws(idata: Any, names: Sequence[str]) -> dict[str, torch.Tensor]:
 def check_export(posterior: Posterior, case: Case, num_samples: int = 200) -> None:
     r"""The ArviZ export of ``posterior`` (``num_samples`` draws): ``attrs["point_estimate"]``;
     ``log_likelihood`` and ``observed_data`` holding ``"obs"`` only (a factor is no data),
-    ``chain x draw x n`` (``num_samples`` identical draws for a point estimate); every latent, deterministic and
+    ``chain x draw x n`` (for a point estimate ``num_samples`` draws, identical or of its Gaussian
+    approximation as ``attrs["point_estimate_draws"]`` says); every latent, deterministic and
     discrete site in ``posterior``; learned parameters in ``constant_data``; the pointwise
     log-likelihood the oracle's at the exported draws (to 1e-5); deterministic sites those
     of ``pyro.infer.Predictive`` on the same draws; ``az.loo`` on the export equal to
@@ -178,9 +179,12 @@ def check_export(posterior: Posterior, case: Case, num_samples: int = 200) -> No
     chains, draws = idata.log_likelihood["obs"].shape[:2]
     _require(idata.log_likelihood["obs"].shape == (chains, draws, observations.shape[0]), case, "log_likelihood['obs'] is not chain x draw x n.")
     _require(draws == num_samples if point else draws > 1, case, f"{draws} exported draws for a {'point estimate' if point else 'posterior'}.")
-    if point:
-        _require(all(np.ptp(idata.posterior[name].values, axis=(0, 1)).max(initial=0) == 0 for name in posterior.latent_sites if name in idata.posterior), case,
-                 "a point estimate's exported draws of its latent sites differ.")
+    if point:  # identical draws, or those of its Gaussian approximation (Posterior.local_approximation)
+        spread = [np.ptp(idata.posterior[name].values, axis=(0, 1)).max(initial=0) for name in posterior.latent_sites if name in idata.posterior]
+        identical = idata.attrs.get("point_estimate_draws", "identical") == "identical"
+        _require(all(value == 0 for value in spread) if identical else all(value > 0 for value in spread), case,
+                 f"a point estimate exported as {'identical' if identical else 'Laplace'} draws has latent draws that "
+                 f"{'differ' if identical else 'do not'}.")
     missing = [name for name in (*posterior.latent_sites, *case.deterministic, *case.discrete) if name not in idata.posterior]
     _require(not missing, case, f"the posterior group lacks {missing}.")
     for name in case.params:

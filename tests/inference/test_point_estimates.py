@@ -34,9 +34,12 @@ def partially_pooled(at_bats, hits=None):
 def test_a_point_estimate_with_latents_in_a_plate_is_flagged_and_refused_by_loo(engine):
     post = aml.fit(partially_pooled, AT_BATS, HITS, engine=engine, seed=0)
     assert post.is_point_estimate
-    idata = post.to_arviz(num_samples=50)
+    idata = post.to_arviz(num_samples=50, point_estimate="identical")
     assert idata.posterior.sizes["draw"] == 50 and idata.attrs["point_estimate"] == 1
     assert idata.posterior["alpha"].shape == (1, 50, 18) and np.ptp(idata.posterior["alpha"].values, axis=1).max() == 0
+    laplace = post.to_arviz(num_samples=50)  # the default: draws of the Laplace approximation there
+    assert laplace.attrs["point_estimate"] == 1 and laplace.attrs["point_estimate_draws"] == "laplace"
+    assert np.ptp(laplace.posterior["alpha"].values, axis=1).min() > 0
     with pytest.raises(aml.analysis.PointEstimateError):
         aml.analysis.loo(post)
 
@@ -82,9 +85,10 @@ def plain_loo(idata, point):
 
 
 def test_plain_arviz_loo_and_compare_read_exact_map_svi_and_nuts_exports_of_a_blr(regression_data):
-    r"""Issue 50, item 4: a point estimate exports identical, flagged draws, so ``az.loo`` and
-    ``az.compare`` run on it (no ``IndexError`` inside ArviZ); its elpd is the plug-in density
-    :math:`\sum_i \log p(y_i \mid \hat\theta)`; ``aml.analysis`` still refuses it."""
+    r"""Issue 50, item 4: a point estimate exported as identical, flagged draws
+    (``point_estimate="identical"``) lets ``az.loo`` and ``az.compare`` run on it (no
+    ``IndexError`` inside ArviZ); its elpd is the plug-in density :math:`\sum_i \log p(y_i \mid
+    \hat\theta)`; ``aml.analysis`` still refuses it."""
     model = aml.models.BayesianLinearRegression()
     engines = {
         "exact": "exact",
@@ -93,7 +97,7 @@ def test_plain_arviz_loo_and_compare_read_exact_map_svi_and_nuts_exports_of_a_bl
         "nuts": aml.inference.NUTS(num_samples=100, warmup_steps=100, num_chains=1, progress_bar=False),
     }
     posteriors = {name: aml.fit(model, *regression_data, engine=engine, seed=0) for name, engine in engines.items()}
-    exports = {name: post.to_arviz(num_samples=100) for name, post in posteriors.items()}
+    exports = {name: post.to_arviz(num_samples=100, point_estimate="identical") for name, post in posteriors.items()}
     for name, idata in exports.items():
         point = posteriors[name].is_point_estimate
         assert point == (name == "map") and idata.attrs["point_estimate"] == int(point)
@@ -128,6 +132,6 @@ def test_an_em_mixtures_export_gives_plain_arviz_its_plug_in_density():
     generator = torch.Generator().manual_seed(0)
     X = torch.cat([torch.randn(40, 2, generator=generator) - 3, torch.randn(40, 2, generator=generator) + 3]).double()
     post = aml.fit(aml.models.GaussianMixture(2), X, engine="em", seed=0)
-    idata = post.to_arviz(num_samples=20)
+    idata = post.to_arviz(num_samples=20, point_estimate="identical")
     assert idata.attrs["point_estimate"] == 1 and idata.posterior.sizes["draw"] == 20
     assert plain_loo(idata, True).elpd_loo == pytest.approx(post.log_prob().sum().item(), rel=1e-8)
