@@ -235,12 +235,14 @@ def describe(
     school)``); the others are ``{site}_dim_{k}``. ``coords`` and ``dims`` (and
     ``pred_coords``, ``pred_dims`` for the predictions groups) label and override them
     as in ``az.from_dict``. A point estimate (MAP, a delta guide, EM, an exact GP's type-II
-    hyperparameters) exports its value as ``num_samples`` identical draws, with as many
-    predictive replicates and ``attrs["point_estimate"] = 1``: plain ``az.loo`` and
-    ``az.compare`` run on it and give the plug-in density :math:`\sum_i \log p(y_i \mid
-    \hat\theta)` (a GP's: its exact leave-one-out predictives at :math:`\hat\theta`), with ArviZ's
-    own warning (every Pareto :math:`\hat k` is infinite: identical draws carry no
-    information about leaving a point out); :mod:`aml_ppl.analysis` refuses it. ``attrs`` name the engine,
+    hyperparameters) exports, with ``attrs["point_estimate"] = 1``, the draws of its Gaussian
+    approximation (:meth:`~aml_ppl.inference.base.Posterior.local_approximation`;
+    ``attrs["point_estimate_draws"] = "laplace"``), so that PSIS-LOO in ``az.loo`` and
+    ``arviz_stats.loo`` runs on it (arviz-stats refuses identical draws); where it has none, or
+    with ``point_estimate="identical"``, ``num_samples`` copies of the estimate, on which
+    ``az.loo`` gives the plug-in density :math:`\sum_i \log p(y_i \mid \hat\theta)` (a GP's: its
+    exact leave-one-out predictives at :math:`\hat\theta`) with its own warning (every Pareto
+    :math:`\hat k` is infinite). :mod:`aml_ppl.analysis` refuses a point estimate. ``attrs`` name the engine,
     its ``objective`` and hold the ``objective_history``.
 
     The replicate groups (``posterior_predictive``, ``predictions``) keep at most
