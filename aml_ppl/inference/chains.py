@@ -21,6 +21,7 @@ import threading
 import time
 import warnings
 from concurrent.futures import Executor
+from dataclasses import dataclass
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, Callable, Iterator
 
@@ -89,20 +90,51 @@ def run_chains(
         return [chain(seed, None) for seed in seeds]
     if executor in ("fork", "spawn"):
         return _chains_in_processes(chain, seeds, timeout, label, start=executor)
-    futures = [executor.submit(chain, seed, 1) for seed in seeds]
-    results = []
+    futures = [executor.submit(_TakingTurnsHere(chain, os.getpid()), seed) for seed in seeds]
+    results, ran_here = [], []
     for index, future in enumerate(futures):
         try:
-            results.append(future.result(timeout=timeout))
+            result, here = future.result(timeout=timeout)
         except FutureTimeout as error:
             raise ModelFittingError(f"{label} {index} did not finish within timeout = {timeout} s.") from error
         except Exception as error:  # a dead worker (BrokenProcessPool) or an error in the chain
             raise ModelFittingError(f"{label} {index} failed in its worker: {type(error).__name__}: {error}") from error
+        results.append(result)
+        ran_here.append(here)
+    if sum(ran_here) > 1:
+        warnings.warn(
+            f"the executor ran {sum(ran_here)} chains on threads of this process, where Pyro's effect handlers "
+            "are shared, so they took turns; for chains at once use workers in other processes (a Dask "
+            "LocalCluster(processes=True), a ProcessPoolExecutor, or executor='processes').",
+            ChainsInTurnWarning,
+            stacklevel=4,
+        )
     return results
 
 
+_HANDLER_STACK_LOCK = threading.Lock()
+
+
+@dataclass(frozen=True)
+class _TakingTurnsHere:
+    r"""A chain sent to a user's executor. Pyro keeps one stack of effect handlers per process,
+    so chains on threads of the submitting process (a thread pool, Dask's threaded workers)
+    take turns under a lock and keep this process's thread count; in another process a chain
+    runs at once, on one thread. Returns the chain's result and whether it ran here."""
+
+    chain: Callable[[int, int | None], Any]
+    submitter: int
+
+    def __call__(self, seed: int) -> tuple[Any, bool]:
+        if os.getpid() != self.submitter:
+            return self.chain(seed, 1), False
+        with _HANDLER_STACK_LOCK:
+            return self.chain(seed, None), True
+
+
 class ChainsInTurnWarning(AmlPplWarning):
-    r"""``executor="processes"`` was asked for, but the chains run one after another."""
+    r"""Chains were asked to run at once (``executor="processes"``, or an executor whose
+    workers are threads of this process), but they run one after another."""
 
 
 def _can_fork() -> bool:
