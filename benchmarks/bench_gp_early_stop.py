@@ -32,7 +32,7 @@ from _common import machine_line  # noqa: E402
 import aml_ppl as aml  # noqa: E402
 from aml_ppl.demo import co2_kernel, co2_series as co2  # noqa: E402
 from aml_ppl.inference import Exact  # noqa: E402
-from aml_ppl.inference.exact import FlatObjective  # noqa: E402
+from aml_ppl.inference.evidence import FlatObjective  # noqa: E402
 from aml_ppl.inference.optimise import minimise_lbfgs_batch  # noqa: E402
 from aml_ppl.models import GaussianProcess  # noqa: E402
 

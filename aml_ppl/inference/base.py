@@ -105,26 +105,17 @@ class Posterior(ArvizExport, ABC):
 
     @classmethod
     @abstractmethod
-    def from_state(
-        cls, fitted: Fitted, tensors: dict[str, torch.Tensor], meta: dict[str, Any], guide: Callable | None
-    ) -> "Posterior":
+    def from_state(cls, fitted: Fitted, tensors: dict[str, torch.Tensor], meta: dict[str, Any], guide: Callable | None) -> "Posterior":
         r"""Rebuild a posterior saved by :meth:`save` (``guide``: a guide of the user's own)."""
 
     @property
     def is_point_estimate(self) -> bool:
-        r"""Whether this posterior is a point mass (MAP, a delta guide, an EM estimate).
-        ArviZ then gets it as identical draws and ``attrs["point_estimate"] = 1``, and
-        :func:`aml_ppl.analysis.loo` and ``compare`` refuse it."""
+        r"""Whether this is a point mass (MAP, a delta guide, an EM estimate): flagged in the
+        export, refused by :func:`aml_ppl.analysis.loo` and ``compare``."""
         return False
 
     def local_approximation(self, num_samples: int) -> "Posterior | None":
-        r"""For a point estimate, a Gaussian approximation of the posterior around it, which
-        :meth:`to_arviz` exports in its place (ArviZ's PSIS needs draws that differ):
-        :math:`\mathcal{N}(\hat\theta_u, H^{-1})` in the unconstrained coordinates
-        :math:`\theta_u`, :math:`H` the Hessian of the negative log joint (MAP: the Laplace
-        approximation, MacKay 2003 §27) or of the negative log-likelihood (EM: the observed
-        information, AML §3) at the estimate. ``None`` where there is none: not a point
-        estimate, or an engine without one (then the export keeps identical draws)."""
+        r"""A point estimate's Gaussian approximation, which the export draws (``None``: none)."""
         return None
 
     # -- the structure, for the surface ---------------------------------------------

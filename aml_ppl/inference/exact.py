@@ -14,6 +14,7 @@ from aml_ppl._core.checks import changed_options, renamed_option
 from aml_ppl._core.randomness import on_own_stream
 from aml_ppl._data import check_count
 from aml_ppl.errors import ConvergenceWarning, InputDataError, ModelFittingError
+from aml_ppl.inference.evidence import FlatObjective, hyperparameter_laplace
 from aml_ppl.inference.base import (
     Engine,
     Posterior,
@@ -50,17 +51,40 @@ class GaussianPosterior(Posterior):
 
     kind: ClassVar[str] = "gaussian"
 
-    def __init__(self, fitted: Fitted, *, latents: GaussianLatents, convergence: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        fitted: Fitted,
+        *,
+        latents: GaussianLatents,
+        convergence: dict[str, Any] | None = None,
+        hyperparameter_draws: dict[str, torch.Tensor] | None = None,
+    ) -> None:
         self.latents = latents
         self.log_marginal_likelihood = latents.log_marginal_likelihood
         self.convergence = dict(convergence or {})
+        self.hyperparameter_draws = hyperparameter_draws
         super().__init__(fitted)
 
     @property
     def is_point_estimate(self) -> bool:
         r"""True when every latent is fixed by type-II maximum likelihood (an exact GP's
-        hyperparameters); BLR's coefficients have a Gaussian posterior."""
-        return not self.latents.loc
+        hyperparameters) and none is drawn; BLR's coefficients have a Gaussian posterior."""
+        return not self.latents.loc and self.hyperparameter_draws is None
+
+    def local_approximation(self, num_samples: int) -> "GaussianPosterior | None":
+        r"""The same posterior with ``num_samples`` draws of the hyperparameters from their
+        Laplace approximation at the type-II optimum
+        (:func:`~aml_ppl.inference.evidence.hyperparameter_laplace`), so that each draw's exact
+        leave-one-out predictives differ (one Cholesky a draw; more draws asked of it are
+        resampled from these): for the export, not saved. ``None`` where nothing was
+        optimised or there is none."""
+        if not self.is_point_estimate or not self.convergence or not isinstance(self.model, EvidenceMaximisation):
+            return None
+        objective = self.model.evidence_objective(*self.data_args, **self.data_kwargs)
+        draws = hyperparameter_laplace(objective, self.latents.fixed, num_samples)
+        if draws is None:
+            return None
+        return GaussianPosterior(self.fitted, latents=self.latents, convergence=self.convergence, hyperparameter_draws=draws)
 
     @property
     def params(self) -> dict[str, torch.Tensor]:
@@ -87,6 +111,10 @@ class GaussianPosterior(Posterior):
             name: MultivariateNormal(loc, self.latents.covariance[name]).sample((num_samples,))
             for name, loc in self.latents.loc.items()
         }
+        if self.hyperparameter_draws is not None:
+            kept = next(iter(self.hyperparameter_draws.values())).shape[0]
+            index = torch.arange(num_samples) if num_samples <= kept else torch.randint(kept, (num_samples,))
+            return {**draws, **{name: value[index] for name, value in self.hyperparameter_draws.items()}}
         for name, value in self.latents.fixed.items():
             draws[name] = value.expand(num_samples, *value.shape)
         return draws
@@ -372,72 +400,6 @@ class Exact(Engine):
             return -value, -surrogate
 
         return minimise_adam(list(raw.values()), negative, self.max_iter or 500, self.lr)
-
-
-class FlatObjective:
-    r"""An :class:`EvidenceObjective`'s negative over flat points (``b x p``: each member's
-    unconstrained hyperparameters concatenated in site order), for
-    :func:`~aml_ppl.inference.optimise.minimise_lbfgs_batch`: the members evaluated as
-    one batch (the objective's sites with a leading batch dimension) where the model's
-    kernels broadcast over it, else one by one (a member that fails is then a NaN).
-
-    Args:
-        objective: The evidence objective.
-    """
-
-    def __init__(self, objective: EvidenceObjective) -> None:
-        self.objective = objective
-        self.shapes = {site: value.shape for site, value in objective.start.items()}
-        self.batched = True
-
-    def pack(self, starts: list[dict[str, torch.Tensor]]) -> torch.Tensor:
-        r"""Starts (unconstrained values by site) as a ``b x p`` tensor."""
-        return torch.stack([torch.cat([start[site].reshape(-1) for site in self.shapes]) for start in starts])
-
-    def unpack(self, points: torch.Tensor) -> dict[str, torch.Tensor]:
-        r"""Points (``... x p``) as values by site (``... x`` the site's shape)."""
-        pieces = points.split([math.prod(shape) for shape in self.shapes.values()], -1)
-        return {site: piece.reshape((*points.shape[:-1], *shape)) for (site, shape), piece in zip(self.shapes.items(), pieces)}
-
-    def __call__(self, points: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        r"""``(-log marginal likelihood, its gradient)`` at each of ``points``."""
-        return self._each(points, gradient=True)
-
-    def values(self, points: torch.Tensor) -> torch.Tensor:
-        r"""The log marginal likelihood at each of ``points`` (NaN where it fails), no gradient."""
-        return -self._each(points, gradient=False)[0]
-
-    def _each(self, points: torch.Tensor, gradient: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.batched:
-            try:
-                return self._negative(points, gradient)
-            except (RuntimeError, ValueError, ModelFittingError):  # a kernel that does not broadcast over restarts
-                self.batched = False
-        members = [self._member(point, gradient) for point in points]
-        return torch.stack([value for value, _ in members]), torch.stack([slope for _, slope in members])
-
-    def _member(self, point: torch.Tensor, gradient: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        try:
-            return self._negative(point, gradient)
-        except ModelFittingError:
-            return point.new_tensor(math.nan), torch.zeros_like(point)
-
-    def _negative(self, points: torch.Tensor, gradient: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        if not gradient:
-            with torch.no_grad():
-                value = self.objective.value(self.unpack(points))
-            self._check(value, points)
-            return -value, torch.zeros_like(points)
-        points = points.detach().requires_grad_(True)
-        value, surrogate = self.objective(self.unpack(points))
-        self._check(value, points)
-        (slope,) = torch.autograd.grad(-surrogate, points, allow_unused=True)
-        return -value.detach(), torch.zeros_like(points) if slope is None else slope
-
-    @staticmethod
-    def _check(value: torch.Tensor, points: torch.Tensor) -> None:
-        if value.shape != points.shape[:-1]:
-            raise ValueError(f"the objective returned {tuple(value.shape)} values for {tuple(points.shape[:-1])} points")
 
 
 def optima(result: BatchOptimisationResult, tolerance: float) -> list[list[int]]:

@@ -3,6 +3,7 @@ parameters, and the density ratio that corrects leave-one-out for the approximat
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, ClassVar
 
 import numpy as np
@@ -17,6 +18,11 @@ from aml_ppl.inference.guides import check_learned_match, is_delta_guide, make_a
 from aml_ppl.inference.fitted import Fitted
 from aml_ppl.inference.io import register_posterior, stored
 from aml_ppl.models.protocols import VariationalBound
+
+
+#: The most latent values whose Laplace approximation the export takes: its dense Hessian
+#: costs one backward pass per unconstrained value and their square in memory.
+LAPLACE_SIZE_LIMIT = 2000
 
 
 @register_posterior
@@ -53,11 +59,13 @@ class GuidePosterior(Posterior):
     def local_approximation(self, num_samples: int) -> "GuidePosterior | None":
         r"""The Laplace approximation at the mode (what ``MAP(laplace=True)`` fits): Pyro's
         ``AutoLaplaceApproximation`` started at this point estimate, its Hessian taken there.
-        ``None`` for a model known through its bound, one with enumerated sites, a mode on the
-        boundary of a site's support (:func:`~aml_ppl.inference.guides.sites_on_boundary`), or
+        ``None`` for a model known through its bound, one with enumerated sites or over
+        :data:`LAPLACE_SIZE_LIMIT` latent values, a mode on the boundary of a site's support (:func:`~aml_ppl.inference.guides.sites_on_boundary`), or
         one where the Hessian is not positive definite (a saddle) or so flat that draws
         overflow a site's transform to infinity."""
         if not self.is_point_estimate or isinstance(self.model, VariationalBound) or self.structure.enumerated:
+            return None
+        if sum(math.prod(shape) for shape in self.latent_shapes.values()) > LAPLACE_SIZE_LIMIT:
             return None
         args, kwargs = self.data_args, self.data_kwargs
         mode = {name: value[0] for name, value in self._draw(1).items()}

@@ -169,6 +169,14 @@ class EvidenceObjective(Protocol):
         r"""The fitted posterior at ``raw``, with ``history`` (per evaluation) recorded."""
         ...
 
+    def constrained(self, raw: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        r"""The hyperparameters' values (as ``GaussianLatents.fixed`` holds them) at ``raw``."""
+        ...
+
+    def unconstrained(self, values: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        r"""The unconstrained point of hyperparameter ``values``: :meth:`constrained`'s inverse."""
+        ...
+
 
 @runtime_checkable
 class EvidenceMaximisation(Protocol):

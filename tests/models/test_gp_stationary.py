@@ -11,7 +11,7 @@ from gpytorch.kernels import MaternKernel, PeriodicKernel, RBFKernel, ScaleKerne
 
 import aml_ppl as aml
 from aml_ppl.inference import Exact
-from aml_ppl.inference.exact import FlatObjective
+from aml_ppl.inference.evidence import FlatObjective
 from aml_ppl.models import GaussianProcess
 from aml_ppl.models.gp.stationary import ClosedFormKernel
 

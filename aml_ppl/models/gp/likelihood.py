@@ -144,6 +144,10 @@ class MarginalLikelihood:
         r"""The hyperparameters' values from unconstrained ones."""
         return {site: self.transforms[site](value) for site, value in raw.items()}
 
+    def unconstrained(self, values: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        r"""The unconstrained values of hyperparameters (:meth:`constrained`'s inverse)."""
+        return {site: self._free(site, value) for site, value in values.items()}
+
     def __call__(self, raw: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         r"""``(log marginal likelihood, surrogate with its gradient)``, see
         :meth:`GaussianProcess.value_and_gradient_surrogate`."""
