@@ -88,7 +88,7 @@ class CholeskyTerms(NamedTuple):
     offset: Tensor  # k
 
     def log_densities(self, block: Tensor) -> Tensor:
-        # (k d) x rows, returned transposed: 2x faster than rows x (k d) on the project CPU.
+        # (k d) x rows, returned transposed: the product streams the rows once (docs/design-notes.md).
         projected = torch.addmm(self.shifted_means[:, None], self.projection, block.T, beta=-1)
         k = self.offset.shape[0]
         return projected.square_().view(k, -1, block.shape[0]).sum(1).mul_(-0.5).add_(self.offset[:, None]).T

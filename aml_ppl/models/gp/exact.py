@@ -72,8 +72,8 @@ class GaussianProcess(_GaussianProcessBase):
             they are the kernel's as given, for ``y`` in its own units.
         priors: Site name to a Pyro distribution, overriding the default priors.
         max_cholesky_size: The most training points fitted by Cholesky (exact engine);
-            above it, by conjugate gradients (``benchmarks/RESULTS.md``: the Cholesky
-            wins below about 5 000 points on a 2-core CPU).
+            above it, by conjugate gradients (where the two cross over:
+            docs/design-notes.md).
 
     Example:
         >>> import torch, aml_ppl as aml
