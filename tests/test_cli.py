@@ -58,6 +58,7 @@ def test_fit_with_engine_options_and_other_models(regression_csv, tmp_path, caps
     assert "gmm by em on 60 rows" in printed and "logistic by map on 60 rows" in printed
 
 
+@pytest.mark.slow  # a fresh interpreter importing the package: about 13 s
 def test_python_dash_m_runs_the_command(tmp_path):
     result = subprocess.run([sys.executable, "-m", "aml_ppl", "fit", "--help"], capture_output=True, text=True, check=True)
     assert "--target" in result.stdout and "--dropna" in result.stdout

@@ -11,7 +11,11 @@ EXAMPLES = Path(__file__).parents[1] / "examples"
 SCRIPTS = sorted(path.name for path in EXAMPLES.glob("[!_]*.py"))
 
 
-@pytest.mark.parametrize("script", SCRIPTS)
+# The data-parallel BNN launches ranks and the GP example fits restarts: about 19 s and 14 s.
+SLOW_SCRIPTS = {"data_parallel_bnn.py", "gp.py"}
+
+
+@pytest.mark.parametrize("script", [pytest.param(name, marks=pytest.mark.slow) if name in SLOW_SCRIPTS else name for name in SCRIPTS])
 def test_example_runs(script, monkeypatch, capsys):
     matplotlib.use("Agg")
     monkeypatch.setattr(sys, "argv", [script, "--smoke"])

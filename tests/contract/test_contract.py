@@ -47,7 +47,11 @@ PAIRS = [(engine, case) for engine in ENGINE_CONFIGS for case in CASES]
 # on the GP (a Cholesky per gradient) and the BNN (a multimodal posterior, deep trees): 16 s and 60 s.
 # ChEES-HMC (16 chains, 500 warm-up steps) on the GP (a Cholesky per gradient), the mixture and
 # the BNN: 25-45 s each.
-SLOW_PAIRS = {("nuts", "gmm"), ("nuts", "gp"), ("nuts", "bnn"), ("chees", "gp"), ("chees", "gmm"), ("chees", "bnn")}
+# ChEES on the mixture and the change point, NUTS on the mixture: 10-27 s each.
+SLOW_PAIRS = {
+    ("nuts", "gmm"), ("nuts", "gp"), ("nuts", "bnn"), ("chees", "gp"), ("chees", "gmm"), ("chees", "bnn"),
+    ("nuts", "mixture"), ("chees", "mixture"), ("chees", "change_point"),
+}
 RUNNABLE = [
     pytest.param((engine, case), marks=pytest.mark.slow) if (engine, case.name) in SLOW_PAIRS else (engine, case)
     for engine, case in PAIRS

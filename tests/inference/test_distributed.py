@@ -115,6 +115,7 @@ def test_a_model_without_the_data_plate_is_refused_on_every_rank(two_ranks) -> N
         assert "no sample site inside a plate named 'data'" in rank["unnamed_plate_error"]
 
 
+@pytest.mark.slow  # two ranks launched and one killed: about 11 s
 def test_a_killed_rank_fails_the_survivor_with_a_clear_error(tmp_path) -> None:
     codes = launch("kill", tmp_path, timeout=120)
     assert codes == [0, -9]  # rank 1 was SIGKILLed; rank 0 caught the error

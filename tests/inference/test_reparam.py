@@ -91,6 +91,7 @@ def test_the_funnels_reparameterised_site_is_a_latent_with_the_funnels_marginals
         aml.analysis.loo(post)
 
 
+@pytest.mark.slow  # radon's 85 counties fitted: about 18 s
 def test_radons_reparameterised_county_effects_are_latents_and_its_houses_the_only_observations():
     county, log_radon = radon_data()
     post = aml.fit(reparam_radon, county, log_radon, engine=nuts(100, num_chains=1), seed=0)

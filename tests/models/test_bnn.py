@@ -35,6 +35,7 @@ def test_epistemic_variance_is_larger_in_the_gap_than_on_the_data():
     assert torch.all(split.total == split.epistemic + split.aleatoric)
 
 
+@pytest.mark.slow  # two guide families trained to a falling loss: about 17 s
 def test_both_guide_families_train_and_the_loss_falls():
     x, y = gap_data(200, 1)
     for family in ("meanfield", "isotropic"):
@@ -74,7 +75,8 @@ def _estimates(loss, model, x, y, count):
     return torch.tensor(values), torch.stack(gradients)
 
 
-@pytest.mark.parametrize("noise", [pytest.param(0.3, marks=pytest.mark.slow), None])
+@pytest.mark.slow  # two gradient-variance estimates over many draws: about 19 s each
+@pytest.mark.parametrize("noise", [0.3, None])
 def test_local_reparameterisation_estimates_the_same_elbo_with_less_gradient_variance(noise):
     """Drawing each point's pre-activations from their Gaussian (Kingma et al. 2015) leaves the
     expected loss as it is (the ELBO that TraceMeanField_ELBO estimates, with a fixed or a
@@ -94,6 +96,7 @@ def test_local_reparameterisation_estimates_the_same_elbo_with_less_gradient_var
     assert local_gradients.var(0).sum() < 0.5 * whole_gradients.var(0).sum()
 
 
+@pytest.mark.slow  # a minibatched training run: about 13 s
 def test_local_reparameterisation_trains_on_minibatches():
     x, y = gap_data(400, 4)
     bnn = BayesianNeuralNetwork(1, hidden=(32,), activation="tanh", noise_scale=0.1, subsample_size=64, local_reparameterization=True)

@@ -178,6 +178,7 @@ def test_botorch_model_matches_and_optimises_qlogei(gp_data):
     assert candidate.shape == (2, 2) and torch.isfinite(value)
 
 
+@pytest.mark.slow  # NUTS with a Cholesky per gradient: about 12 s
 def test_nuts_over_hyperparameters_runs_and_exports(gp_data):
     X, y = gp_data
     post = aml.fit(GaussianProcess(), X[:20], y[:20], seed=0,

@@ -171,6 +171,7 @@ def periodic_data(n=160):
     return X, y + 0.2 * torch.randn(n, dtype=torch.float64, generator=generator)
 
 
+@pytest.mark.slow  # several period optima, each refitted: about 25 s
 def test_the_early_stop_finds_the_best_of_several_period_optima(monkeypatch):
     """Starts on a two-period series (160 points, screened on 64) fall into several basins;
     for each of 4 seeds the early stop reaches the optimum every start run to convergence on
