@@ -3,8 +3,8 @@ r"""What a safe-BO loop may learn, and when it should say it is stuck (issue 49)
 Functions over GPs, fits and records for :class:`~aml_ppl.bo.safe.SafeBayesianOptimization`:
 
 - hyperparameters fitted only on enough distinct points, with every output scale kept at or
-  above the prior's, and with ``conservative`` every lengthscale at or below it
-  (:func:`learning_prior`, :func:`points_to_fit`), and the fits' hyperparameters as a key
+  above the prior's, the constraints' lengthscales (with ``conservative`` every lengthscale)
+  at or below it (:func:`learners`, :func:`learning_prior`, :func:`points_to_fit`), and the fits' hyperparameters as a key
   (:func:`hyperparameter_key`: the running intersection of bounds restarts when it changes);
 - the two messages a loop warns with, once each (:func:`warn_once`): a fit that moved a
   scale tenfold (:func:`moved_scale_message`), a loop that cannot leave the points it knows
@@ -34,20 +34,23 @@ from aml_ppl.models.gp import GaussianProcess
 FIT_POINTS_PER_HYPERPARAMETER = 5  # distinct evaluated points per learned value before a fit
 STAGNATION_STEPS = 10  # evaluations at known points with no growth of S_n before a warning
 MOVED_FACTOR = 10.0  # a lengthscale or output scale (standard deviation) this far off warns
+OBJECTIVE_LONGEST = 3.0  # under True, the objective's lengthscales reach at most this times the prior's
 
 
-def learning_prior(prior: GaussianProcess, conservative: bool) -> GaussianProcess:
+def learning_prior(prior: GaussianProcess, longest: float | None) -> GaussianProcess:
     r"""A copy of ``prior`` for a fit that may not shrink the prior's uncertainty: each
     ``ScaleKernel``'s output scale at or above the prior's (the fit starts at twice it); with
-    ``conservative`` also each lengthscale within [1e-3, 1] times the prior's (its smallest,
-    for ARD; the fit starts at half), as a shorter lengthscale only weakens what one point
-    says about another, so the fitted model is nowhere more certain than the prior a priori.
-    Only output scales and lengthscales the fit learns are bounded (a user's ``LinearKernel``
-    variance is not). The outputs are not standardised: the bounds are in their own units.
+    ``longest`` also each lengthscale within [1e-3, ``longest``] times the prior's (its
+    smallest, for ARD; the fit starts at half): at ``longest = 1`` a fit only weakens what one
+    point says about another, so the fitted model is nowhere more certain than the prior a
+    priori. Only output scales and lengthscales the fit learns are bounded (a user's
+    ``LinearKernel`` variance is not). The outputs are not standardised: the bounds are in
+    their own units.
 
     Args:
         prior: The GP of one output, with the hyperparameters the user trusts.
-        conservative: Also bound the lengthscales above.
+        longest: The longest lengthscale a fit may reach, in multiples of the prior's;
+            ``None``: unbounded.
 
     Returns:
         A new GP; ``prior`` is unchanged.
@@ -57,7 +60,7 @@ def learning_prior(prior: GaussianProcess, conservative: bool) -> GaussianProces
         >>> from aml_ppl.models import GaussianProcess
         >>> kernel = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel()).double()
         >>> kernel.outputscale = 4.0
-        >>> learner = learning_prior(GaussianProcess(kernel, mean="zero", noise=0.01), conservative=False)
+        >>> learner = learning_prior(GaussianProcess(kernel, mean="zero", noise=0.01), longest=None)
         >>> float(learner.gp.covar_module.raw_outputscale_constraint.lower_bound), float(learner.gp.covar_module.outputscale.detach())
         (4.0, 8.0)
     """
@@ -69,12 +72,28 @@ def learning_prior(prior: GaussianProcess, conservative: bool) -> GaussianProces
             module.register_constraint("raw_outputscale", gpytorch.constraints.GreaterThan(floor))
             module.outputscale = 2 * floor
         lengthscale = getattr(module, "raw_lengthscale", None)
-        if conservative and lengthscale is not None and lengthscale.requires_grad:
-            cap = float(module.lengthscale.detach().min())
-            module.register_constraint("raw_lengthscale", gpytorch.constraints.Interval(1e-3 * cap, cap))
-            module.lengthscale = cap / 2
+        if longest is not None and lengthscale is not None and lengthscale.requires_grad:
+            given = float(module.lengthscale.detach().min())
+            module.register_constraint("raw_lengthscale", gpytorch.constraints.Interval(1e-3 * given, longest * given))
+            module.lengthscale = given / 2
     learner.gp.double()  # the new constraints' bounds too
     return learner
+
+
+def learners(priors: Sequence[GaussianProcess], fit_hyperparameters: bool | str, objective_is_constraint: bool) -> list[GaussianProcess]:
+    r"""The GPs a loop fits (:func:`learning_prior` of each prior, in output order; none when
+    ``fit_hyperparameters`` is ``False``). The lengthscales of the outputs that decide safety
+    (the constraints, and the objective where it is its own constraint) are capped at the
+    prior's under ``True`` too, only shortened by a fit: a longer lengthscale lets one safe
+    evaluation vouch for points farther away, which the prior did not allow (Berkenkamp et al.
+    2016 keep such hyperparameters conservative), and a fit on points from one neighbourhood
+    over-extends it (a linear constraint read as a flat RBF with a wide output scale, whose
+    bounds then certify little). The objective's lengthscales are free under ``True`` and capped
+    under ``"conservative"``; every output scale keeps the prior's as its floor."""
+    if not fit_hyperparameters:
+        return []
+    capped = [fit_hyperparameters == "conservative" or column > 0 or objective_is_constraint for column in range(len(priors))]
+    return [learning_prior(prior, 1.0 if cap else OBJECTIVE_LONGEST) for prior, cap in zip(priors, capped)]
 
 
 def points_to_fit(learners: Sequence[GaussianProcess]) -> int:

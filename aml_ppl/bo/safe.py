@@ -103,7 +103,7 @@ class SafeBayesianOptimization:
             with its hyperparameters fixed unless ``fit_hyperparameters``. Replaces
             ``lengthscale``, ``output_scale`` and ``noise_variance``.
         fit_hyperparameters: ``False`` keeps the prior's; ``True`` refits by type-II ML from enough points on,
-            output scales at least the prior's; ``"conservative"`` also caps lengthscales (:mod:`aml_ppl.bo.learning`).
+            within bounds; ``"conservative"`` within tighter ones (:func:`aml_ppl.bo.learning.learners`).
         intersect_bounds: Intersect the confidence bounds over time, as the reference
             experiments of Hübotter et al. (2024) do (the default); ``False`` gives the
             notes' per-step bounds. :meth:`resume` rebuilds the intersection from the journal.
@@ -295,7 +295,7 @@ class SafeBayesianOptimization:
             raise InputDataError(f"`output_scale` has {len(self.output_scale)} values for {Y.shape[1]} outputs.")
         if len(self._priors) != Y.shape[1]:  # made once: a fit conditions a GP without changing it
             self._priors = [self._prior(column) for column in range(Y.shape[1])]
-            self._learners = [learning.learning_prior(p, self.fit_hyperparameters == "conservative") for p in self._priors if self.fit_hyperparameters]
+            self._learners = learning.learners(self._priors, self.fit_hyperparameters, self.problem.objective_is_constraint)
         learn = bool(self._learners) and torch.unique(X, dim=0).shape[0] >= learning.points_to_fit(self._learners)
         gps, engine = (self._learners, Exact(learn=True)) if learn else (self._priors, Exact(learn=False))
         # seeded by the number of points: a resumed loop refits to the same hyperparameters

@@ -8,7 +8,7 @@ from botorch.test_functions import Hartmann
 from aml_ppl.bo import SafeBayesianOptimization
 from aml_ppl.bo.box import BoxSearch, kernel_lengthscale
 from aml_ppl.bo.problems import constrained_hartmann6
-from aml_ppl.errors import HyperparameterFitWarning, InputDataError
+from aml_ppl.errors import InputDataError
 from aml_ppl.models import GaussianProcess
 
 
@@ -149,13 +149,13 @@ def test_a_resumed_box_loop_makes_the_same_candidates(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("seed", [0, 1])
-def test_learned_hyperparameters_on_a_box_stay_safe(seed):
-    r"""Issue 49 with learned hyperparameters: ``"conservative"`` (output scales at least the
-    prior's, lengthscales at most the prior's) meets the fixed prior's bar; ``True`` lets the
-    linear constraint's lengthscale grow tenfold (warned once, naming it) and stays certified
-    and safe, though it explores longer (recommendation regret 1.6-1.9 at 49 evaluations)."""
-    check_box_run(seed, acquisition="itl", target="thompson", fit_hyperparameters="conservative")
-    with pytest.warns(HyperparameterFitWarning, match="constraint 1's lengthscale"):
-        _, _, X = certified_run(seed, 49, acquisition="itl", target="thompson", fit_hyperparameters=True)
-    assert torch.unique(X, dim=0).shape[0] >= 10
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+@pytest.mark.parametrize("fit_hyperparameters", [True, "conservative"])
+def test_learned_hyperparameters_on_a_box_stay_safe_and_near_the_optimum(seed, fit_hyperparameters):
+    r"""Issue 49 with learned hyperparameters: output scales at least the prior's, the
+    constraint's lengthscale at most the prior's, the objective's at most three times it
+    (``True``) or the prior's (``"conservative"``): certified, safe, at least 10 distinct points
+    and regret within 1.0 at 49 evaluations, as with the fixed prior. (Unbounded, the linear
+    constraint's lengthscale grew tenfold with its output scale, which certified less and left
+    regret 1.6-1.9; the objective's reached 22 at seed 2, regret 3.1.)"""
+    check_box_run(seed, acquisition="itl", target="thompson", fit_hyperparameters=fit_hyperparameters)
