@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from aml_ppl.inference.compiled import compiled_gradient, few_operation_log_probs, gradient_graph, plain_gradient
+from aml_ppl.inference.compiled import compiled_gradient, few_operation_log_probs, plain_gradient
 from aml_ppl.inference.nuts_kernel import flatten, model_gradient
 from aml_ppl.inference.tracing import agree
 from aml_ppl.inference.vectorised_nuts import ChainPotential
