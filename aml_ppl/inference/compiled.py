@@ -19,7 +19,10 @@ backward, where :math:`\log p(y \mid \ell) = y\,\ell - \operatorname{softplus}(\
 three, and ``softplus``'s backward one. The two agree to rounding: with the threshold at 40,
 past which :math:`\log(1 + e^{\ell})` and :math:`\ell` differ by less than
 :math:`e^{-40} \approx 4 \cdot 10^{-18}`, the difference is at most a few units in the last
-place of :math:`\ell` in float64 (``tests/inference/test_compiled.py``).
+place of :math:`\ell` in float64 (``tests/inference/test_compiled.py``). The rewrite is a
+function mode (``torch.overrides.TorchFunctionMode``) active in the tracing thread while the
+trace is made, above autograd so that the traced backward is the rewrite's; no class of
+torch or Pyro is changed.
 
 As any trace, the graph records one run: a branch on a latent value is frozen into it, so a
 caller checks it against the plain evaluation at further points
@@ -152,24 +155,34 @@ def _traced(function: Callable, example: torch.Tensor) -> torch.fx.GraphModule:
 SOFTPLUS_THRESHOLD = 40.0
 
 
-ORIGINAL_BERNOULLI_LOG_PROB = torch.distributions.Bernoulli.log_prob
+class FewOperationLogProbs(torch.overrides.TorchFunctionMode):
+    r"""While tracing, ``binary_cross_entropy_with_logits`` without weights and unreduced (the
+    Bernoulli's log-probability, negated) as :math:`\operatorname{softplus}(\ell) - y\,\ell` in
+    three operations (the module's description), for float32 and float64 logits; every other
+    call as PyTorch's own. A function-level rewrite above autograd, so the backward traced is
+    the rewrite's; no class of torch or Pyro is changed."""
+
+    def __torch_function__(self, func: Callable, types: object, args: tuple = (), kwargs: dict | None = None) -> object:
+        kwargs = kwargs or {}
+        if func is F.binary_cross_entropy_with_logits and _plain_cross_entropy(*args, **kwargs):
+            logits, target = args[0], args[1]
+            return F.softplus(logits, threshold=SOFTPLUS_THRESHOLD) - target * logits
+        return func(*args, **kwargs)
 
 
-def bernoulli_log_prob(self: torch.distributions.Bernoulli, value: torch.Tensor) -> torch.Tensor:
-    r""":math:`\log p(y \mid \ell) = y\,\ell - \log(1 + e^{\ell})` in three operations (the
-    module's description), for float32 and float64 logits; PyTorch's own otherwise."""
-    if self.logits.dtype not in (torch.float32, torch.float64):
-        return ORIGINAL_BERNOULLI_LOG_PROB(self, value)
-    return value * self.logits - F.softplus(self.logits, threshold=SOFTPLUS_THRESHOLD)
+def _plain_cross_entropy(
+    logits: torch.Tensor, target: torch.Tensor, weight: object = None, size_average: object = None,
+    reduce: object = None, reduction: str = "mean", pos_weight: object = None,
+) -> bool:
+    r"""Whether a ``binary_cross_entropy_with_logits`` call is the Bernoulli's log-probability's
+    form: float32/float64 logits, no weights, unreduced."""
+    plain = weight is None and pos_weight is None and size_average is None and reduce is None
+    return plain and reduction == "none" and logits.dtype in (torch.float32, torch.float64)
 
 
 @contextmanager
 def few_operation_log_probs() -> Iterator[None]:
-    r"""While tracing, the Bernoulli's log-probability as :func:`bernoulli_log_prob` (Pyro's
-    ``Bernoulli`` inherits it from PyTorch's). Another thread meanwhile gets the same values,
-    to rounding."""
-    original, torch.distributions.Bernoulli.log_prob = torch.distributions.Bernoulli.log_prob, bernoulli_log_prob
-    try:
+    r"""While tracing, the Bernoulli's log-probability in three operations
+    (:class:`FewOperationLogProbs`), in this thread only."""
+    with FewOperationLogProbs():
         yield
-    finally:
-        torch.distributions.Bernoulli.log_prob = original

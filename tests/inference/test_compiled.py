@@ -10,8 +10,9 @@ import pyro
 import pyro.distributions as dist
 import pytest
 import torch
+from torch.fx.experimental.proxy_tensor import make_fx
 
-from aml_ppl.inference.compiled import bernoulli_log_prob, compiled_gradient, few_operation_log_probs, gradient_graph, plain_gradient
+from aml_ppl.inference.compiled import compiled_gradient, few_operation_log_probs, plain_gradient
 from aml_ppl.inference.nuts_kernel import flatten, model_gradient
 from aml_ppl.inference.tracing import agree
 from aml_ppl.inference.vectorised_nuts import ChainPotential
@@ -120,7 +121,8 @@ def test_the_few_operation_bernoulli_log_prob_is_pytorchs_to_rounding(dtype):
     place of :math:`\max(1, |\ell|)`."""
     logits = torch.cat([torch.linspace(-800, 800, 4001, dtype=dtype), torch.randn(1000, dtype=dtype) * 5]).requires_grad_()
     labels = torch.bernoulli(torch.full_like(logits, 0.5), generator=torch.Generator().manual_seed(0))
-    ours = bernoulli_log_prob(dist.Bernoulli(logits=logits), labels)
+    with few_operation_log_probs():
+        ours = dist.Bernoulli(logits=logits).log_prob(labels)
     theirs = dist.Bernoulli(logits=logits).log_prob(labels)
     (our_grad,), (their_grad,) = torch.autograd.grad(ours.sum(), logits), torch.autograd.grad(theirs.sum(), logits)
     bound = 8 * torch.finfo(dtype).eps * logits.detach().abs().clamp_min(1)
@@ -128,10 +130,21 @@ def test_the_few_operation_bernoulli_log_prob_is_pytorchs_to_rounding(dtype):
     assert ((our_grad - their_grad).abs() <= 8 * torch.finfo(dtype).eps).all()
 
 
-def test_the_bernoulli_log_prob_is_pytorchs_again_after_tracing_even_when_the_trace_fails():
+def test_the_few_operation_rewrite_changes_no_class_and_ends_with_its_block():
+    r"""The rewrite is a function mode: Bernoulli's ``log_prob`` is PyTorch's throughout, inside
+    the block the log-probability's gradient traces into fewer operations, and after it (even a
+    failing one) into PyTorch's again."""
     original = torch.distributions.Bernoulli.log_prob
-    gradient_graph(lambda z: -dist.Bernoulli(logits=z).log_prob(torch.ones_like(z)).sum(), torch.zeros(3))
+    logits, labels = torch.tensor([0.3, -2.0]), torch.tensor([1.0, 0.0])
+
+    def operations() -> int:
+        log_prob = lambda z: dist.Bernoulli(logits=z, validate_args=False).log_prob(labels).sum()  # noqa: E731
+        graph = make_fx(torch.func.grad(log_prob))(logits)
+        return sum(node.op == "call_function" for node in graph.graph.nodes)
+
+    outside = operations()
     with pytest.raises(RuntimeError), few_operation_log_probs():
-        assert torch.distributions.Bernoulli.log_prob is bernoulli_log_prob
+        assert torch.distributions.Bernoulli.log_prob is original
+        inside = operations()
         raise RuntimeError("a trace that fails")
-    assert torch.distributions.Bernoulli.log_prob is original
+    assert torch.distributions.Bernoulli.log_prob is original and operations() == outside > inside
