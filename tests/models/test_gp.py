@@ -178,6 +178,7 @@ def test_botorch_model_matches_and_optimises_qlogei(gp_data):
     assert candidate.shape == (2, 2) and torch.isfinite(value)
 
 
+@pytest.mark.filterwarnings("ignore::aml_ppl.errors.SamplingWarning")  # 30 + 30 draws: the sites and export are the point, not the sampling
 def test_nuts_over_hyperparameters_runs_and_exports(gp_data):
     X, y = gp_data
     post = aml.fit(GaussianProcess(), X[:20], y[:20], seed=0,
@@ -285,6 +286,7 @@ def test_bad_gp_input(gp_data):
         aml.fit(GaussianProcess(ScaleKernel(RBFKernel(ard_num_dims=3))), X, y)
 
 
+@pytest.mark.filterwarnings("ignore::aml_ppl.errors.SamplingWarning")  # 20 + 30 draws: the mixture over draws is the point, not the sampling
 def test_fully_bayesian_predictive_is_the_mixture_over_draws(gp_data):
     """NUTS over hyperparameters: mean of the per-draw exact means, variance by total variance."""
     X, y = gp_data
