@@ -33,6 +33,7 @@ def assert_unchanged(before):
     assert torch.equal(torch_state, before[2])
 
 
+@pytest.mark.filterwarnings("ignore::aml_ppl.errors.SamplingWarning")  # 20 + 20 draws: the seeding is the point, not the sampling
 @pytest.mark.parametrize("engine", list(ENGINES))
 def test_a_seeded_fit_leaves_the_callers_generators_and_reproduces(engine, regression_data):
     model = BayesianLinearRegression(noise_scale=None)

@@ -58,6 +58,7 @@ def dims_of(idata) -> dict[str, dict[str, tuple]]:
     return {group: {name: idata[group][name].dims for name in idata[group].data_vars} for group in idata.groups()}
 
 
+@pytest.mark.filterwarnings("ignore::aml_ppl.errors.SamplingWarning")  # 100 + 100 draws of the eight schools: names and dims are the point, not ESS
 @pytest.mark.parametrize("engine", list(ENGINES))
 def test_every_group_names_the_plates_and_takes_coords_and_dims(engine):
     post = aml.fit(schools, SCHOOLS_SIGMA, SCHOOLS_Y, engine=ENGINES[engine], seed=0)
@@ -91,6 +92,7 @@ def test_nested_subsampled_and_enumerated_plates_are_named_in_order():
 
 
 
+@pytest.mark.filterwarnings("ignore::aml_ppl.errors.SamplingWarning")  # 30 + 30 draws: the names are the point, not the sampling
 @pytest.mark.parametrize("engine", list(ENGINES))
 def test_nested_and_enumerated_plates_are_named_under_every_engine(engine):
     r"""Nested plates (``group`` at ``dim=-2`` around ``item``) and an enumerated site in a
@@ -199,6 +201,7 @@ def too_wide(y=None):
     pyro.sample("mu", dist.Normal(pyro.param("loc", torch.tensor(0.0)), 0.6))
 
 
+@pytest.mark.filterwarnings("ignore::aml_ppl.errors.SamplingWarning")  # a short NUTS reference run for compare(): its ESS is not the point here
 def test_importance_weighted_loo_on_an_svi_fit_is_closer_to_the_exact_loo():
     r"""Issue 29: on the draws of an approximation ``q``, plain PSIS-LOO treats ``q`` as the
     posterior; weighting by ``p / q`` (Magnusson et al. 2019) corrects it. The exact LOO of

@@ -169,6 +169,7 @@ def test_nuts_traces_by_default_and_draws_what_it_draws_without_the_jit(model) -
     torch.testing.assert_close(runs[0].samples["beta"], runs[1].samples["beta"], atol=1e-9, rtol=0)
 
 
+@pytest.mark.filterwarnings("ignore::aml_ppl.errors.SamplingWarning")  # 20 + 20 draws on one chain: the fallback warning is the point, not the sampling
 def test_a_model_that_does_not_trace_runs_without_the_jit_and_says_why() -> None:
     X, y = data()
     with pytest.warns(aml.errors.JitFallbackWarning, match="test_chains.py, line .*Converting a tensor to a Python boolean"):

@@ -39,6 +39,7 @@ def brute_force_loo(covariance: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return torch.stack(terms)
 
 
+@pytest.mark.filterwarnings("ignore::aml_ppl.errors.SamplingWarning")  # 20 + 20 draws: the per-point terms are the point, not the sampling
 @pytest.mark.parametrize("engine", [MAP(progress_bar=False), NUTS(num_samples=20, warmup_steps=20, progress_bar=False)], ids=["map", "nuts"])
 def test_a_hand_written_gp_gets_the_exact_loo_per_point(engine):
     post = aml.fit(gp_regression, X, Y, engine=engine, seed=0)
@@ -52,6 +53,7 @@ def test_a_hand_written_gp_gets_the_exact_loo_per_point(engine):
         torch.testing.assert_close(terms.reshape(-1, 12)[index], brute_force_loo(covariance, Y), rtol=0, atol=1e-8)
 
 
+@pytest.mark.filterwarnings("ignore::aml_ppl.errors.SamplingWarning")  # 20 + 20 draws: the per-point terms are the point, not the sampling
 def test_pyros_gpregression_gets_one_term_per_point():
     r"""Pyro's own ``GPRegression`` (the GP tutorial's, with priors on the kernel and the
     noise) fitted through its ``model`` method: 12 per-point terms, not one joint term."""

@@ -1,7 +1,7 @@
 """The end-of-fit check of NUTS and ChEES runs: it warns once on a run that should not be
 trusted (the centred funnel), names the parameters, chains and fixes, and stays silent on a
-clean run. The suite ignores SamplingWarning (pyproject: its sampler runs are short); the
-tests of silence here turn it back into an error."""
+clean run. SamplingWarning is an error suite-wide (pyproject's `error`); the tests whose runs are
+short on purpose ignore it one by one, and the tests of silence here mark it an error anyway."""
 
 
 import pyro

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import aml_ppl as aml
+from aml_ppl.errors import SamplingWarning
 from aml_ppl.inference import MAP, NUTS, SVI
 from aml_ppl.models import BayesianLinearRegression
 
@@ -26,7 +27,9 @@ ENGINES = {
 @pytest.fixture(params=list(ENGINES))
 def posterior(request, regression_data):
     model = BayesianLinearRegression(noise_scale=None)
-    return aml.fit(model, *regression_data, engine=ENGINES[request.param], seed=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SamplingWarning)  # 100 + 100 draws: the ESS is not the point here
+        return aml.fit(model, *regression_data, engine=ENGINES[request.param], seed=0)
 
 
 def test_to_arviz_has_every_group_and_passes_summary_and_loo(posterior, regression_data):
@@ -139,6 +142,7 @@ def test_log_prob_replays_the_draws_in_chunks_and_gets_the_same_answer(regressio
     torch.testing.assert_close(whole, torch.logsumexp(terms, 0) - math.log(100))
 
 
+@pytest.mark.filterwarnings("ignore::aml_ppl.errors.SamplingWarning")  # a short run: the chunked replay, not the sampling, is tested
 def test_predict_and_export_replay_the_draws_in_chunks_into_one_result(monkeypatch):
     r"""Issue 32, item 8 (predict, to_arviz): the draws are replayed a chunk at a time and
     written into the result; the pointwise log-likelihood and the deterministic sites of the

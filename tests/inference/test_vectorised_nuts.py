@@ -95,6 +95,7 @@ def test_an_enumerated_site_is_summed_out_alike_together_and_apart():
     posterior_means_agree(change_point, (COUNTS,), ["early", "late"])
 
 
+@pytest.mark.filterwarnings("ignore::aml_ppl.errors.SamplingWarning")  # 30 + 30 draws: reproducibility is the point, not the sampling
 def test_a_seeded_vectorised_fit_reproduces():
     fits = [
         aml.fit(conjugate_normal, torch.arange(5.0), engine=NUTS(num_chains=4, num_samples=30, warmup_steps=30,

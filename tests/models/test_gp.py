@@ -179,6 +179,7 @@ def test_botorch_model_matches_and_optimises_qlogei(gp_data):
 
 
 @pytest.mark.slow  # NUTS with a Cholesky per gradient: about 12 s
+@pytest.mark.filterwarnings("ignore::aml_ppl.errors.SamplingWarning")  # 30 + 30 draws: the sites and export are the point, not the sampling
 def test_nuts_over_hyperparameters_runs_and_exports(gp_data):
     X, y = gp_data
     post = aml.fit(GaussianProcess(), X[:20], y[:20], seed=0,
@@ -286,6 +287,7 @@ def test_bad_gp_input(gp_data):
         aml.fit(GaussianProcess(ScaleKernel(RBFKernel(ard_num_dims=3))), X, y)
 
 
+@pytest.mark.filterwarnings("ignore::aml_ppl.errors.SamplingWarning")  # 20 + 30 draws: the mixture over draws is the point, not the sampling
 def test_fully_bayesian_predictive_is_the_mixture_over_draws(gp_data):
     """NUTS over hyperparameters: mean of the per-draw exact means, variance by total variance."""
     X, y = gp_data
