@@ -384,3 +384,42 @@ def test_interpolated_variance_trains_by_l_hybrid_and_a_wrong_network_is_refused
     plain = DDPM((2,), network=MLPDenoiser(2, hidden=8), num_timesteps=5, reverse_variance="interpolated")
     with pytest.raises(InputDataError, match="the noise and v"):
         plain.timestep_terms(x0, torch.ones(1, 40, dtype=torch.long), torch.randn(1, 40, 2))
+
+
+@pytest.mark.parametrize("schedule", ["linear", "cosine"])
+def test_fixed_reverse_variances_are_ho_et_als_formulas_computed_one_step_at_a_time(schedule: str) -> None:
+    r"""Ho et al. 2020 §3.2: :math:`\sigma_t^2 = \beta_t` or
+    :math:`\tilde\beta_t = \frac{1 - \bar\alpha_{t-1}}{1 - \bar\alpha_t}\beta_t` (with :math:`t = 1`, where
+    :math:`\tilde\beta_1 = 0`, read as :math:`t = 2`), against a plain scalar loop over the betas."""
+    for reverse_variance in ("beta", "posterior"):
+        model = DDPM((2,), num_timesteps=50, schedule=schedule, reverse_variance=reverse_variance)
+        betas = model.schedule.betas.tolist()
+        alpha_bar, expected = 1.0, []
+        for beta in betas:
+            previous, alpha_bar = alpha_bar, alpha_bar * (1 - beta)
+            expected.append(beta if reverse_variance == "beta" else (1 - previous) / (1 - alpha_bar) * beta)
+        if reverse_variance == "posterior":
+            assert expected[0] == 0.0
+            expected[0] = expected[1]
+        timesteps = torch.arange(1, 51)
+        got = model.reverse_variance_at(timesteps, torch.zeros(50, 2, dtype=torch.float64))
+        assert got.shape == (50, 1)
+        assert torch.allclose(got.squeeze(-1), torch.tensor(expected, dtype=torch.float64), rtol=1e-12, atol=0)
+
+
+def test_cosine_schedule_is_nichol_and_dhariwals_formula() -> None:
+    r"""Nichol & Dhariwal 2021 Eq. 17: :math:`\bar\alpha_t = f(t)/f(0)`,
+    :math:`f(t) = \cos^2\big(\frac{t/T + s}{1 + s}\cdot\frac{\pi}{2}\big)`, :math:`s = 0.008`, and
+    :math:`\beta_t = \min(1 - \bar\alpha_t/\bar\alpha_{t-1}, 0.999)`, written out with ``math``."""
+    T, s = 1000, 0.008
+
+    def f(t: int) -> float:
+        return math.cos((t / T + s) / (1 + s) * math.pi / 2) ** 2
+
+    schedule = NoiseSchedule.cosine(T)
+    betas = [min(1 - (f(t) / f(0)) / (f(t - 1) / f(0)), 0.999) for t in range(1, T + 1)]
+    assert torch.allclose(schedule.betas, torch.tensor(betas, dtype=torch.float64), rtol=1e-9, atol=1e-15)
+    assert betas[-1] == 0.999  # the clip binds at t = T, as the paper says it should
+    # Unclipped steps keep alpha-bar on the formula itself.
+    for t in (1, 10, 500, 990):
+        assert schedule.alpha_bars[t - 1].item() == pytest.approx(f(t) / f(0), rel=1e-9)
