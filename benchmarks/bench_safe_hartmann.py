@@ -19,7 +19,7 @@ box, outputs standardised, hyperparameters fitted by ``fit_gpytorch_mll`` every 
 sets the observation noise (and BoTorch's restarts); every run starts from the same x0.
 
 Usage: python benchmarks/bench_safe_hartmann.py [--seeds 5] [--budgets 50 100]
-    [--methods itl vtl ...] [--jobs 2] [--json results.json]
+    [--methods itl vtl ...] [--jobs 2] [--json benchmarks/results/safe-hartmann.json]
 --jobs runs (method, seed) pairs in parallel processes, one thread each.
 """
 
@@ -34,6 +34,7 @@ import argparse  # noqa: E402
 import json  # noqa: E402
 import multiprocessing  # noqa: E402
 import statistics  # noqa: E402
+import subprocess  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 import warnings  # noqa: E402
@@ -150,30 +151,57 @@ def run_one(method: str, seed: int, budgets: list[int]) -> tuple[str, int, list[
     return method, seed, results
 
 
+COLUMNS = ["method", "evaluations", "unsafe (all seeds)", "regret, best safe evaluation",
+           "regret, recommendation", "distinct points (fewest)", "s/step"]
+
+
+def table_rows(finished: list, methods: list[str], budgets: list[int]) -> list[list]:
+    r"""One row per (method, budget): median (max) over the seeds that finished; unsafe summed."""
+    rows = []
+    for method in methods:
+        for index, budget in enumerate(budgets):
+            runs = [results[index] for name, _, results in finished if name == method]
+
+            def summary(key: str) -> str:
+                values = [run[key] for run in runs]
+                return f"{statistics.median(values):.3f} ({max(values):.3f})"
+
+            rows.append([method, budget, sum(run["unsafe"] for run in runs), summary("regret_best_safe"),
+                         summary("regret_recommended"), min(run["distinct"] for run in runs),
+                         round(statistics.median(run["seconds_per_step"] for run in runs), 2)])
+    return rows
+
+
+def write_json(path: str, rows: list[list], seeds: int, budgets: list[int], methods: list[str]) -> None:
+    r"""The results file of benchmarks/results/ (title, command, commit, machine, one table)."""
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                            cwd=Path(__file__).parent).stdout.strip()
+    command = (f"python benchmarks/bench_safe_hartmann.py --seeds {seeds} --budgets {' '.join(map(str, budgets))} "
+               f"--methods {' '.join(methods)}")
+    Path(path).write_text(json.dumps({
+        "title": "Safe BO on a box: constrained Hartmann6", "benchmark": "bench_safe_hartmann.py", "issues": [49],
+        "command": command, "commit": commit, "date": time.strftime("%Y-%m-%d"),
+        "machine": machine_line().removeprefix("machine: ").split(", load")[0],
+        "load": f"load average {os.getloadavg()[0]:.1f}",
+        "tables": [{"caption": f"constrained Hartmann6, one safe seed, {seeds} seeds: median (max) over seeds; "
+                               "unsafe summed", "columns": COLUMNS, "rows": rows}],
+        "notes": "",
+    }, indent=1))
+
+
 def main(seeds: int, budgets: list[int], methods: list[str], jobs: int, json_path: str | None) -> None:
     torch.set_num_threads(1)
     print(machine_line(), f"| {jobs} worker process(es)")
     runs = [(method, seed, budgets) for seed in range(seeds) for method in methods]  # every method's seed 0 first
     with multiprocessing.get_context("spawn").Pool(jobs) as pool:
         finished = pool.starmap(run_one, runs, chunksize=1)
+    rows = table_rows(finished, methods, budgets)
     print(f"constrained Hartmann6, one safe seed, {seeds} seeds: median (max) over seeds; unsafe summed")
-    print("| method | evaluations | unsafe (all seeds) | regret, best safe evaluation | regret, recommendation "
-          "| distinct points (fewest) | s/step |")
-    print("|---|---|---|---|---|---|---|")
-    for method in methods:
-        for index, budget in enumerate(budgets):
-            rows = [results[index] for name, _, results in finished if name == method]
-
-            def summary(key: str) -> str:
-                values = [row[key] for row in rows]
-                return f"{statistics.median(values):.3f} ({max(values):.3f})"
-
-            print(f"| {method} | {budget} | {sum(row['unsafe'] for row in rows)} | {summary('regret_best_safe')} | "
-                  f"{summary('regret_recommended')} | {min(row['distinct'] for row in rows)} | "
-                  f"{statistics.median(row['seconds_per_step'] for row in rows):.2f} |")
+    print("| " + " | ".join(COLUMNS) + " |\n" + "|---" * len(COLUMNS) + "|")
+    for row in rows:
+        print("| " + " | ".join(map(str, row)) + " |")
     if json_path:
-        Path(json_path).write_text(json.dumps(
-            [{"method": method, "seed": seed, "results": results} for method, seed, results in finished], indent=1))
+        write_json(json_path, rows, seeds, budgets, methods)
 
 
 if __name__ == "__main__":
