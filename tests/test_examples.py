@@ -15,6 +15,7 @@ SCRIPTS = sorted(path.name for path in EXAMPLES.glob("[!_]*.py"))
 SLOW_SCRIPTS = {"data_parallel_bnn.py", "gp.py"}
 
 
+@pytest.mark.filterwarnings("ignore::aml_ppl.errors.SamplingWarning")  # the smoke budget's 100 + 100 draws: the script's run is the point
 @pytest.mark.parametrize("script", [pytest.param(name, marks=pytest.mark.slow) if name in SLOW_SCRIPTS else name for name in SCRIPTS])
 def test_example_runs(script, monkeypatch, capsys):
     matplotlib.use("Agg")

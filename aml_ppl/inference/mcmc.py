@@ -137,10 +137,10 @@ class NUTS(Engine):
     Example:
         >>> import torch, aml_ppl as aml
         >>> X = torch.randn(30, 2, dtype=torch.float64); y = X.sum(-1)
-        >>> engine = aml.inference.NUTS(num_samples=20, warmup_steps=20, num_chains=2, progress_bar=False)
-        >>> post = aml.fit(aml.models.BayesianLinearRegression(), X, y, engine=engine)
+        >>> engine = aml.inference.NUTS(num_samples=300, warmup_steps=300, num_chains=2, progress_bar=False)
+        >>> post = aml.fit(aml.models.BayesianLinearRegression(), X, y, engine=engine, seed=0)
         >>> post.samples["beta"].shape
-        torch.Size([2, 20, 2])
+        torch.Size([2, 300, 2])
     """
 
     name: ClassVar[str] = "nuts"

@@ -26,6 +26,7 @@ def regression(X, y=None):
         pyro.sample("obs", dist.Normal(X @ beta, 0.3), obs=y)
 
 
+@pytest.mark.filterwarnings("ignore::aml_ppl.errors.SamplingWarning")  # 30 + 30 draws: where chains run is the point
 @pytest.mark.parametrize("processes", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["threads", "processes"])
 def test_nuts_chains_on_a_dask_local_cluster_equal_the_chains_in_turn(processes):
     distributed = pytest.importorskip("distributed")  # the test extra's
@@ -45,6 +46,7 @@ def test_nuts_chains_on_a_dask_local_cluster_equal_the_chains_in_turn(processes)
     assert torch.equal(on_dask.samples["beta"], in_turn.samples["beta"])
 
 
+@pytest.mark.filterwarnings("ignore::aml_ppl.errors.SamplingWarning")  # 20 + 20 draws: where chains run is the point
 def test_nuts_chains_on_a_thread_pool_take_turns_with_the_draws_of_the_chains_in_turn():
     X, y = data()
     options = dict(num_samples=20, warmup_steps=20, num_chains=2, progress_bar=False)
