@@ -287,6 +287,7 @@ def test_bad_gp_input(gp_data):
         aml.fit(GaussianProcess(ScaleKernel(RBFKernel(ard_num_dims=3))), X, y)
 
 
+@pytest.mark.slow  # NUTS over the hyperparameters: about 10 s
 @pytest.mark.filterwarnings("ignore::aml_ppl.errors.SamplingWarning")  # 20 + 30 draws: the mixture over draws is the point, not the sampling
 def test_fully_bayesian_predictive_is_the_mixture_over_draws(gp_data):
     """NUTS over hyperparameters: mean of the per-draw exact means, variance by total variance."""
@@ -309,6 +310,7 @@ def test_fully_bayesian_predictive_is_the_mixture_over_draws(gp_data):
     assert torch.isfinite(post.log_prob(X_new, y[20:25], num_samples=20)).all()
 
 
+@pytest.mark.slow  # a minibatched sparse GP trained to a smooth fit: about 10 s
 def test_sparse_svi_gp_learns_a_smooth_function_from_minibatches():
     """The default run's sparse-GP check (the slow test above compares with the exact GP):
     400 points, 16 inducing points, minibatches of 64, 400 steps; the predictive mean is
