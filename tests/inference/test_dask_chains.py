@@ -4,26 +4,13 @@
 
 from concurrent.futures import ThreadPoolExecutor
 
-import pyro
-import pyro.distributions as dist
 import pytest
 import torch
 
 import aml_ppl as aml
 from aml_ppl.inference import NUTS
 from aml_ppl.inference.chains import ChainsInTurnWarning
-
-
-def data():
-    generator = torch.Generator().manual_seed(0)
-    X = torch.randn(40, 2, dtype=torch.float64, generator=generator)
-    return X, X @ torch.tensor([1.0, -1.0], dtype=torch.float64) + 0.3 * torch.randn(40, dtype=torch.float64, generator=generator)
-
-
-def regression(X, y=None):
-    beta = pyro.sample("beta", dist.Normal(torch.zeros(2, dtype=X.dtype), 1.0).to_event(1))
-    with pyro.plate("data", X.shape[0]):
-        pyro.sample("obs", dist.Normal(X @ beta, 0.3), obs=y)
+from tests.inference.test_chains import data, regression
 
 
 @pytest.mark.filterwarnings("ignore::aml_ppl.errors.SamplingWarning")  # 30 + 30 draws: where chains run is the point
