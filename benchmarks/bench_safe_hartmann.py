@@ -20,7 +20,10 @@ sets the observation noise (and BoTorch's restarts); every run starts from the s
 
 Usage: python benchmarks/bench_safe_hartmann.py [--seeds 5] [--budgets 50 100]
     [--methods itl vtl ...] [--jobs 2] [--json benchmarks/results/safe-hartmann.json]
---jobs runs (method, seed) pairs in parallel processes, one thread each.
+    [--runs-file runs.jsonl]
+--jobs runs (method, seed) pairs in parallel processes, one thread each. --runs-file keeps each
+finished (method, seed) run as one JSON line; a rerun with the same file skips those runs, so a
+long benchmark stopped part-way continues where it stopped.
 """
 
 from __future__ import annotations
@@ -151,6 +154,10 @@ def run_one(method: str, seed: int, budgets: list[int]) -> tuple[str, int, list[
     return method, seed, results
 
 
+def _run_one_packed(arguments: tuple) -> tuple[str, int, list[dict]]:
+    return run_one(*arguments)
+
+
 COLUMNS = ["method", "evaluations", "unsafe (all seeds)", "regret, best safe evaluation",
            "regret, recommendation", "distinct points (fewest)", "s/step"]
 
@@ -189,12 +196,29 @@ def write_json(path: str, rows: list[list], seeds: int, budgets: list[int], meth
     }, indent=1))
 
 
-def main(seeds: int, budgets: list[int], methods: list[str], jobs: int, json_path: str | None) -> None:
+def finished_runs(runs_file: str | None, budgets: list[int]) -> list:
+    r"""The runs a ``--runs-file`` already holds for these budgets, as ``(method, seed, results)``."""
+    if runs_file is None or not Path(runs_file).exists():
+        return []
+    lines = (json.loads(line) for line in Path(runs_file).read_text().splitlines() if line.strip())
+    return [(line["method"], line["seed"], line["results"]) for line in lines
+            if [row["evaluations"] for row in line["results"]] == budgets]
+
+
+def main(seeds: int, budgets: list[int], methods: list[str], jobs: int, json_path: str | None,
+         runs_file: str | None = None) -> None:
     torch.set_num_threads(1)
     print(machine_line(), f"| {jobs} worker process(es)")
-    runs = [(method, seed, budgets) for seed in range(seeds) for method in methods]  # every method's seed 0 first
+    finished = [run for run in finished_runs(runs_file, budgets) if run[0] in methods and run[1] < seeds]
+    done = {(method, seed) for method, seed, _ in finished}
+    runs = [(method, seed, budgets) for seed in range(seeds) for method in methods  # every method's seed 0 first
+            if (method, seed) not in done]
     with multiprocessing.get_context("spawn").Pool(jobs) as pool:
-        finished = pool.starmap(run_one, runs, chunksize=1)
+        for method, seed, results in pool.imap_unordered(_run_one_packed, runs, chunksize=1):
+            finished.append((method, seed, results))
+            if runs_file is not None:
+                with open(runs_file, "a") as handle:
+                    handle.write(json.dumps({"method": method, "seed": seed, "results": results}) + "\n")
     rows = table_rows(finished, methods, budgets)
     print(f"constrained Hartmann6, one safe seed, {seeds} seeds: median (max) over seeds; unsafe summed")
     print("| " + " | ".join(COLUMNS) + " |\n" + "|---" * len(COLUMNS) + "|")
@@ -211,5 +235,6 @@ if __name__ == "__main__":
     parser.add_argument("--methods", nargs="+", default=METHODS, choices=METHODS)
     parser.add_argument("--jobs", type=int, default=1)
     parser.add_argument("--json", default=None)
+    parser.add_argument("--runs-file", default=None)
     options = parser.parse_args()
-    main(options.seeds, sorted(options.budgets), options.methods, options.jobs, options.json)
+    main(options.seeds, sorted(options.budgets), options.methods, options.jobs, options.json, options.runs_file)
