@@ -21,12 +21,19 @@ is diagonal, and a row with ``dense_mass=True`` gives it the same). ``--many-cha
 the 2-chain rows in processes (ours with the default metric, dense where a window's draws are
 correlated beyond their noise, with a diagonal one, ``full_mass=False``, and with ``full_mass=True``,
 NumPyro's default and ``dense_mass=True``) and Pyro's default, against NumPyro's 2 chains.
+Beside ESS/s, each row gives gradient evaluations per effective sample (the leapfrog steps of
+the kept draws over the smallest bulk ESS), the engine- and machine-independent figure the
+field publishes (Hoffman and Gelman 2014; Hoffman et al. 2021); Pyro does not report its steps.
 Usage: pip install -e ".[bench]"; python benchmarks/bench_chains.py [--many-chains | --two-chains] [--seeds N]
+    [--json PATH]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -94,18 +101,26 @@ def smallest_ess(samples: dict) -> float:
     return float(min(az.ess(az.from_dict(posterior={k: v.numpy() for k, v in samples.items()})).to_array().min(), 1e12))
 
 
+def measured(seconds: float, samples: dict, leapfrog_steps: float) -> tuple[float, float, float]:
+    """(seconds, smallest bulk ESS, gradient evaluations per effective sample): the leapfrog
+    steps of the kept draws, all chains, over the smallest bulk ESS (warm-up not counted; NaN
+    where the sampler does not report its steps)."""
+    ess = smallest_ess(samples)
+    return seconds, ess, leapfrog_steps / ess
+
+
 def ours(model, args, executor, jit_compile=None, num_chains=2, vectorized=False, full_mass=None, seed=0):
     options = {"executor": executor, "full_mass": full_mass} if not vectorized else {"vectorized": True}
     engine = NUTS(num_samples=500, warmup_steps=500, num_chains=num_chains, progress_bar=False, jit_compile=jit_compile, **options)
     start = time.perf_counter()
     posterior = aml.fit(model, *args, engine=engine, seed=seed)
-    return time.perf_counter() - start, smallest_ess(posterior.samples)
+    return measured(time.perf_counter() - start, posterior.samples, float(posterior.stats["n_steps"].sum()))
 
 
 def chees(model, args, num_chains=32, seed=0):
     start = time.perf_counter()
     posterior = aml.fit(model, *args, engine=ChEES(num_samples=500, warmup_steps=500, num_chains=num_chains), seed=seed)
-    return time.perf_counter() - start, smallest_ess(posterior.samples)
+    return measured(time.perf_counter() - start, posterior.samples, float(posterior.stats["n_steps"].sum()))
 
 
 def pyro_default(model, args, seed=0, **kernel_options):
@@ -115,7 +130,7 @@ def pyro_default(model, args, seed=0, **kernel_options):
     start = time.perf_counter()
     mcmc.run(*args)
     seconds = time.perf_counter() - start
-    return seconds, smallest_ess(mcmc.get_samples(group_by_chain=True))
+    return measured(seconds, mcmc.get_samples(group_by_chain=True), float("nan"))  # Pyro does not report its steps
 
 
 def numpyro_parallel(model, args, num_chains=2, chain_method="parallel", dense_mass=False, seed=0):
@@ -154,10 +169,11 @@ def numpyro_parallel(model, args, num_chains=2, chain_method="parallel", dense_m
     runs = []
     for _ in range(2):
         start = time.perf_counter()
-        mcmc.run(jax.random.PRNGKey(seed), *arrays)
+        mcmc.run(jax.random.PRNGKey(seed), *arrays, extra_fields=("num_steps",))
         jax.block_until_ready(mcmc.get_samples())
         seconds = time.perf_counter() - start
-        runs.append((seconds, smallest_ess({k: torch.tensor(np.asarray(v)) for k, v in mcmc.get_samples(group_by_chain=True).items()})))
+        samples = {k: torch.tensor(np.asarray(v)) for k, v in mcmc.get_samples(group_by_chain=True).items()}
+        runs.append(measured(seconds, samples, float(np.asarray(mcmc.get_extra_fields()["num_steps"]).sum())))
     return runs
 
 
@@ -178,6 +194,7 @@ def main() -> None:
     parser.add_argument("--many-chains", action="store_true", help="only the 32-chain rows and Pyro's default")
     parser.add_argument("--two-chains", action="store_true", help="only the rows of 2 chains in processes and Pyro's default")
     parser.add_argument("--seeds", type=int, default=1, help="run everything with seeds 0 .. N-1; report the medians")
+    parser.add_argument("--json", default=None, help="write the summary table in benchmarks/results/ format")
     options = parser.parse_args()
     many_only, two_only, seeds = options.many_chains, options.two_chains, range(options.seeds)
     torch.set_num_threads(1)
@@ -221,25 +238,50 @@ def main() -> None:
                     results[name].setdefault(f"{label}, warm", []).append(warm)
     peer = "NumPyro, 2 chains parallel, cold" if two_only else "NumPyro, 32 chains vectorized, cold"
     print(f"medians over {len(seeds)} seed(s); ESS/s's range over the seeds in brackets")
+    table = []
     for name, rows in results.items():
         base, against = median_rate(rows["Pyro MCMC(NUTS), default"]), median_rate(rows[peer])
         for label, runs in rows.items():
             rate = median_rate(runs)
-            rates = [ess / seconds for seconds, ess in runs]
+            rates = [run[1] / run[0] for run in runs]
+            gradients = float(np.median([run[2] for run in runs]))
+            table.append([name, label, round(float(np.median([r[0] for r in runs])), 1), round(float(np.median([r[1] for r in runs]))),
+                          f"{rate:.1f} ({min(rates):.0f}-{max(rates):.0f})", f"{rate / base:.2f}x", f"{rate / against:.2f}x",
+                          "n/a" if np.isnan(gradients) else round(gradients, 1)])
             print(f"{name:28s} {label:38s} {np.median([r[0] for r in runs]):7.1f} s  min bulk ESS {np.median([r[1] for r in runs]):7.0f}  "
-                  f"ESS/s {rate:6.1f} ({min(rates):.0f}-{max(rates):.0f})  ESS/s vs Pyro {rate / base:5.2f}x  vs {peer} {rate / against:5.2f}x",
-                  flush=True)
+                  f"ESS/s {rate:6.1f} ({min(rates):.0f}-{max(rates):.0f})  ESS/s vs Pyro {rate / base:5.2f}x  vs {peer} {rate / against:5.2f}x  "
+                  f"gradients/ESS {gradients:6.1f}", flush=True)
+    if options.json:
+        write_json(options.json, table, peer, sys.argv[1:], len(seeds))
 
 
-def finished(name: str, label: str, seed: int, run: tuple[float, float]) -> tuple[float, float]:
-    """``run`` (seconds, min bulk ESS), printed as it ends: a run cut short loses no earlier one."""
-    print(f"  {name} | {label} | seed {seed}: {run[0]:.2f} s, min bulk ESS {run[1]:.0f}", flush=True)
+def write_json(path: str, rows: list[list], peer: str, arguments: list[str], seeds: int) -> None:
+    """The summary as a benchmarks/results/ file (rendered into RESULTS.md by render_results.py)."""
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                            cwd=Path(__file__).parent).stdout.strip()
+    Path(path).write_text(json.dumps({
+        "title": "NUTS and ChEES chains against Pyro and NumPyro", "benchmark": "bench_chains.py", "issues": [30, 51],
+        "command": " ".join(["python benchmarks/bench_chains.py", *arguments]), "commit": commit,
+        "date": time.strftime("%Y-%m-%d"), "machine": machine_line().removeprefix("machine: ").split(", load")[0],
+        "load": f"load average {os.getloadavg()[0]:.1f} at the end",
+        "tables": [{"caption": f"500 warm-up + 500 kept draws per chain, medians over {seeds} seed(s), compilation included",
+                    "columns": ["model", "run", "seconds", "min bulk ESS", "ESS/s (range)", "ESS/s vs Pyro default",
+                                f"ESS/s vs {peer}", "gradient evaluations per ESS"], "rows": rows}],
+        "notes": "",
+    }, indent=1))
+
+
+def finished(name: str, label: str, seed: int, run: tuple[float, float, float]) -> tuple[float, float, float]:
+    """``run`` (seconds, min bulk ESS, gradients per ESS), printed as it ends: a run cut short
+    loses no earlier one."""
+    print(f"  {name} | {label} | seed {seed}: {run[0]:.2f} s, min bulk ESS {run[1]:.0f}, gradients/ESS {run[2]:.1f}",
+          flush=True)
     return run
 
 
-def median_rate(runs: list[tuple[float, float]]) -> float:
+def median_rate(runs: list[tuple[float, float, float]]) -> float:
     """The median over seeds of min bulk ESS per second."""
-    return float(np.median([ess / seconds for seconds, ess in runs]))
+    return float(np.median([run[1] / run[0] for run in runs]))
 
 
 if __name__ == "__main__":
