@@ -463,7 +463,8 @@ class SafeBayesianOptimization:
         """
         remaining = max(budget - self._finished(), 0)
         evaluate_in_turn_or_in_flight(
-            self, objective, remaining, stop_on_failure=stop_on_failure, progress_bar=progress_bar,
+            self.suggest, self.observe, objective, remaining, journal_pending=self.journal.add_pending if self.journal else None,
+            label=f"safe BO ({self.acquisition})", stop_on_failure=stop_on_failure, progress_bar=progress_bar,
             executor=executor, max_pending=max_pending, timeout=timeout,
         )
         return self.records
