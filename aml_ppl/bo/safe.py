@@ -66,8 +66,8 @@ class SafeBayesianOptimization:
         >>> loop = SafeBayesianOptimization(problem)
         >>> loop.add_seed(problem.seed_points(), problem.observe(problem.seed_points(), generator))
         >>> records = loop.run(lambda x: problem.observe(x[None], generator)[0], budget=2, progress_bar=False)
-        >>> [record.status for record in records[-2:]]
-        ['ok', 'ok']
+        >>> sum(record.status == "ok" for record in records)
+        2
         >>> loop.recommendation().shape
         torch.Size([1])
     """
