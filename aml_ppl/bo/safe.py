@@ -110,13 +110,15 @@ class SafeBayesianOptimization:
                 posterior draws of the objective (BoTorch's pathwise draws, seeded by the number of
                 records, so a resumed loop draws the same), as Hübotter et al.'s code also tries.
             thompson_samples: Posterior draws for ``target="thompson"``.
-            lengthscale: RBF lengthscale of every GP, in the domain's units; by default the problem's.
+            lengthscale: RBF lengthscale of every GP, in the domain's units (fixed unless
+                ``fit_hyperparameters``); by default the problem's.
             noise_variance: Observation noise variance :math:`\rho^2` of every GP.
             output_scale: Each output's prior standard deviation in its own units (one number, or
                 one per output: objective, then constraints); by default the problem's. Without
                 ``models``, a loop with no lengthscale or output scale is refused.
             models: A :class:`~aml_ppl.models.GaussianProcess` per output (objective, then
-                constraints), any GPyTorch kernel; each step conditions a copy on the evaluations.
+                constraints), any GPyTorch kernel (a fitted GP's values are kept); each step conditions
+                a copy on the evaluations, its hyperparameters fixed unless ``fit_hyperparameters``.
                 Replaces ``lengthscale``, ``output_scale`` and ``noise_variance``.
             fit_hyperparameters: ``False`` keeps the prior's; ``True`` refits by type-II ML from enough points on,
                 within bounds; ``"conservative"`` within tighter ones (:func:`aml_ppl.bo.learning.learners`).
@@ -131,7 +133,8 @@ class SafeBayesianOptimization:
             retries: How many times in a row a point whose evaluation failed (raised, or returned
                 NaN) may be proposed again before it is set aside (0: never).
             bounds: Search this box (``2 x d``, or a :class:`~aml_ppl.bo.box.BoxSearch`) through
-                candidates made afresh each step, with per-step bounds (:mod:`aml_ppl.bo.box`).
+                candidates made afresh each step (:attr:`domain`), with per-step bounds: a point is
+                evaluated only if certified by the current GP (:mod:`aml_ppl.bo.box`).
         """
         if acquisition not in ACQUISITIONS:
             raise InputDataError(f"`acquisition` must be one of {ACQUISITIONS}; got {acquisition!r}.")
