@@ -1,8 +1,9 @@
 r"""The evaluation driver of a safe-BO loop: ask, evaluate (here or on an executor, several
 points in flight), tell, until the budget is spent; nothing finished is ever lost.
 
-The loop supplies the algorithm (``suggest(pending)`` and ``observe``) and its journal;
-this module owns the scheduling: the pending points, the futures, the progress bar.
+The loop hands in its algorithm as two callables, ``ask(pending)`` and ``tell(...)``, and
+how to journal a dispatched point; this module owns the scheduling: the pending points, the
+futures, the progress bar. It knows no loop class.
 """
 
 from __future__ import annotations
@@ -11,40 +12,43 @@ import math
 import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, Executor, Future, wait
-from typing import TYPE_CHECKING, Callable
+from typing import Any, Callable
 
 import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
 from aml_ppl._data import check_count, check_positive
+from aml_ppl.bo.journal import EvaluationRecord
 from aml_ppl.errors import InputDataError
-
-if TYPE_CHECKING:
-    from aml_ppl.bo.safe import SafeBayesianOptimization
-    from aml_ppl.bo.sets import SafeSets
 
 
 def evaluate_in_turn_or_in_flight(
-    loop: "SafeBayesianOptimization",
+    ask: Callable[[Tensor | None], tuple[Tensor, Any]],
+    tell: Callable[[Tensor, Any, Any, float, str, int | None], EvaluationRecord],
     objective: Callable[[Tensor], Tensor],
     count: int,
     *,
+    journal_pending: Callable[[list[float]], int] | None,
+    label: str,
     stop_on_failure: bool,
     progress_bar: bool,
     executor: Executor | None,
     max_pending: int,
     timeout: float | None = None,
 ) -> None:
-    r"""Evaluate ``count`` suggestions of ``loop`` with ``objective``, recording each result
-    (or failure) through ``loop.observe`` as it arrives.
+    r"""Evaluate ``count`` points that ``ask`` suggests with ``objective``, handing each result
+    (or failure) to ``tell`` as it arrives.
 
-    Each new point is chosen given the points in flight (``loop.suggest(pending)``); on an
-    ``executor`` each is journalled as pending when dispatched and replaced by its result
-    when it returns. An evaluation without a result ``timeout`` seconds after dispatch is
-    recorded as failed and abandoned (without an executor it runs on a daemon thread, so a
-    hanging objective blocks neither the loop nor the interpreter's exit). See
-    :meth:`SafeBayesianOptimization.run` for the arguments.
+    Each new point is chosen given the points in flight: ``ask(pending)`` returns the point and
+    what its choice read (``pending``: the points in flight, ``k x d``, or ``None``); ``tell(x,
+    values, what ask returned with x, seconds spent choosing x, failure message, pending id)``
+    records it and returns its record. On an ``executor`` each point is journalled as pending
+    through ``journal_pending`` (``None``: no journal) when dispatched and replaced by its
+    result when it returns. An evaluation without a result ``timeout`` seconds after dispatch
+    is recorded as failed and abandoned (without an executor it runs on a daemon thread, so a
+    hanging objective blocks neither the loop nor the interpreter's exit). ``label`` titles
+    the progress bar. See :meth:`~aml_ppl.bo.SafeBayesianOptimization.run` for the others.
 
     Raises:
         InputDataError: On ``max_pending`` above 1 without an ``executor``, or a bad count.
@@ -56,29 +60,29 @@ def evaluate_in_turn_or_in_flight(
     if timeout is not None:
         check_positive("timeout", timeout)
     remaining = count
-    bar = tqdm(total=remaining, desc=f"safe BO ({loop.acquisition})", disable=not progress_bar)
-    in_flight: dict[Future, tuple[Tensor, "SafeSets", float, int | None]] = {}
+    bar = tqdm(total=remaining, desc=label, disable=not progress_bar)
+    in_flight: dict[Future, tuple[Tensor, Any, float, int | None]] = {}
     deadlines: dict[Future, float] = {}
     try:
         while remaining > 0:
             while len(in_flight) < max_pending and len(in_flight) < remaining:
                 start = time.perf_counter()
                 pending = torch.stack([entry[0] for entry in in_flight.values()]) if in_flight else None
-                x, sets = loop.suggest(pending)
+                x, chosen_from = ask(pending)
                 seconds = time.perf_counter() - start
-                pending_id = loop.journal.add_pending(x.tolist()) if loop.journal and executor else None
+                pending_id = journal_pending(x.tolist()) if journal_pending and executor else None
                 if executor is not None:
                     future = executor.submit(objective, x)
                 else:
                     future = _evaluated_here(objective, x) if timeout is None else _evaluated_on_daemon(objective, x)
-                in_flight[future] = (x, sets, seconds, pending_id)
+                in_flight[future] = (x, chosen_from, seconds, pending_id)
                 deadlines[future] = math.inf if timeout is None else time.monotonic() + timeout
             nearest = min(deadlines[future] for future in in_flight)
             waited = None if nearest == math.inf else max(nearest - time.monotonic(), 0.0)
             finished, _ = wait(in_flight, timeout=waited, return_when=FIRST_COMPLETED)
             late = [future for future in in_flight if future not in finished and time.monotonic() >= deadlines[future]]
             for future in [*finished, *late]:
-                x, sets, seconds, pending_id = in_flight.pop(future)
+                x, chosen_from, seconds, pending_id = in_flight.pop(future)
                 del deadlines[future]
                 if future in late:  # abandoned: a thread or worker still running it is left behind
                     future.cancel()
@@ -88,7 +92,7 @@ def evaluate_in_turn_or_in_flight(
                         values, message = future.result(), ""
                     except Exception as error:  # any failure of the user's objective is recorded
                         values, message = None, f"{type(error).__name__}: {error}"
-                record = loop.observe(x, values, sets, seconds, message, pending_id)
+                record = tell(x, values, chosen_from, seconds, message, pending_id)
                 remaining -= 1
                 bar.update()
                 if record.status == "failed" and stop_on_failure:

@@ -43,12 +43,9 @@ ACQUISITIONS = (*TRANSDUCTIVE, "safeopt", "unsafe_ei")
 class SafeBayesianOptimization:
     r"""Safe BO on a finite domain or a box: maximise :math:`f` while every :math:`g_i(x) \ge 0`.
 
-    Each function gets a GP (:class:`~aml_ppl.models.GaussianProcess`, RBF, fixed
-    hyperparameters by default or refitted by the exact engine). With confidence
-    bounds :math:`l = \mu - \beta\sigma`, :math:`u = \mu + \beta\sigma` (``beta``
-    multiplies the standard deviation: the notes' 95 % interval is :math:`\beta = 1.96`,
-    which BoTorch's UCB writes as ``beta=3.84``), intersected over time unless
-    ``intersect_bounds=False`` (AML §7.5 defines them per step):
+    Each function gets a GP (:class:`~aml_ppl.models.GaussianProcess`). With confidence
+    bounds :math:`l = \mu - \beta\sigma`, :math:`u = \mu + \beta\sigma`, intersected over time
+    unless ``intersect_bounds=False`` (AML §7.5 defines them per step):
 
     .. math::
 
@@ -56,68 +53,23 @@ class SafeBayesianOptimization:
         \hat S_n = \{x : u_{g_i}(x) \ge 0\ \forall i\}, \quad
         A_n = \{x \in \hat S_n : u_f(x) \ge \max_{S_n} l_f\}.
 
-    The next point maximises the acquisition over the pessimistic safe set
-    :math:`S_n` targeting :math:`A_n`: ``"itl"``, ``"vtl"``, ``"us"`` (uncertainty
-    sampling on :math:`S_n`), ``"safeopt"`` (the SafeOpt rule, Sui et al. 2015 and
-    Berkenkamp et al. 2016: among the maximisers :math:`M_n = \{x \in S_n : u_f(x) \ge
-    \max_{S_n} l_f\}` and the expanders :math:`G_n` the widest :math:`u - l`; an expander
-    is a safe :math:`x` after which some :math:`x' \notin S_n` would satisfy every
-    constraint: with ``lipschitz`` constants :math:`L_i`, :math:`u_{g_i}(x) - L_i
-    \lVert x - x' \rVert \ge 0`; without, the GP's lower bound at :math:`x'` after an
-    optimistic observation :math:`u_{g_i}(x)` at :math:`x`), or ``"unsafe_ei"``
-    (expected improvement on the whole domain, ignoring safety: a baseline). The
-    recommendation is :math:`\arg\max_{S_n} l_f`; the certificate
-    :math:`\max_{\hat S_n} u_f - \max_{S_n} l_f` bounds its regret while the bounds hold.
+    The next point maximises the acquisition (``acquisition``) over the pessimistic safe set
+    :math:`S_n`, targeting :math:`A_n`. The recommendation is :math:`\arg\max_{S_n} l_f`; the
+    certificate :math:`\max_{\hat S_n} u_f - \max_{S_n} l_f` bounds its regret while the bounds
+    hold. Every evaluation (seed points included) is committed to the journal before the next
+    suggestion, and :meth:`resume` rebuilds a loop from its journal (docs/guides/safe-bo.md).
 
-    Every evaluation (seed points included) is committed to the journal before the
-    next suggestion; :meth:`resume` rebuilds a loop from its journal. An objective
-    that raises or returns NaN is recorded as failed; its point may be proposed again until
-    it has failed ``1 + retries`` times in a row, and the loop goes on (or stops, with
-    ``stop_on_failure``).
-
-    Args:
-        problem: The domain and, for bookkeeping, its name and noise.
-        beta: :math:`\beta`, a number or a function of the iteration :math:`t`.
-        acquisition: One of ``"itl"``, ``"vtl"``, ``"us"``, ``"safeopt"``, ``"unsafe_ei"``.
-        target: What ITL and VTL learn about: ``"area_of_interest"`` (:math:`A_n`, every
-            potential maximiser by the bounds) or ``"thompson"``: the maximisers over
-            :math:`\hat S_n` of ``thompson_samples`` posterior draws of the objective
-            (BoTorch's pathwise Matheron draws, seeded by the number of records, so a resumed
-            loop draws the same), a sharper set of likely maximisers, as Hübotter et al.'s
-            code also tries. With β = 15 nearly every optimistically safe point is in
-            :math:`A_n`, and ITL grows the safe set all around; directed at the Thompson
-            maximisers it pushes toward the peak (benchmarks/RESULTS.md, 2d_island).
-        thompson_samples: Posterior draws for ``target="thompson"``.
-        lengthscale: RBF lengthscale of every GP, in the domain's units (fixed unless
-            ``fit_hyperparameters``); by default the problem's.
-        noise_variance: Observation noise variance :math:`\rho^2` of every GP.
-        output_scale: Each output's prior standard deviation in its own units (one number,
-            or one per output: objective, then constraints); by default the problem's. The
-            certificate rests on the functions being plausible under the prior: a constraint
-            measured in units of 20 with a prior of scale 1 gives bounds too narrow to be
-            safe. Without ``models``, a loop with no lengthscale or output scale (given here
-            or by the problem) is refused, naming what to give.
-        models: A :class:`~aml_ppl.models.GaussianProcess` per output (objective, then
-            constraints) with the kernel, mean and noise you trust (any GPyTorch kernel; a
-            fitted GP's values are kept): each step conditions a copy on the evaluations,
-            with its hyperparameters fixed unless ``fit_hyperparameters``. Replaces
-            ``lengthscale``, ``output_scale`` and ``noise_variance``.
-        fit_hyperparameters: ``False`` keeps the prior's; ``True`` refits by type-II ML from enough points on,
-            within bounds; ``"conservative"`` within tighter ones (:func:`aml_ppl.bo.learning.learners`).
-        intersect_bounds: Intersect the confidence bounds over time, as the reference
-            experiments of Hübotter et al. (2024) do (the default); ``False`` gives the
-            notes' per-step bounds. :meth:`resume` rebuilds the intersection from the journal.
-        lipschitz: For ``"safeopt"`` only: Lipschitz constants of the constraints (one
-            number for all, or one per constraint); ``None`` for GP-based expanders.
-        journal: Path of the SQLite journal, or ``None`` for none. A file that already
-            holds evaluations is refused unless ``resume`` (see :meth:`resume`).
-        device: Where tensors live (``"cuda"`` when there is one).
-        resume: Continue the evaluations in ``journal`` (the settings must match).
-        retries: How many times in a row a point whose evaluation failed may be proposed
-            again before it is set aside (0: never; a success there clears its failures).
-        bounds: Search this box (``2 x d``, or a :class:`~aml_ppl.bo.box.BoxSearch`) through
-            candidates made afresh each step (:attr:`domain`), with per-step bounds: a point is
-            evaluated only if certified by the current GP (:mod:`aml_ppl.bo.box`).
+    Example:
+        >>> import torch
+        >>> from aml_ppl.bo.problems import one_d_hard
+        >>> problem, generator = one_d_hard(), torch.Generator().manual_seed(0)
+        >>> loop = SafeBayesianOptimization(problem)
+        >>> loop.add_seed(problem.seed_points(), problem.observe(problem.seed_points(), generator))
+        >>> records = loop.run(lambda x: problem.observe(x[None], generator)[0], budget=2, progress_bar=False)
+        >>> sum(record.status == "ok" for record in records)
+        2
+        >>> loop.recommendation().shape
+        torch.Size([1])
     """
 
     def __init__(
@@ -141,6 +93,49 @@ class SafeBayesianOptimization:
         retries: int = 2,
         bounds: Tensor | BoxSearch | None = None,
     ) -> None:
+        r"""
+        Args:
+            problem: The domain and, for bookkeeping, its name and noise.
+            beta: :math:`\beta`, a number or a function of the iteration :math:`t`; it multiplies
+                the standard deviation (the notes' 95 % interval is 1.96, BoTorch's UCB ``beta=3.84``).
+            acquisition: ``"itl"``, ``"vtl"``, ``"us"`` (uncertainty sampling on :math:`S_n`),
+                ``"safeopt"`` (Sui et al. 2015, Berkenkamp et al. 2016: among the maximisers
+                :math:`\{x \in S_n : u_f(x) \ge \max_{S_n} l_f\}` and the expanders, the widest
+                :math:`u - l`; an expander is a safe :math:`x` after which some :math:`x' \notin S_n`
+                would satisfy every constraint: :math:`u_{g_i}(x) - L_i \lVert x - x' \rVert \ge 0`
+                with ``lipschitz``, else the GP's lower bound at :math:`x'` after an optimistic
+                observation at :math:`x`) or ``"unsafe_ei"`` (EI ignoring safety: a baseline).
+            target: What ITL and VTL learn about: ``"area_of_interest"`` (:math:`A_n`) or
+                ``"thompson"``: the maximisers over :math:`\hat S_n` of ``thompson_samples``
+                posterior draws of the objective (BoTorch's pathwise draws, seeded by the number of
+                records, so a resumed loop draws the same), as Hübotter et al.'s code also tries.
+            thompson_samples: Posterior draws for ``target="thompson"``.
+            lengthscale: RBF lengthscale of every GP, in the domain's units (fixed unless
+                ``fit_hyperparameters``); by default the problem's.
+            noise_variance: Observation noise variance :math:`\rho^2` of every GP.
+            output_scale: Each output's prior standard deviation in its own units (one number, or
+                one per output: objective, then constraints); by default the problem's. Without
+                ``models``, a loop with no lengthscale or output scale is refused.
+            models: A :class:`~aml_ppl.models.GaussianProcess` per output (objective, then
+                constraints), any GPyTorch kernel (a fitted GP's values are kept); each step conditions
+                a copy on the evaluations, its hyperparameters fixed unless ``fit_hyperparameters``.
+                Replaces ``lengthscale``, ``output_scale`` and ``noise_variance``.
+            fit_hyperparameters: ``False`` keeps the prior's; ``True`` refits by type-II ML from enough points on,
+                within bounds; ``"conservative"`` within tighter ones (:func:`aml_ppl.bo.learning.learners`).
+            intersect_bounds: Intersect the bounds over time, as Hübotter et al. (2024) do (the
+                default); ``False`` gives the notes' per-step bounds.
+            lipschitz: For ``"safeopt"`` only: the constraints' Lipschitz constants :math:`L_i`
+                (one number, or one per constraint); ``None`` for GP-based expanders.
+            journal: Path of the SQLite journal, or ``None`` for none. A file that already
+                holds evaluations is refused unless ``resume``.
+            device: Where tensors live (``"cuda"`` when there is one).
+            resume: Continue the evaluations in ``journal`` (the settings must match).
+            retries: How many times in a row a point whose evaluation failed (raised, or returned
+                NaN) may be proposed again before it is set aside (0: never).
+            bounds: Search this box (``2 x d``, or a :class:`~aml_ppl.bo.box.BoxSearch`) through
+                candidates made afresh each step (:attr:`domain`), with per-step bounds: a point is
+                evaluated only if certified by the current GP (:mod:`aml_ppl.bo.box`).
+        """
         if acquisition not in ACQUISITIONS:
             raise InputDataError(f"`acquisition` must be one of {ACQUISITIONS}; got {acquisition!r}.")
         if fit_hyperparameters not in (False, True, "conservative"):
@@ -471,7 +466,8 @@ class SafeBayesianOptimization:
         """
         remaining = max(budget - self._finished(), 0)
         evaluate_in_turn_or_in_flight(
-            self, objective, remaining, stop_on_failure=stop_on_failure, progress_bar=progress_bar,
+            self.suggest, self.observe, objective, remaining, journal_pending=self.journal.add_pending if self.journal else None,
+            label=f"safe BO ({self.acquisition})", stop_on_failure=stop_on_failure, progress_bar=progress_bar,
             executor=executor, max_pending=max_pending, timeout=timeout,
         )
         return self.records

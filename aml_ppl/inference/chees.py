@@ -332,10 +332,9 @@ class ChEES(Engine):
     the trees' bookkeeping as on the gradients, this runs at the speed of the gradient. It wants
     many chains (the adaptation averages over them; 32 and more) and a posterior that one step
     size and one trajectory length suit, after a linear rescaling: on a funnel or a posterior
-    whose scales vary from place to place, prefer NUTS. The draws are ArviZ's as NUTS's are
-    (``sample_stats`` without ``tree_depth``: there is no tree); the model's constraints are
-    the same as NUTS's (``pyro.sample`` sites only, the whole likelihood), and a model whose
-    potential cannot be evaluated for all chains at once is refused with the reason.
+    whose scales vary from place to place, prefer NUTS. The draws and the model's constraints
+    are NUTS's (``sample_stats`` without ``tree_depth``); a model whose potential cannot be
+    evaluated for all chains at once is refused with the reason.
 
     Args:
         num_samples: Draws kept per chain.

@@ -163,30 +163,6 @@ class EM(Engine):
     Theorem 2.1 (AML §2) soft EM never lowers it (hard EM: the mean classification
     log-likelihood :math:`\max_z \log p(x_i, z)`, which it never lowers either).
 
-    Args:
-        max_iter: Iterations at most per run.
-        tol: Stop when the mean log-likelihood per point changes by less.
-        n_init: Restarts; the run with the highest final log-likelihood is kept.
-        init: ``"kmeans"`` (Lloyd's k-means from k-means++ seeds, as scikit-learn),
-            ``"kmeans++"``, ``"random"`` or a dict of starting parameters.
-        hard: Hard EM: assign each point to its most likely component.
-        uncertainty: What ``sample`` and ``to_arviz`` draw: ``"point"`` (the
-            estimate), ``"fisher"`` (the asymptotic Gaussian :math:`\mathcal{N}(\hat\theta,
-            H^{-1})`, :math:`H` the observed information, AML §3: :math:`\sqrt n(\hat\theta -
-            \theta) \to \mathcal{N}(0, I(\theta)^{-1})`, errata 6) or ``"bootstrap"``
-            (refits on resampled points, AML §7.1).
-        num_replicates: Draws kept for ``"fisher"`` and ``"bootstrap"``.
-        m_step_iterations: L-BFGS iterations per M-step on the generic path.
-        progress_bar: Show a tqdm bar over iterations.
-        distributed: Data-parallel closed-form EM over the ranks of a ``torchrun`` launch:
-            every rank calls ``fit`` with its shard of the points; each E-step is local,
-            the M-step's sums over points (:math:`N_j`, :math:`\sum_i\gamma_{ij}x_i`, the
-            scatter) are summed over the ranks, and every rank takes the same M-step: the
-            result of one process on all the points. Starts are drawn on rank 0's shard
-            and broadcast; point estimates only.
-        timeout: Seconds a distributed step waits for the other ranks (see
-            :class:`~aml_ppl.inference.SVI`).
-
     Example:
         >>> import torch, aml_ppl as aml
         >>> X = torch.cat([torch.randn(50, 1) - 3, torch.randn(50, 1) + 3]).double()
@@ -212,6 +188,31 @@ class EM(Engine):
         distributed: bool = False,
         timeout: float = 300.0,
     ) -> None:
+        r"""
+        Args:
+            max_iter: Iterations at most per run.
+            tol: Stop when the mean log-likelihood per point changes by less.
+            n_init: Restarts; the run with the highest final log-likelihood is kept.
+            init: ``"kmeans"`` (Lloyd's k-means from k-means++ seeds, as scikit-learn),
+                ``"kmeans++"``, ``"random"`` or a dict of starting parameters.
+            hard: Hard EM: assign each point to its most likely component.
+            uncertainty: What ``sample`` and ``to_arviz`` draw: ``"point"`` (the
+                estimate), ``"fisher"`` (the asymptotic Gaussian :math:`\mathcal{N}(\hat\theta,
+                H^{-1})`, :math:`H` the observed information, AML §3: :math:`\sqrt n(\hat\theta -
+                \theta) \to \mathcal{N}(0, I(\theta)^{-1})`, errata 6) or ``"bootstrap"``
+                (refits on resampled points, AML §7.1).
+            num_replicates: Draws kept for ``"fisher"`` and ``"bootstrap"``.
+            m_step_iterations: L-BFGS iterations per M-step on the generic path.
+            progress_bar: Show a tqdm bar over iterations.
+            distributed: Data-parallel closed-form EM over the ranks of a ``torchrun`` launch:
+                every rank calls ``fit`` with its shard of the points; each E-step is local,
+                the M-step's sums over points (:math:`N_j`, :math:`\sum_i\gamma_{ij}x_i`, the
+                scatter) are summed over the ranks, and every rank takes the same M-step: the
+                result of one process on all the points. Starts are drawn on rank 0's shard
+                and broadcast; point estimates only.
+            timeout: Seconds a distributed step waits for the other ranks (see
+                :class:`~aml_ppl.inference.SVI`).
+        """
         if not tol >= 0:
             raise InputDataError(f"`tol` must be non-negative; got {tol}.")
         self.max_iter = check_count("max_iter", max_iter)

@@ -102,38 +102,6 @@ class NUTS(Engine):
     holding parameters at their initial values would make the posterior silently
     wrong. Give them a prior with ``pyro.sample``, or fit them by MAP or SVI.
 
-    Args:
-        num_samples: Draws kept per chain.
-        warmup_steps: Adaptation steps per chain.
-        num_chains: Independent chains. ``None`` (the default): as many as there are cores,
-            at least 2 (so that ArviZ has an r-hat) and at most 4, as PyMC chooses; they run
-            in worker processes where there are cores (``executor``).
-        target_accept_prob: Step-size adaptation target.
-        max_tree_depth: NUTS tree depth at most.
-        full_mass: ``None`` (the default): each warm-up window's mass matrix dense where its
-            draws are correlated beyond their sampling noise, diagonal otherwise
-            (:func:`~aml_ppl.inference.metric.correlated_past_noise`); ``True``: dense;
-            ``False``: diagonal (Stan's, Pyro's and NumPyro's default). Vectorised chains
-            (``vectorized=True``) take a diagonal one.
-        jit_compile: Compile the potential energy and its gradient into one graph
-            (:func:`~aml_ppl.inference.nuts_kernel.model_gradient`: ``make_fx`` of
-            ``torch.func.grad`` frozen by the PyTorch JIT; Pyro's ``jit_compile`` for an
-            enumerated model). ``None`` (the default): where the model traces
-            faithfully (see :func:`jit_problem`), else without it and with a
-            ``JitFallbackWarning`` (silently for a model that declares
-            ``jit_traceable = False``, the GPs); ``False`` never.
-        progress_bar: Show Pyro's bar.
-        executor: ``"auto"``, ``"processes"``, ``None`` (in turn, in this process) or an
-            ``Executor`` to submit chains to (left running for its owner to shut down).
-        timeout: Seconds to wait for each chain on an executor; ``None`` waits.
-        vectorized: Advance every chain together in one batch in this process (one evaluation
-            of the potential for all chains per leapfrog step; each chain its own trajectory,
-            step size and diagonal mass matrix: :class:`~aml_ppl.inference.vectorised_nuts.VectorisedNUTS`),
-            as NumPyro's ``chain_method="vectorized"``: worth it for many chains (32 and more)
-            on a model whose leapfrog step is cheap. The chains draw from one stream, so their
-            draws differ from those of the same chains run apart. A model whose potential cannot be
-            evaluated for all chains at once runs the usual way, with a ``VectorisedChainsWarning``.
-
     Example:
         >>> import torch, aml_ppl as aml
         >>> X = torch.randn(30, 2, dtype=torch.float64); y = X.sum(-1)
@@ -160,6 +128,39 @@ class NUTS(Engine):
         timeout: float | None = None,
         vectorized: bool = False,
     ) -> None:
+        r"""
+        Args:
+            num_samples: Draws kept per chain.
+            warmup_steps: Adaptation steps per chain.
+            num_chains: Independent chains. ``None`` (the default): as many as there are cores,
+                at least 2 (so that ArviZ has an r-hat) and at most 4, as PyMC chooses; they run
+                in worker processes where there are cores (``executor``).
+            target_accept_prob: Step-size adaptation target.
+            max_tree_depth: NUTS tree depth at most.
+            full_mass: ``None`` (the default): each warm-up window's mass matrix dense where its
+                draws are correlated beyond their sampling noise, diagonal otherwise
+                (:func:`~aml_ppl.inference.metric.correlated_past_noise`); ``True``: dense;
+                ``False``: diagonal (Stan's, Pyro's and NumPyro's default). Vectorised chains
+                (``vectorized=True``) take a diagonal one.
+            jit_compile: Compile the potential energy and its gradient into one graph
+                (:func:`~aml_ppl.inference.nuts_kernel.model_gradient`: ``make_fx`` of
+                ``torch.func.grad`` frozen by the PyTorch JIT; Pyro's ``jit_compile`` for an
+                enumerated model). ``None`` (the default): where the model traces
+                faithfully (see :func:`jit_problem`), else without it and with a
+                ``JitFallbackWarning`` (silently for a model that declares
+                ``jit_traceable = False``, the GPs); ``False`` never.
+            progress_bar: Show Pyro's bar.
+            executor: ``"auto"``, ``"processes"``, ``None`` (in turn, in this process) or an
+                ``Executor`` to submit chains to (left running for its owner to shut down).
+            timeout: Seconds to wait for each chain on an executor; ``None`` waits.
+            vectorized: Advance every chain together in one batch in this process (one evaluation
+                of the potential for all chains per leapfrog step; each chain its own trajectory,
+                step size and diagonal mass matrix: :class:`~aml_ppl.inference.vectorised_nuts.VectorisedNUTS`),
+                as NumPyro's ``chain_method="vectorized"``: worth it for many chains (32 and more)
+                on a model whose leapfrog step is cheap. The chains draw from one stream, so their
+                draws differ from those of the same chains run apart. A model whose potential cannot be
+                evaluated for all chains at once runs the usual way, with a ``VectorisedChainsWarning``.
+        """
         if vectorized and (full_mass or executor != "auto" or timeout is not None):
             raise InputDataError(
                 "`vectorized=True` runs every chain in one batch in this process with a diagonal mass "

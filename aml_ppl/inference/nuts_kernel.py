@@ -96,19 +96,6 @@ class MultinomialNUTS(MCMCKernel):
     :math:`(M^{-1}r^-)^\top\rho \le 0` or :math:`(M^{-1}r^+)^\top\rho \le 0`; as Stan (2.26
     onwards) the check is also made across the two halves of each merge.
 
-    Args:
-        model: The Pyro program.
-        step_size: The initial step size (adapted during warm-up).
-        target_accept_prob: The dual averaging's target mean acceptance statistic.
-        max_tree_depth: Doublings at most per transition.
-        full_mass: ``None`` (the default): each warm-up window's mass matrix dense where the
-            window's draws are correlated beyond their sampling noise, diagonal otherwise
-            (:func:`~aml_ppl.inference.metric.correlated_past_noise`); ``True``: dense (from
-            windows with enough draws); ``False``: diagonal, as Stan's, Pyro's and NumPyro's
-            default.
-        jit_compile: Evaluate the potential and its gradient as one compiled graph
-            (:func:`~aml_ppl.inference.compiled.compiled_gradient`), else by autograd through the model.
-
     Attributes:
         records: Statistic name to its per-draw values after warm-up (``SAMPLE_STATS``), as
             Stan reports them: ``tree_depth`` counts the doublings kept (the last one tried may
@@ -142,6 +129,20 @@ class MultinomialNUTS(MCMCKernel):
         full_mass: bool | None = None,
         jit_compile: bool = False,
     ) -> None:
+        r"""
+        Args:
+            model: The Pyro program.
+            step_size: The initial step size (adapted during warm-up).
+            target_accept_prob: The dual averaging's target mean acceptance statistic.
+            max_tree_depth: Doublings at most per transition.
+            full_mass: ``None`` (the default): each warm-up window's mass matrix dense where the
+                window's draws are correlated beyond their sampling noise, diagonal otherwise
+                (:func:`~aml_ppl.inference.metric.correlated_past_noise`); ``True``: dense (from
+                windows with enough draws); ``False``: diagonal, as Stan's, Pyro's and NumPyro's
+                default.
+            jit_compile: Evaluate the potential and its gradient as one compiled graph
+                (:func:`~aml_ppl.inference.compiled.compiled_gradient`), else by autograd through the model.
+        """
         self.model = model
         self.max_tree_depth = max_tree_depth
         self.full_mass = full_mass

@@ -29,61 +29,6 @@ class SVI(Engine):
     :class:`~aml_ppl.errors.NonFiniteLossError`, naming the step, with the
     parameters of the last finite step restored; and an optional plateau stop.
 
-    Args:
-        num_steps: Optimisation steps at most.
-        lr: Learning rate.
-        guide: ``None`` (the model's own ``guide`` method if it has one, else
-            ``AutoNormal``), an autoguide name (``"normal"``, ``"mvn"``,
-            ``"lowrank"``, ``"delta"``, ``"laplace"``), or a guide of your own
-            (a function or a module such as ``AutoIAFNormal(model)``).
-        loss: A Pyro ELBO. By default the model's own ``default_loss`` if it has one
-            (a BNN's ``TraceMeanField_ELBO``), ``TraceEnum_ELBO`` when the model marks
-            discrete sites for parallel enumeration (they are then summed out exactly),
-            else ``Trace_ELBO(num_particles)``.
-        optim: ``"adam"``, ``"clipped_adam"`` or a ``pyro.optim`` optimiser.
-        num_particles: Samples per ELBO estimate for the default loss.
-        vectorize_particles: Draw the particles of the default loss at once, on a plate left
-            of the model's (Pyro's ``vectorize_particles=True``: one pass of the model and
-            guide for all of them); a model or guide that does not broadcast over that plate
-            (its first evaluation fails, or Pyro's shape check refuses a site) runs them one
-            after another, with a note in the ``aml_ppl`` log. ``False``: one after another.
-        patience: Stop when the mean loss over the last ``patience`` steps is
-            less than ``tolerance`` (relative) below that of the ``patience``
-            steps before; ``None`` runs all steps.
-        tolerance: See ``patience``.
-        ema_decay: Keep an exponential moving average of the parameters,
-            :math:`\bar\phi \leftarrow \gamma\bar\phi + (1 - \gamma)\phi` after every step, and
-            return it rather than the last iterate (as diffusion models are trained; Ho et al.
-            2020 use :math:`\gamma = 0.9999`); ``None`` returns the last iterate.
-        init: Where an autoguide (``"normal"``, ``"mvn"``, ``"lowrank"``) starts its
-            means: ``"map"``, at the MAP estimate from up to 100 L-BFGS iterations (on the
-            full data; a model with subsampled plates, enumerated sites, or latent sites in
-            a plate over the data (a hierarchical model's group effects, whose joint mode
-            collapses the group scale to 0), or a MAP run that fails, falls back to Pyro's
-            own start), or ``"median"``, Pyro's default (``AutoNormal``: 0 in the
-            unconstrained space; the others: the prior median). Pyro's
-            start at the prior median with Adam moving about ``lr`` per step cannot reach
-            an intercept of 25 in 2 000 steps; from the MAP start SVI only has to fit the
-            spread. A model's own ``init_values`` takes precedence.
-        jit: Compile the default loss with Pyro's JIT (``JitTrace_ELBO``, ``JitTraceEnum_ELBO``;
-            for a mean-field loss :class:`CompiledOnceMeanField_ELBO`, which traces once where
-            Pyro 1.9's ``JitTraceMeanField_ELBO`` traces every step; a model's own loss, such
-            as the BNN's local reparameterisation, through :class:`CompiledModelLoss`); a
-            model that does not trace falls back to the plain loss with a ``JitFallbackWarning``.
-        progress_bar: Show a tqdm bar.
-        distributed: Data-parallel over the ranks of a ``torchrun`` launch (or of a process
-            group you initialised): every rank calls ``fit`` with its own shard of the data
-            (:func:`~aml_ppl.inference.distributed.shard`) and the same seed; the sites inside
-            the plate ``data_plate`` are scaled by the world size, the parameters are created
-            once and broadcast from rank 0, and after each step the gradients are averaged
-            over the ranks in parameter-name order, so every rank takes the same step on the
-            full-data objective (:mod:`~aml_ppl.inference.distributed`). Every rank returns
-            the posterior; only rank 0 shows progress and writes it with ``save``.
-        data_plate: The name of the plate over data points (the built-in models' ``"data"``).
-        timeout: Seconds a distributed step waits for the other ranks before failing with
-            :class:`~aml_ppl.inference.distributed.RankFailureError` (a rank that dies fails
-            the others at once); used when ``fit`` initialises the process group.
-
     Example:
         >>> import torch, aml_ppl as aml
         >>> X = torch.randn(40, 2, dtype=torch.float64); y = X.sum(-1)
@@ -120,6 +65,61 @@ class SVI(Engine):
         data_plate: str = "data",
         timeout: float = 300.0,
     ) -> None:
+        r"""
+        Args:
+            num_steps: Optimisation steps at most.
+            lr: Learning rate.
+            guide: ``None`` (the model's own ``guide`` method if it has one, else
+                ``AutoNormal``), an autoguide name (``"normal"``, ``"mvn"``,
+                ``"lowrank"``, ``"delta"``, ``"laplace"``), or a guide of your own
+                (a function or a module such as ``AutoIAFNormal(model)``).
+            loss: A Pyro ELBO. By default the model's own ``default_loss`` if it has one
+                (a BNN's ``TraceMeanField_ELBO``), ``TraceEnum_ELBO`` when the model marks
+                discrete sites for parallel enumeration (they are then summed out exactly),
+                else ``Trace_ELBO(num_particles)``.
+            optim: ``"adam"``, ``"clipped_adam"`` or a ``pyro.optim`` optimiser.
+            num_particles: Samples per ELBO estimate for the default loss.
+            vectorize_particles: Draw the particles of the default loss at once, on a plate left
+                of the model's (Pyro's ``vectorize_particles=True``: one pass of the model and
+                guide for all of them); a model or guide that does not broadcast over that plate
+                (its first evaluation fails, or Pyro's shape check refuses a site) runs them one
+                after another, with a note in the ``aml_ppl`` log. ``False``: one after another.
+            patience: Stop when the mean loss over the last ``patience`` steps is
+                less than ``tolerance`` (relative) below that of the ``patience``
+                steps before; ``None`` runs all steps.
+            tolerance: See ``patience``.
+            ema_decay: Keep an exponential moving average of the parameters,
+                :math:`\bar\phi \leftarrow \gamma\bar\phi + (1 - \gamma)\phi` after every step, and
+                return it rather than the last iterate (as diffusion models are trained; Ho et al.
+                2020 use :math:`\gamma = 0.9999`); ``None`` returns the last iterate.
+            init: Where an autoguide (``"normal"``, ``"mvn"``, ``"lowrank"``) starts its
+                means: ``"map"``, at the MAP estimate from up to 100 L-BFGS iterations (on the
+                full data; a model with subsampled plates, enumerated sites, or latent sites in
+                a plate over the data (a hierarchical model's group effects, whose joint mode
+                collapses the group scale to 0), or a MAP run that fails, falls back to Pyro's
+                own start), or ``"median"``, Pyro's default (``AutoNormal``: 0 in the
+                unconstrained space; the others: the prior median). From the MAP start SVI
+                only has to fit the spread, where Adam from the prior median moves about ``lr``
+                per step. A model's own ``init_values`` takes precedence.
+            jit: Compile the default loss with Pyro's JIT (``JitTrace_ELBO``, ``JitTraceEnum_ELBO``;
+                for a mean-field loss :class:`CompiledOnceMeanField_ELBO`, which traces once where
+                Pyro 1.9's ``JitTraceMeanField_ELBO`` traces every step; a model's own loss, such
+                as the BNN's local reparameterisation, through :class:`CompiledModelLoss`); a
+                model that does not trace falls back to the plain loss with a ``JitFallbackWarning``.
+            progress_bar: Show a tqdm bar.
+            distributed: Data-parallel over the ranks of a ``torchrun`` launch (or of a process
+                group you initialised): every rank calls ``fit`` with its own shard of the data
+                (:func:`~aml_ppl.inference.distributed.shard`) and the same seed; the sites inside
+                the plate ``data_plate`` are scaled by the world size, the parameters are created
+                once and broadcast from rank 0, and after each step the gradients are averaged
+                over the ranks in parameter-name order, so every rank takes the same step on the
+                full-data objective (:mod:`~aml_ppl.inference.distributed`). Every rank returns
+                the posterior; only rank 0 shows progress and writes it with ``save``.
+            data_plate: The name of the plate over data points (the built-in models' ``"data"``).
+            timeout: Seconds a distributed step waits for the other ranks before failing with
+                :class:`~aml_ppl.inference.distributed.RankFailureError` (a rank that dies fails
+                the others at once); used when ``fit`` initialises the process group.
+        """
         check_count("num_steps", num_steps)
         check_positive("timeout", timeout)
         if init not in ("map", "median"):

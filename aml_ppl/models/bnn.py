@@ -66,24 +66,6 @@ class BayesianNeuralNetwork(Model):
     ``noise_precision`` (learned noise), deterministic ``mean`` and ``noise_variance``
     (regression) or ``probs`` (classification), and ``obs``.
 
-    Args:
-        in_features: Inputs ``d``.
-        hidden: Widths of the hidden layers.
-        out_features: Outputs (regression: 1; classification: the number of classes).
-        activation: ``"relu"``, ``"tanh"`` or ``"sigmoid"``.
-        likelihood: ``"gaussian"`` or ``"categorical"``.
-        prior_scale: :math:`\sigma_p`.
-        noise_scale: A fixed :math:`\sigma`, or ``None`` to learn it.
-        heteroscedastic: Learn :math:`\sigma(x)` as a second output.
-        noise_prior: ``(concentration, rate)`` of the Gamma prior on a learned :math:`\sigma^{-2}`.
-        guide: ``"meanfield"`` or ``"isotropic"``.
-        init_scale: The guide's starting standard deviation.
-        subsample_size: Minibatch size while fitting; ``None`` for full batches.
-        local_reparameterization: Train with :class:`LocalReparameterizationELBO`.
-        scale_by_fan_in: Give a weight matrix the prior scale :math:`\sigma_p/\sqrt{\text{fan-in}}`
-            (so the prior over functions stays put as layers widen); ``False`` is the notes'
-            :math:`\mathcal{N}(0, \sigma_p^2 I)` on every weight.
-
     Example:
         >>> import torch, aml_ppl as aml
         >>> X = torch.randn(64, 3); y = X.sum(-1)
@@ -113,6 +95,25 @@ class BayesianNeuralNetwork(Model):
         scale_by_fan_in: bool = True,
         local_reparameterization: bool = False,
     ) -> None:
+        r"""
+        Args:
+            in_features: Inputs ``d``.
+            hidden: Widths of the hidden layers.
+            out_features: Outputs (regression: 1; classification: the number of classes).
+            activation: ``"relu"``, ``"tanh"`` or ``"sigmoid"``.
+            likelihood: ``"gaussian"`` or ``"categorical"``.
+            prior_scale: :math:`\sigma_p`.
+            noise_scale: A fixed :math:`\sigma`, or ``None`` to learn it.
+            heteroscedastic: Learn :math:`\sigma(x)` as a second output.
+            noise_prior: ``(concentration, rate)`` of the Gamma prior on a learned :math:`\sigma^{-2}`.
+            guide: ``"meanfield"`` or ``"isotropic"``.
+            init_scale: The guide's starting standard deviation.
+            subsample_size: Minibatch size while fitting; ``None`` for full batches.
+            local_reparameterization: Train with :class:`LocalReparameterizationELBO`.
+            scale_by_fan_in: Give a weight matrix the prior scale :math:`\sigma_p/\sqrt{\text{fan-in}}`
+                (so the prior over functions stays put as layers widen); ``False`` is the notes'
+                :math:`\mathcal{N}(0, \sigma_p^2 I)` on every weight.
+        """
         super().__init__()
         widths = (in_features, *tuple(hidden), out_features)
         if not all(Integer(1).accepts(width) for width in widths):

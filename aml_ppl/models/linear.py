@@ -47,14 +47,6 @@ class BayesianLinearRegression(Model):
     ``noise_precision`` (:math:`\tau = \sigma^{-2}`) and ``weight_precision``
     (:math:`\Lambda = \lambda I`).
 
-    Args:
-        prior_precision: :math:`\Lambda`: a number (:math:`\lambda I`), a ``d``
-            tensor (diagonal), a ``d x d`` matrix, or ``None`` to learn :math:`\lambda`.
-        noise_scale: :math:`\sigma`, or ``None`` to learn it.
-        prior_mean: :math:`m_0`: a number or a ``d`` tensor (not with a learned
-            :math:`\lambda`, whose prior is centred on 0).
-        hyperprior: ``(concentration, rate)`` of the Gamma prior on a learned precision.
-
     Example:
         >>> import torch, aml_ppl as aml
         >>> X = torch.randn(50, 2, dtype=torch.float64)
@@ -74,6 +66,15 @@ class BayesianLinearRegression(Model):
         prior_mean: float | torch.Tensor = 0.0,
         hyperprior: tuple[float, float] = (1.0, 1e-3),
     ) -> None:
+        r"""
+        Args:
+            prior_precision: :math:`\Lambda`: a number (:math:`\lambda I`), a ``d``
+                tensor (diagonal), a ``d x d`` matrix, or ``None`` to learn :math:`\lambda`.
+            noise_scale: :math:`\sigma`, or ``None`` to learn it.
+            prior_mean: :math:`m_0`: a number or a ``d`` tensor (not with a learned
+                :math:`\lambda`, whose prior is centred on 0).
+            hyperprior: ``(concentration, rate)`` of the Gamma prior on a learned precision.
+        """
         super().__init__()
         prior_mean = torch.as_tensor(prior_mean, dtype=torch.float64)
         if prior_mean.ndim > 1 or not torch.isfinite(prior_mean).all():

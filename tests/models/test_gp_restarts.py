@@ -16,8 +16,7 @@ import aml_ppl as aml
 from aml_ppl._core.linalg import robust_cholesky
 from aml_ppl.inference import Exact
 from aml_ppl.inference.evidence import FlatObjective
-from aml_ppl.inference.exact import continued, optima
-from aml_ppl.inference.optimise import BatchOptimisationResult, minimise_lbfgs, minimise_lbfgs_batch
+from aml_ppl.inference.optimise import BatchOptimisationResult, continued, minimise_lbfgs, minimise_lbfgs_batch, optima
 from aml_ppl.models import GaussianProcess
 
 

@@ -273,21 +273,6 @@ def test_a_collapsing_component_is_held_up_by_reg_covar_with_a_warning():
     assert torch.isfinite(post.log_prob(X)).all()
 
 
-def test_lloyd_start_equals_scikit_learns_kmeans_from_the_same_seeds():
-    """The "kmeans" start's centres are Lloyd's fixed point: scikit-learn's KMeans run from
-    the same k-means++ seeds (one run, same tolerance) ends on the same centres."""
-    from sklearn.cluster import KMeans
-
-    from aml_ppl.models.mixture import kmeans_plusplus, lloyd
-
-    X = torch.randn(300, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(2)) * torch.tensor([3.0, 1.0], dtype=torch.float64)
-    torch.manual_seed(0)
-    seeds = kmeans_plusplus(X, 4, trials=3)
-    ours = lloyd(X, seeds)
-    theirs = KMeans(4, init=seeds.numpy(), n_init=1, algorithm="lloyd", tol=1e-4, max_iter=300).fit(X.numpy())
-    np.testing.assert_allclose(ours.numpy(), theirs.cluster_centers_, atol=1e-8)
-
-
 def _partitions(X, k, labels, seeds):
     """Adjusted Rand index of our default EM and scikit-learn's default GaussianMixture,
     both with 10 restarts, averaged over seeds."""

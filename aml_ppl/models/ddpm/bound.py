@@ -4,16 +4,13 @@ losses SVI trains it by (notes AML §10.1; Ho et al. 2020 Eq. 5)."""
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pyro.distributions as dist
 import torch
 from pyro.distributions import constraints
 
 from aml_ppl.models.base import ModelLoss
-
-if TYPE_CHECKING:
-    from aml_ppl.models.ddpm.model import DDPM
 
 
 class DiscretizedNormal(dist.TorchDistribution):
@@ -85,7 +82,7 @@ class DiffusionELBO(ModelLoss):
         super().__init__(num_particles)
         self.weighting = weighting
 
-    def differentiable_loss(self, model: "DDPM", guide: Any, x0: torch.Tensor) -> torch.Tensor:
+    def differentiable_loss(self, model: DiffusionBound, guide: Any, x0: torch.Tensor) -> torch.Tensor:
         return model.subsampled_loss(x0, self.weighting, self.num_particles, self.data_scale)
 
 

@@ -65,48 +65,18 @@ class DDPM(DiffusionBound, Model):
         q(x_{1:T} \mid x_0) = q(x_T \mid x_0)\prod_{t=2}^T q(x_{t-1} \mid x_t, x_0),
 
     the mean being the notes' Equation (1) with the factor :math:`1/\sqrt{\alpha_t}`
-    (erratum 1). :math:`\sigma_t^2` is :math:`\beta_t` (``reverse_variance="beta"``),
-    :math:`\tilde\beta_t` (``"posterior"``; at :math:`t = 1`, where :math:`\tilde\beta_1 = 0`,
-    :math:`\tilde\beta_2`), or learned, one per timestep (``"learned"``: started at
-    :math:`\beta_t` and trained on the bound with the mean held fixed, Nichol & Dhariwal's
-    :math:`L_\text{hybrid} = L_\text{simple} + L_\text{vlb}`), or learned per point and
-    coordinate (``"interpolated"``: Nichol & Dhariwal's
-    :math:`\log\sigma^2 = u\log\beta_t + (1 - u)\log\tilde\beta_t` with :math:`u = \mathrm{sigmoid}(v)`,
-    :math:`v` a second output of the network, trained by :math:`L_\text{hybrid}`; their
-    :math:`u = (v + 1)/2` lets :math:`\sigma^2` leave :math:`[\tilde\beta_t, \beta_t]`, and in our
-    first test blew up within five steps). The decoder :math:`p_\theta(x_0 \mid x_1)` is that Gaussian for
-    continuous data and the Gaussian integrated over the grid's bins for discrete data
-    (``levels``; Ho et al. Eq. 13), so ``log_prob`` is a bound on a log density
-    (continuous) or on a log probability (discrete).
+    (erratum 1); :math:`\sigma_t^2` is set by ``reverse_variance``. The decoder
+    :math:`p_\theta(x_0 \mid x_1)` is that Gaussian for continuous data and the Gaussian
+    integrated over the grid's bins for discrete data (``levels``; Ho et al. Eq. 13), so
+    ``log_prob`` is a bound on a log density (continuous) or on a log probability (discrete).
 
     Fitting: ``aml_ppl.fit(ddpm, x0, engine="svi")`` maximises ``default_loss()``, a
     :class:`DiffusionELBO` over minibatches of ``batch_size`` points and one timestep per
-    point; ``objective="simple"`` (the default) trains on Ho et al.'s
-    :math:`L_\text{simple}`, ``"bound"`` on the bound itself (its timesteps drawn in
-    proportion to their terms' weight, :meth:`bound_estimate`; on two moons it left the
-    bound where :math:`L_\text{simple}` did, benchmarks/RESULTS.md). A fitted posterior's
-    ``log_prob(x0)`` is the bound per point in nats (the sum over all :math:`T` terms),
-    and ``predict(num_samples=n, seed=0)`` draws by ancestral sampling (Ho et al.
-    Algorithm 2).
+    point. A fitted posterior's ``log_prob(x0)`` is the bound per point in nats (the sum
+    over all :math:`T` terms), and ``predict(num_samples=n, seed=0)`` draws by ancestral
+    sampling (Ho et al. Algorithm 2).
 
     Sites of the Pyro program: ``x_T`` … ``x_1`` (latent) and ``x_0`` (observed).
-
-    Args:
-        data_shape: The shape of one data point: ``(d,)`` for vectors, ``(C, H, W)`` for images.
-        network: ``"mlp"`` (:class:`~aml_ppl.models.ddpm.denoisers.MLPDenoiser`), ``"unet"``
-            (:class:`~aml_ppl.models.ddpm.denoisers.UNetDenoiser`), or a module of your own
-            called as ``network(x_t, t)`` on a batch (``B x *data_shape``, ``B`` integers);
-            with ``reverse_variance="interpolated"`` it returns twice the channels (the
-            noise, then :math:`v`), ``B x 2d`` for vectors, ``B x 2C x H x W`` for images.
-        network_options: Keyword arguments of the named network.
-        num_timesteps: :math:`T`.
-        schedule: ``"linear"``, ``"cosine"``, or a sequence of :math:`T` betas in (0, 1).
-        reverse_variance: ``"beta"``, ``"posterior"``, ``"learned"`` or ``"interpolated"``.
-        objective: ``"simple"`` or ``"bound"`` (see :class:`DiffusionELBO`).
-        batch_size: Data points per training step (the data plate's subsample size).
-        levels: For discrete data, the number of values on its grid (17 for pixels 0–16);
-            ``None`` for continuous data.
-        data_range: For discrete data, the grid's ``(lowest, highest)`` value.
 
     Example:
         >>> import torch, aml_ppl as aml
@@ -136,6 +106,35 @@ class DDPM(DiffusionBound, Model):
         levels: int | None = None,
         data_range: tuple[float, float] | None = None,
     ) -> None:
+        r"""
+        Args:
+            data_shape: The shape of one data point: ``(d,)`` for vectors, ``(C, H, W)`` for images.
+            network: ``"mlp"`` (:class:`~aml_ppl.models.ddpm.denoisers.MLPDenoiser`), ``"unet"``
+                (:class:`~aml_ppl.models.ddpm.denoisers.UNetDenoiser`), or a module of your own
+                called as ``network(x_t, t)`` on a batch (``B x *data_shape``, ``B`` integers);
+                with ``reverse_variance="interpolated"`` it returns twice the channels (the
+                noise, then :math:`v`), ``B x 2d`` for vectors, ``B x 2C x H x W`` for images.
+            network_options: Keyword arguments of the named network.
+            num_timesteps: :math:`T`.
+            schedule: ``"linear"``, ``"cosine"``, or a sequence of :math:`T` betas in (0, 1).
+            reverse_variance: :math:`\sigma_t^2`: ``"beta"`` (:math:`\beta_t`), ``"posterior"``
+                (:math:`\tilde\beta_t`; at :math:`t = 1`, where :math:`\tilde\beta_1 = 0`,
+                :math:`\tilde\beta_2`), ``"learned"`` (one per timestep, started at :math:`\beta_t`
+                and trained on the bound with the mean held fixed, Nichol & Dhariwal's
+                :math:`L_\text{hybrid} = L_\text{simple} + L_\text{vlb}`) or ``"interpolated"``
+                (per point and coordinate, Nichol & Dhariwal's
+                :math:`\log\sigma^2 = u\log\beta_t + (1 - u)\log\tilde\beta_t` with
+                :math:`u = \mathrm{sigmoid}(v)`, :math:`v` a second output of the network, trained
+                by :math:`L_\text{hybrid}`; their :math:`u = (v + 1)/2` would let :math:`\sigma^2`
+                leave :math:`[\tilde\beta_t, \beta_t]`).
+            objective: ``"simple"`` (Ho et al.'s :math:`L_\text{simple}`) or ``"bound"`` (the
+                bound itself, its timesteps drawn in proportion to their terms' weight,
+                :meth:`bound_estimate`); see :class:`DiffusionELBO`.
+            batch_size: Data points per training step (the data plate's subsample size).
+            levels: For discrete data, the number of values on its grid (17 for pixels 0–16);
+                ``None`` for continuous data.
+            data_range: For discrete data, the grid's ``(lowest, highest)`` value.
+        """
         super().__init__()
         self.data_shape = tuple(int(size) for size in data_shape)
         if not self.data_shape or any(size < 1 for size in self.data_shape):

@@ -56,24 +56,9 @@ class GaussianProcess(_GaussianProcessBase):
     exact engine uses no Cholesky (:math:`O(n^3)` time, :math:`O(n^2)` memory per
     factor) but GPyTorch's preconditioned conjugate gradients and Lanczos quadrature
     (:mod:`aml_ppl.models.gp.iterative`: :math:`O(n^2)` per product with the kernel
-    matrix): the log marginal likelihood is then an estimate (within 0.05 nats of the
-    exact value at n = 5 000) and the predictive variances come from a rank-256 Lanczos
-    root (GPyTorch's LOVE) and the leave-one-out precisions from the preconditioner and
-    the probes.
-
-    Args:
-        kernel: A GPyTorch kernel; ``ScaleKernel(RBFKernel())`` by default.
-        mean: ``"constant"`` or ``"zero"``.
-        noise: A fixed noise variance :math:`\sigma^2` (0 allowed), or ``None`` to learn it.
-        noise_floor: Lower bound on a learned noise variance.
-        normalize_inputs: Scale inputs to the unit cube of the training data (exact engine).
-        standardize_outputs: Standardise ``y`` to mean 0, sd 1 (exact engine). ``None``:
-            when the engine learns the hyperparameters; with ``Exact(learn=False)``
-            they are the kernel's as given, for ``y`` in its own units.
-        priors: Site name to a Pyro distribution, overriding the default priors.
-        max_cholesky_size: The most training points fitted by Cholesky (exact engine);
-            above it, by conjugate gradients (where the two cross over:
-            docs/design-notes.md).
+    matrix): the log marginal likelihood is then an estimate, the predictive variances
+    come from a rank-256 Lanczos root (GPyTorch's LOVE) and the leave-one-out precisions
+    from the preconditioner and the probes.
 
     Example:
         >>> import torch, aml_ppl as aml
@@ -97,6 +82,21 @@ class GaussianProcess(_GaussianProcessBase):
         priors: dict[str, dist.Distribution] | None = None,
         max_cholesky_size: int = 10_000,
     ) -> None:
+        r"""
+        Args:
+            kernel: A GPyTorch kernel; ``ScaleKernel(RBFKernel())`` by default.
+            mean: ``"constant"`` or ``"zero"``.
+            noise: A fixed noise variance :math:`\sigma^2` (0 allowed), or ``None`` to learn it.
+            noise_floor: Lower bound on a learned noise variance.
+            normalize_inputs: Scale inputs to the unit cube of the training data (exact engine).
+            standardize_outputs: Standardise ``y`` to mean 0, sd 1 (exact engine). ``None``:
+                when the engine learns the hyperparameters; with ``Exact(learn=False)``
+                they are the kernel's as given, for ``y`` in its own units.
+            priors: Site name to a Pyro distribution, overriding the default priors.
+            max_cholesky_size: The most training points fitted by Cholesky (exact engine);
+                above it, by conjugate gradients (where the two cross over:
+                docs/design-notes.md).
+        """
         super().__init__()
         self._setup(kernel, mean, noise, noise_floor, priors)
         self.normalize_inputs = normalize_inputs
