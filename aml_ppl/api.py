@@ -26,7 +26,8 @@ def fit(
             ``MCMC.run`` take them (numpy arrays and pandas objects are converted).
         engine: An engine name (``"svi"``, ``"map"``, ``"nuts"``, ``"exact"``), a
             configured engine such as ``SVI(num_steps=500)``, or ``None`` for the
-            model's default (``"svi"`` for a plain function).
+            model's default (``"svi"`` for a plain function). Built from a name, the model's
+            default engine takes the model's ``default_engine_options``.
         seed: Runs the fit on a random stream of its own, seeded with ``seed``: the
             caller's Python, NumPy and torch generators are left as they were, and the
             posterior's draws continue the stream, so two fits with one seed give the same
@@ -73,4 +74,12 @@ def _resolve_engine(engine: str | Engine | None, model: Callable) -> Engine:
         raise InputDataError(
             f"`engine` must be one of {sorted(ENGINES)} or an Engine object; got {engine!r}."
         )
-    return ENGINES[engine]()
+    return ENGINES[engine](**default_engine_options(model, engine))
+
+
+def default_engine_options(model: Callable, engine: str) -> dict[str, Any]:
+    r"""The settings a built-in model gives its default engine when that engine is built
+    from its name (``{}`` for other engines and for plain Pyro functions)."""
+    if engine != getattr(model, "default_engine", None):
+        return {}
+    return dict(getattr(model, "default_engine_options", {}))

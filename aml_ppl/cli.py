@@ -28,7 +28,7 @@ import torch
 
 from aml_ppl import __version__
 from aml_ppl._core.files import atomic_path
-from aml_ppl.api import fit
+from aml_ppl.api import default_engine_options, fit
 from aml_ppl.errors import AmlPplError, InputDataError
 from aml_ppl.inference import EM, MAP, NUTS, SVI, ChEES, Exact
 
@@ -163,6 +163,7 @@ def build_engine(options: argparse.Namespace, model: Any) -> Any:
         raise InputDataError(f"unknown --engine {name!r}; choose from {sorted(ENGINES)}.")
     engine_class = ENGINES[name]
     settings: dict[str, Any] = {"progress_bar": False} if engine_class not in (Exact, ChEES) else {}
+    settings.update(default_engine_options(model, name))
     for flag, (classes, keyword) in ENGINE_OPTIONS.items():
         value = getattr(options, flag)
         if value is None:

@@ -315,7 +315,8 @@ def diffusion(report: Report) -> None:
     steps, timesteps = (200, 100) if report.quick else (4000, 1000)
     model = aml.models.DDPM((2,), num_timesteps=timesteps, batch_size=256)
     score = lambda posterior: posterior.log_prob(held_out).mean().item()  # noqa: E731
-    post = report.timed_fit("DDPM, MLP denoiser", "two moons", model, (train,), SVI(num_steps=steps, lr=2e-3, progress_bar=False),
+    engine = SVI(**{**aml.models.DDPM.default_engine_options, "num_steps": steps, "progress_bar": False})
+    post = report.timed_fit("DDPM, MLP denoiser", "two moons", model, (train,), engine,
                             score, lambda posterior: f"T = {timesteps} (its only engine: SVI)")
     bits = -report.rows[-1][4] / (2 * math.log(2))
     generated = post.predict(num_samples=1000, seed=0, progress_bar=False).samples

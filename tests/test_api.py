@@ -52,3 +52,19 @@ def test_the_readme_engine_table_is_current():
     readme = (Path(__file__).parents[1] / "README.md").read_text()
     table = readme.split("<!-- engine-table -->\n")[1].split("\n<!-- /engine-table -->")[0]
     assert table == capability_table(), "regenerate it with: python -m aml_ppl.inference.capabilities"
+
+
+def test_a_models_default_engine_takes_the_models_settings_when_built_from_its_name():
+    class BriefRegression(aml.models.BayesianLinearRegression):
+        default_engine = "svi"
+        default_engine_options = {"num_steps": 3, "progress_bar": False}
+
+    X = torch.randn(20, 2, dtype=torch.float64)
+    y = X.sum(1)
+    model = BriefRegression()
+    assert len(aml.fit(model, X, y, seed=0).history) == 3
+    assert len(aml.fit(model, X, y, engine="svi", seed=0).history) == 3
+    configured = aml.inference.SVI(num_steps=4, progress_bar=False)
+    assert len(aml.fit(model, X, y, engine=configured, seed=0).history) == 4  # a configured engine as it is
+    assert aml.api.default_engine_options(model, "map") == {}
+    assert aml.api.default_engine_options(lambda: None, "svi") == {}

@@ -32,8 +32,11 @@ class StepLoop:
     loop with the parameters of the last finite step restored. With ``patience`` the loop stops
     when the mean loss over the last ``patience`` steps is less than ``tolerance`` (relative)
     below that of the ``patience`` steps before. With ``ema_decay`` :math:`\gamma` it keeps
-    :math:`\bar\phi \leftarrow \gamma\bar\phi + (1 - \gamma)\phi` after every step and leaves
-    the average in place of the last iterate.
+    :math:`\bar\phi \leftarrow \gamma_t\bar\phi + (1 - \gamma_t)\phi` after step :math:`t`
+    (from 0; :math:`\bar\phi` starts at the first iterate), with the warm-up
+    :math:`\gamma_t = \min(\gamma, (1 + t)/(10 + t))` of TensorFlow's
+    ``ExponentialMovingAverage(num_updates=t)`` so that a short run's average is not held at its
+    first iterates, and leaves the average in place of the last iterate.
 
     Attributes:
         num_steps: Steps at most.
@@ -80,7 +83,7 @@ class StepLoop:
                         last_finite[param] = param.detach().clone()
             self.optim(params)
             zero_grads(params)
-            self._update_averages(averages, params)
+            self._update_averages(averages, params, step)
             history.append(value)
             if step % 100 == 0:
                 steps.set_postfix(loss=f"{value:.5g}", refresh=False)
@@ -91,13 +94,14 @@ class StepLoop:
                 param.copy_(average)
         return history, failed_step
 
-    def _update_averages(self, averages: dict[torch.Tensor, torch.Tensor], params: set[torch.Tensor]) -> None:
+    def _update_averages(self, averages: dict[torch.Tensor, torch.Tensor], params: set[torch.Tensor], step: int) -> None:
         if self.ema_decay is None:
             return
+        decay = min(self.ema_decay, (1 + step) / (10 + step))
         with torch.no_grad():
             for param in params:
                 if param in averages:
-                    averages[param].lerp_(param, 1 - self.ema_decay)
+                    averages[param].lerp_(param, 1 - decay)
                 else:
                     averages[param] = param.detach().clone()
 

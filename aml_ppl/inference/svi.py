@@ -89,9 +89,10 @@ class SVI(Engine):
                 steps before; ``None`` runs all steps.
             tolerance: See ``patience``.
             ema_decay: Keep an exponential moving average of the parameters,
-                :math:`\bar\phi \leftarrow \gamma\bar\phi + (1 - \gamma)\phi` after every step, and
-                return it rather than the last iterate (as diffusion models are trained; Ho et al.
-                2020 use :math:`\gamma = 0.9999`); ``None`` returns the last iterate.
+                :math:`\bar\phi \leftarrow \gamma_t\bar\phi + (1 - \gamma_t)\phi` after step :math:`t`,
+                :math:`\gamma_t = \min(\gamma, (1 + t)/(10 + t))` (TensorFlow's warm-up), and return it
+                rather than the last iterate (as diffusion models are trained; Ho et al. 2020 use
+                :math:`\gamma = 0.9999`); ``None`` returns the last iterate.
             init: Where an autoguide (``"normal"``, ``"mvn"``, ``"lowrank"``) starts its
                 means: ``"map"``, at the MAP estimate from up to 100 L-BFGS iterations (on the
                 full data; a model with subsampled plates, enumerated sites, or latent sites in

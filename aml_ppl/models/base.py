@@ -9,6 +9,8 @@ a conditional predictive, a BoTorch form, ...).
 from __future__ import annotations
 
 from abc import abstractmethod
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any, ClassVar, TypeVar
 
 import torch
@@ -58,6 +60,9 @@ class Model(PyroModule):
 
     Attributes:
         default_engine: The engine ``fit`` uses when none is named.
+        default_engine_options: Settings of that engine when ``fit`` builds it from its
+            name (none given, or the name given), such as the DDPM's averaged weights;
+            an engine object a user configures is used as it is.
         jit_traceable: Whether NUTS may trace the model's potential with the PyTorch JIT
             (it still checks the trace); ``False`` runs it without, silently.
         feature_names: The columns of the pandas ``DataFrame`` it was last fitted on (as
@@ -66,6 +71,7 @@ class Model(PyroModule):
     """
 
     default_engine: ClassVar[str] = "svi"
+    default_engine_options: ClassVar[Mapping[str, Any]] = MappingProxyType({})
     jit_traceable: ClassVar[bool] = True
     feature_names: list[str] | None = None
 

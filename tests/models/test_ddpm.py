@@ -292,8 +292,9 @@ def test_arviz_export_holds_the_bound_generated_points_and_the_data() -> None:
 
 
 def test_ema_of_the_weights_is_the_moving_average_of_the_iterates() -> None:
-    r"""``SVI(ema_decay=γ)`` returns :math:`\bar\phi_3 = γ^2\phi_1 + γ(1-γ)\phi_2 + (1-γ)\phi_3`
-    for the iterates of the same run without it; the run itself is unchanged."""
+    r"""``SVI(ema_decay=γ)`` returns :math:`\bar\phi_3 = γ_2γ_1\phi_1 + γ_2(1-γ_1)\phi_2 + (1-γ_2)\phi_3`,
+    :math:`γ_t = \min(γ, (1 + t)/(10 + t))`, for the iterates of the same run without it; the
+    run itself is unchanged."""
     x0 = torch.randn(64, 2, generator=torch.Generator().manual_seed(0))
 
     def run(steps: int, decay: float | None):
@@ -305,8 +306,10 @@ def test_ema_of_the_weights_is_the_moving_average_of_the_iterates() -> None:
     iterates = [run(steps, None).param_sites for steps in (1, 2, 3)]
     averaged = run(3, 0.9)
     assert torch.equal(averaged.history, run(3, None).history)
+    decay_1, decay_2 = min(0.9, 2 / 11), min(0.9, 3 / 12)
     for name, value in averaged.param_sites.items():
-        expected = 0.81 * iterates[0][name] + 0.09 * iterates[1][name] + 0.1 * iterates[2][name]
+        expected = (decay_2 * decay_1 * iterates[0][name] + decay_2 * (1 - decay_1) * iterates[1][name]
+                    + (1 - decay_2) * iterates[2][name])
         assert torch.allclose(value, expected, atol=1e-6), name
     with pytest.raises(InputDataError, match="ema_decay"):
         aml.inference.SVI(ema_decay=1.0)

@@ -13,6 +13,8 @@ not one forward step.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any, ClassVar, Sequence
 
 import pyro
@@ -70,9 +72,11 @@ class DDPM(DiffusionBound, Model):
     integrated over the grid's bins for discrete data (``levels``; Ho et al. Eq. 13), so
     ``log_prob`` is a bound on a log density (continuous) or on a log probability (discrete).
 
-    Fitting: ``aml_ppl.fit(ddpm, x0, engine="svi")`` maximises ``default_loss()``, a
+    Fitting: ``aml_ppl.fit(ddpm, x0)`` maximises ``default_loss()``, a
     :class:`DiffusionELBO` over minibatches of ``batch_size`` points and one timestep per
-    point. A fitted posterior's ``log_prob(x0)`` is the bound per point in nats (the sum
+    point, by SVI at lr 2e-3 with an exponential moving average of the weights
+    (``default_engine_options``; Ho et al. 2020, App. B; an ``SVI`` you configure is used as
+    it is). A fitted posterior's ``log_prob(x0)`` is the bound per point in nats (the sum
     over all :math:`T` terms), and ``predict(num_samples=n, seed=0)`` draws by ancestral
     sampling (Ho et al. Algorithm 2).
 
@@ -90,6 +94,7 @@ class DDPM(DiffusionBound, Model):
     """
 
     default_engine: ClassVar[str] = "svi"
+    default_engine_options: ClassVar[Mapping[str, Any]] = MappingProxyType({"lr": 2e-3, "ema_decay": 0.995})
     observed_site: ClassVar[str] = "x_0"
 
     def __init__(

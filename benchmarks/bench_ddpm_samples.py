@@ -1,0 +1,109 @@
+"""DDPM samples against a Gaussian mixture on the demo's own two moons (issue 53).
+
+The demo's data and budget (``aml_ppl.demo``'s diffusion section): scikit-learn's two moons,
+noise 0.1, 4 000 training points (``random_state=0``) and 1 000 held out (``random_state=1``);
+``DDPM((2,), num_timesteps=1000, batch_size=256)`` trained by SVI for 4 000 steps at lr 2e-3,
+with the model's default engine settings (``DDPM.default_engine_options``: an exponential
+moving average of the weights) and without them (plain Adam, the last iterate). Reported per
+seed and as the median over seeds: the squared energy distance (``aml.analysis.energy_distance``,
+Székely and Rizzo 2013) from 1 000 generated points to the 1 000 held-out points, the held-out
+bound in bits per dimension (the data's entropy: 1.006 nats per point, 0.726 bits/dim), and the
+training time; beside them scikit-learn's ``GaussianMixture(8)`` fitted to the same training
+points (``random_state=seed``, 1 000 samples), and the floor: a fresh two-moons sample of 1 000
+points (``random_state=10 + seed``) against the same held-out points.
+
+Usage: python benchmarks/bench_ddpm_samples.py [--seeds 3] [--steps 4000] [--last-iterate] [--json PATH]
+(``--last-iterate`` adds the runs without the moving average.)
+"""
+
+from __future__ import annotations
+
+import os
+
+for variable in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(variable, "1")
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import math  # noqa: E402
+import statistics  # noqa: E402
+import subprocess  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import torch  # noqa: E402
+from _common import machine_line  # noqa: E402
+from sklearn.datasets import make_moons  # noqa: E402
+from sklearn.mixture import GaussianMixture  # noqa: E402
+
+import aml_ppl as aml  # noqa: E402
+from aml_ppl.inference import SVI  # noqa: E402
+
+
+def moons(count: int, seed: int) -> torch.Tensor:
+    return torch.tensor(make_moons(count, noise=0.1, random_state=seed)[0], dtype=torch.float32)
+
+
+def ddpm_run(train: torch.Tensor, held_out: torch.Tensor, seed: int, steps: int, averaged: bool) -> dict:
+    model = aml.models.DDPM((2,), num_timesteps=1000, batch_size=256)
+    settings = {**aml.models.DDPM.default_engine_options, "num_steps": steps, "lr": 2e-3, "progress_bar": False}
+    if not averaged:
+        settings.pop("ema_decay", None)
+    start = time.perf_counter()
+    posterior = aml.fit(model, train, engine=SVI(**settings), seed=seed)
+    seconds = time.perf_counter() - start
+    generated = posterior.predict(num_samples=1000, seed=seed, progress_bar=False).samples
+    return {"energy": aml.analysis.energy_distance(generated, held_out), "seconds": seconds,
+            "bits": -posterior.log_prob(held_out).mean().item() / (2 * math.log(2))}
+
+
+def main(seeds: int, steps: int, last_iterate: bool, json_path: str | None) -> None:
+    torch.set_num_threads(1)
+    print(machine_line())
+    train, held_out = moons(4000, 0), moons(1000, 1)
+    configurations = {"DDPM, default (EMA of the weights)": True, **({"DDPM, last iterate (no EMA)": False} if last_iterate else {})}
+    runs: dict[str, list[dict]] = {label: [] for label in configurations}
+    runs.update({"GaussianMixture(8), scikit-learn": [], "floor: a fresh data sample": []})
+    for seed in range(seeds):
+        mixture = GaussianMixture(8, random_state=seed).fit(train.numpy())
+        drawn = torch.tensor(mixture.sample(1000)[0], dtype=torch.float32)
+        runs["GaussianMixture(8), scikit-learn"].append({"energy": aml.analysis.energy_distance(drawn, held_out)})
+        runs["floor: a fresh data sample"].append({"energy": aml.analysis.energy_distance(moons(1000, 10 + seed), held_out)})
+        for label, averaged in configurations.items():
+            runs[label].append(ddpm_run(train, held_out, seed, steps, averaged))
+            print(f"  {label}, seed {seed}: {runs[label][-1]}", flush=True)
+    rows = []
+    for label, results in runs.items():
+        energies = [result["energy"] for result in results]
+        bits = [result["bits"] for result in results if "bits" in result]
+        seconds = [result["seconds"] for result in results if "seconds" in result]
+        rows.append([label, f"{statistics.median(energies):.4f}", ", ".join(f"{value:.4f}" for value in energies),
+                     f"{statistics.median(bits):.3f}" if bits else "", f"{statistics.median(seconds):.0f}" if seconds else ""])
+        print(" | ".join(rows[-1]))
+    if json_path:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                cwd=Path(__file__).parent).stdout.strip()
+        Path(json_path).write_text(json.dumps({
+            "title": "DDPM samples against a Gaussian mixture on the demo's two moons",
+            "benchmark": "bench_ddpm_samples.py", "issues": [53],
+            "command": f"python benchmarks/bench_ddpm_samples.py --seeds {seeds} --steps {steps}"
+                       + (" --last-iterate" if last_iterate else ""), "commit": commit,
+            "date": time.strftime("%Y-%m-%d"), "machine": machine_line().removeprefix("machine: ").split(", load")[0],
+            "load": f"load average {os.getloadavg()[0]:.1f} at the end",
+            "tables": [{"caption": f"two moons (noise 0.1), 4 000 training and 1 000 held-out points; T = 1000, "
+                                   f"{steps} SVI steps of 256 points at lr 2e-3; 1 000 generated points per run",
+                        "columns": ["samples from", "energy distance to held out (median)", "per seed",
+                                    "held-out bound, bits/dim (median; entropy 0.726)", "training s (median)"],
+                        "rows": rows}],
+            "notes": "",
+        }, indent=1))
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=4000)
+    parser.add_argument("--last-iterate", action="store_true")
+    parser.add_argument("--json", default=None)
+    options = parser.parse_args()
+    main(options.seeds, options.steps, options.last_iterate, options.json)
