@@ -9,13 +9,16 @@ in each of `--repeats` rounds (the machine's speed drifts by 20-40 % within minu
 per round: milliseconds per step (the whole step: fit, bounds, sets, acquisition), unsafe
 evaluations, and ITL's time over VTL's; then the median ratio. Goal (issue 31): ITL within 2x
 of VTL, at most 30 ms per step.
-Usage: python benchmarks/bench_itl_step.py [--steps 300] [--repeats 3]
+Usage: python benchmarks/bench_itl_step.py [--steps 300] [--repeats 3] [--json benchmarks/results/itl-step.json]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -65,21 +68,42 @@ def run(acquisition: str, steps: int) -> tuple[float, int]:
     return 1e3 * (time.perf_counter() - start) / (len(loop.records) - 1), int((~task.safe_mask(evaluated)).sum())
 
 
-def main(steps: int, repeats: int) -> None:
+def write_json(path: str, rows: list[list], steps: int, repeats: int, load: float) -> None:
+    r"""The results file of benchmarks/results/ (title, command, commit, machine, one table)."""
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                            cwd=Path(__file__).parent).stdout.strip()
+    Path(path).write_text(json.dumps({
+        "title": "ITL and VTL per step", "benchmark": "bench_itl_step.py", "issues": [31, 53],
+        "command": f"python benchmarks/bench_itl_step.py --steps {steps} --repeats {repeats}",
+        "commit": commit, "date": time.strftime("%Y-%m-%d"),
+        "machine": machine_line().removeprefix("machine: ").split(", load")[0],
+        "load": f"load average {load:.1f} at the start, {os.getloadavg()[0]:.1f} at the end",
+        "tables": [{"caption": f"VTL then ITL in each round, {steps} steps, 1 000-point grid, one thread",
+                    "columns": ["round", "VTL ms/step", "ITL ms/step", "ITL / VTL"], "rows": rows}],
+        "notes": "",
+    }, indent=1))
+
+
+def main(steps: int, repeats: int, json_path: str | None) -> None:
     torch.set_num_threads(1)
+    load = os.getloadavg()[0]
     print(machine_line(), f"{steps} steps, 1 000-point grid, Matérn-5/2 lengthscale 0.6, {repeats} rounds")
-    ratios = []
+    ratios, rows = [], []
     for round_ in range(repeats):  # VTL then ITL, round after round: the machine's drift hits both
         results = {name: run(name, steps) for name in ("vtl", "itl")}
         ratios.append(results["itl"][0] / results["vtl"][0])
+        rows.append([str(round_ + 1), f"{results['vtl'][0]:.1f}", f"{results['itl'][0]:.1f}", f"{ratios[-1]:.2f}"])
         print(f"  round {round_ + 1}: " + ", ".join(f"{name} {ms:.1f} ms/step ({unsafe} unsafe)" for name, (ms, unsafe) in results.items())
               + f", ITL / VTL {ratios[-1]:.2f}", flush=True)
     print(f"  ITL / VTL, median of {repeats}: {statistics.median(ratios):.2f} (goal <= 2, and ITL <= 30 ms)")
+    if json_path:
+        write_json(json_path, rows, steps, repeats, load)
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--json", help="write the results file (benchmarks/results/itl-step.json)")
     options = parser.parse_args()
-    main(options.steps, options.repeats)
+    main(options.steps, options.repeats, options.json)
