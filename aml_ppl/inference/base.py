@@ -118,6 +118,18 @@ class Posterior(ArvizExport, ABC):
         r"""A point estimate's Gaussian approximation, which the export draws (``None``: none)."""
         return None
 
+    def resume(self, num_samples: int, **options: Any) -> "Posterior":
+        r"""More draws from the sampler's chains, continued where they stopped
+        (:meth:`aml_ppl.inference.mcmc.SamplePosterior.resume`).
+
+        Raises:
+            InputDataError: Here: the posterior was not fitted by a sampler whose chains can continue.
+        """
+        raise InputDataError(
+            f"`resume` continues the chains of a NUTS fit; this posterior was fitted by {self.engine!r}, "
+            "which has no chains to continue: fit again with more iterations or draw more with `sample`."
+        )
+
     # -- the structure, for the surface ---------------------------------------------
 
     @property

@@ -26,6 +26,8 @@ from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 from pyro.infer.mcmc.adaptation import WarmupAdapter
 from pyro.infer.mcmc.util import initialize_model
 
+from aml_ppl._core.randomness import global_state_tensors, set_global_state_tensors
+from aml_ppl.inference.chain_state import HMCState
 from aml_ppl.inference.compiled import Gradient, compiled_gradient, plain_gradient
 from aml_ppl.inference.metric import WindowedMassMatrix
 
@@ -118,6 +120,10 @@ class MultinomialNUTS(MCMCKernel):
         choices: The generator of the tree's choices (direction, proposal), the kernel's own,
             seeded in :meth:`setup` by one draw from torch's, so ``pyro.set_rng_seed`` and
             ``fit(seed=...)`` fix it.
+        positions: The flat unconstrained draws kept after warm-up.
+        resume_from: A chain's :class:`~aml_ppl.inference.chain_state.HMCState`, set before
+            :meth:`setup`, which then continues that chain with its adapted kernel and random
+            streams instead of starting one (no warm-up: run it with ``warmup_steps=0``).
 
     Example:
         >>> import pyro, pyro.distributions as dist, torch
@@ -154,10 +160,15 @@ class MultinomialNUTS(MCMCKernel):
         self.transforms: dict[str, Any] | None = None
         self._initial_params: dict[str, torch.Tensor] | None = None
         self.records: dict[str, list[float]] = {name: [] for name in SAMPLE_STATS}
+        self.positions: list[torch.Tensor] = []
+        self.resume_from: HMCState | None = None
 
     # -- Pyro's kernel contract -------------------------------------------------------------
 
     def setup(self, warmup_steps: int, *args: Any, **kwargs: Any) -> None:
+        if self.resume_from is not None:
+            self._continue(self.resume_from, args, kwargs)
+            return
         built = model_gradient(self.model, args, kwargs, jit=self.jit_compile, initial_params=self._initial_params)
         start, shapes, self.transforms = built.start, built.shapes, built.transforms
         z = flatten(start, shapes)
@@ -206,9 +217,39 @@ class MultinomialNUTS(MCMCKernel):
                 ("step_size", step_size), ("tree_depth", depth), ("acceptance_rate", accept_prob), ("n_steps", tree.steps),
             ):
                 self.records[name].append(value)
+            self.positions.append(tree.proposal.z)
         self.iteration += 1
         self._current = tree.proposal
         return self.dynamics.unflatten(tree.proposal.z)
+
+    # -- the chain's state, for resuming it ----------------------------------------------------
+
+    def chain_state(self) -> HMCState:
+        r"""Where the chain stands now: to be called at the draw loop, between draws, in the
+        chain's random stream (which it records)."""
+        return HMCState(
+            position=self.dynamics.unflatten(self._current.z), potential=self._current.potential,
+            gradient=self._current.grad, step_size=self.adapter.step_size, inverse_mass=self.dynamics.inverse_mass(),
+            choices=self.choices.getstate(), stream=global_state_tensors(),
+        )
+
+    def _continue(self, state: HMCState, args: tuple, kwargs: dict) -> None:
+        r"""Set up to continue the chain at ``state``: the potential built at its position,
+        the adapted step size and inverse mass matrix, the tree's generator and the chain's
+        random stream where they stood (the stream last: building the potential draws from it)."""
+        built = model_gradient(self.model, args, kwargs, jit=self.jit_compile, initial_params=state.position)
+        self.transforms, self._initial_params = built.transforms, state.position
+        self.dynamics = Hamiltonian(built.gradient, built.shapes, self.adapter)
+        self.warmup_steps, self.iteration = 0, 0
+        self.records = {name: [] for name in SAMPLE_STATS}
+        self.adapter.step_size = state.step_size
+        self.adapter.mass_matrix_adapter.inverse_mass_matrix = {BLOCK: state.inverse_mass}
+        z = self.dynamics.flatten(state.position)
+        zero = torch.zeros_like(z)
+        self._current = _State(z, zero, state.potential, state.gradient, self.dynamics.velocity(zero))
+        self.choices = random.Random()
+        self.choices.setstate(state.choices)
+        set_global_state_tensors(state.stream)
 
     # -- the transition -----------------------------------------------------------------------
 
@@ -397,10 +438,11 @@ def flatten(values: dict[str, torch.Tensor], shapes: dict[str, torch.Size]) -> t
 
 
 def unflatten(z: torch.Tensor, shapes: dict[str, torch.Size]) -> dict[str, torch.Tensor]:
-    r"""A flat vector as site name to its value of the shape in ``shapes``."""
+    r"""A flat vector (or a batch of them, on the last dimension) as site name to its value
+    of the shape in ``shapes`` (after the batch's)."""
     values, start = {}, 0
     for name, shape in shapes.items():
         size = math.prod(shape)
-        values[name] = z[start : start + size].reshape(shape)
+        values[name] = z[..., start : start + size].reshape(z.shape[:-1] + torch.Size(shape))
         start += size
     return values
