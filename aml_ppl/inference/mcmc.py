@@ -23,7 +23,7 @@ from aml_ppl.inference.context import isolated_param_store
 from aml_ppl.inference.fitted import Fitted
 from aml_ppl.inference.io import register_posterior, stored
 from aml_ppl.inference.mcmc_diagnostics import check_sampling, warn_if_untrustworthy
-from aml_ppl.inference.nuts_kernel import SAMPLE_STATS, MultinomialNUTS, flatten, model_gradient, unflatten
+from aml_ppl.inference.nuts_kernel import SAMPLE_STATS, MultinomialNUTS, chain_state, flatten, model_gradient, unflatten
 from aml_ppl.inference.vectorised_nuts import BatchingError, VectorisedNUTS
 from aml_ppl.inference.structure import inspect_model
 from aml_ppl.inference.tracing import agree, frozen_value
@@ -453,7 +453,7 @@ class _DrawLoop:
         kept = len(self.done.positions) + step + 1
         due = self.checkpointing is not None and (last or kept % self.checkpointing.every == 0)
         if last or due:
-            state = kernel.chain_state()
+            state = chain_state(kernel)
             self.state = state if last else None
         if due:
             progress = ChainProgress(state, [*self.done.positions, *kernel.positions], self.records(kernel))

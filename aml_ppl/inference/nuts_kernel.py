@@ -121,9 +121,7 @@ class MultinomialNUTS(MCMCKernel):
             seeded in :meth:`setup` by one draw from torch's, so ``pyro.set_rng_seed`` and
             ``fit(seed=...)`` fix it.
         positions: The flat unconstrained draws kept after warm-up.
-        resume_from: A chain's :class:`~aml_ppl.inference.chain_state.HMCState`, set before
-            :meth:`setup`, which then continues that chain with its adapted kernel and random
-            streams instead of starting one (no warm-up: run it with ``warmup_steps=0``).
+        resume_from: A chain's state to continue in :meth:`setup` (:func:`continue_chain`).
 
     Example:
         >>> import pyro, pyro.distributions as dist, torch
@@ -167,8 +165,7 @@ class MultinomialNUTS(MCMCKernel):
 
     def setup(self, warmup_steps: int, *args: Any, **kwargs: Any) -> None:
         if self.resume_from is not None:
-            self._continue(self.resume_from, args, kwargs)
-            return
+            return continue_chain(self, self.resume_from, args, kwargs)
         built = model_gradient(self.model, args, kwargs, jit=self.jit_compile, initial_params=self._initial_params)
         start, shapes, self.transforms = built.start, built.shapes, built.transforms
         z = flatten(start, shapes)
@@ -221,35 +218,6 @@ class MultinomialNUTS(MCMCKernel):
         self.iteration += 1
         self._current = tree.proposal
         return self.dynamics.unflatten(tree.proposal.z)
-
-    # -- the chain's state, for resuming it ----------------------------------------------------
-
-    def chain_state(self) -> HMCState:
-        r"""Where the chain stands now: to be called at the draw loop, between draws, in the
-        chain's random stream (which it records)."""
-        return HMCState(
-            position=self.dynamics.unflatten(self._current.z), potential=self._current.potential,
-            gradient=self._current.grad, step_size=self.adapter.step_size, inverse_mass=self.dynamics.inverse_mass(),
-            choices=self.choices.getstate(), stream=global_state_tensors(),
-        )
-
-    def _continue(self, state: HMCState, args: tuple, kwargs: dict) -> None:
-        r"""Set up to continue the chain at ``state``: the potential built at its position,
-        the adapted step size and inverse mass matrix, the tree's generator and the chain's
-        random stream where they stood (the stream last: building the potential draws from it)."""
-        built = model_gradient(self.model, args, kwargs, jit=self.jit_compile, initial_params=state.position)
-        self.transforms, self._initial_params = built.transforms, state.position
-        self.dynamics = Hamiltonian(built.gradient, built.shapes, self.adapter)
-        self.warmup_steps, self.iteration = 0, 0
-        self.records = {name: [] for name in SAMPLE_STATS}
-        self.adapter.step_size = state.step_size
-        self.adapter.mass_matrix_adapter.inverse_mass_matrix = {BLOCK: state.inverse_mass}
-        z = self.dynamics.flatten(state.position)
-        zero = torch.zeros_like(z)
-        self._current = _State(z, zero, state.potential, state.gradient, self.dynamics.velocity(zero))
-        self.choices = random.Random()
-        self.choices.setstate(state.choices)
-        set_global_state_tensors(state.stream)
 
     # -- the transition -----------------------------------------------------------------------
 
@@ -314,6 +282,37 @@ class MultinomialNUTS(MCMCKernel):
         turning = any(products[index] <= 0 for index in _TURN_PAIRS)
         return _Tree(first.left, second.right, proposal, log_weight, momentum_sum, steps=counts.steps,
                      accept_sum=counts.accept_sum, diverging=counts.diverging, turning=turning)
+
+
+def chain_state(kernel: MultinomialNUTS) -> HMCState:
+    r"""Where ``kernel``'s chain stands: to be taken at the draw loop, between draws, in the
+    chain's random stream (which it records)."""
+    current = kernel._current
+    return HMCState(
+        position=kernel.dynamics.unflatten(current.z), potential=current.potential, gradient=current.grad,
+        step_size=kernel.adapter.step_size, inverse_mass=kernel.dynamics.inverse_mass(),
+        choices=kernel.choices.getstate(), stream=global_state_tensors(),
+    )
+
+
+def continue_chain(kernel: MultinomialNUTS, state: HMCState, args: tuple, kwargs: dict) -> None:
+    r"""Set ``kernel`` up to continue a chain at ``state`` with no warm-up (run it with
+    ``warmup_steps=0``): the potential built at its position, the adapted step size and
+    inverse mass matrix, the tree's generator and the chain's random stream where they stood
+    (the stream last: building the potential draws from it)."""
+    built = model_gradient(kernel.model, args, kwargs, jit=kernel.jit_compile, initial_params=state.position)
+    kernel.transforms, kernel.initial_params = built.transforms, state.position
+    kernel.dynamics = Hamiltonian(built.gradient, built.shapes, kernel.adapter)
+    kernel.warmup_steps, kernel.iteration = 0, 0
+    kernel.records = {name: [] for name in SAMPLE_STATS}
+    kernel.adapter.step_size = state.step_size
+    kernel.adapter.mass_matrix_adapter.inverse_mass_matrix = {BLOCK: state.inverse_mass}
+    z = kernel.dynamics.flatten(state.position)
+    zero = torch.zeros_like(z)
+    kernel._current = _State(z, zero, state.potential, state.gradient, kernel.dynamics.velocity(zero))
+    kernel.choices = random.Random()
+    kernel.choices.setstate(state.choices)
+    set_global_state_tensors(state.stream)
 
 
 @dataclass
