@@ -140,11 +140,7 @@ class RandomStream:
             return {}
         tensors = {"seed": torch.tensor(self.seed)}
         if self._states is not None:
-            (version, python, gauss), numpy_state, torch_state, _ = self._states
-            tensors["python"] = torch.tensor([version, *python], dtype=torch.int64)
-            tensors["numpy_key"] = torch.from_numpy(numpy_state[1].astype(np.int64))
-            tensors["numpy_rest"] = torch.tensor([numpy_state[2], numpy_state[3], numpy_state[4]], dtype=torch.float64)
-            tensors["torch"] = torch_state
+            tensors.update(_states_as_tensors(self._states))
         return tensors
 
     @classmethod
@@ -154,11 +150,47 @@ class RandomStream:
             return cls(None)
         stream = cls(int(tensors["seed"]))
         if "torch" in tensors:
-            python = tensors["python"].tolist()
-            position, has_gauss, cached = tensors["numpy_rest"].tolist()
-            numpy_state = ("MT19937", tensors["numpy_key"].numpy().astype(np.uint32), int(position), int(has_gauss), cached)
-            stream._states = ((python[0], tuple(python[1:]), None), numpy_state, tensors["torch"], [])
+            stream._states = _states_from_tensors(tensors)
         return stream
+
+
+def global_state_tensors() -> dict[str, torch.Tensor]:
+    r"""Where the global generators of Python, NumPy and torch (CPU) stand, as tensors that
+    :func:`set_global_state_tensors` puts back: a chain's random stream mid-run."""
+    return _states_as_tensors(_global_states())
+
+
+def set_global_state_tensors(tensors: dict[str, torch.Tensor]) -> None:
+    r"""Put the global generators where :func:`global_state_tensors` found them."""
+    _set_global_states(_states_from_tensors(tensors))
+
+
+def python_state_tensor(state: tuple) -> torch.Tensor:
+    r"""A ``random.Random`` state (``getstate()``: version, 625 words, no cached Gaussian) as int64."""
+    version, words, _ = state
+    return torch.tensor([version, *words], dtype=torch.int64)
+
+
+def python_state(tensor: torch.Tensor) -> tuple:
+    r"""The ``random.Random`` state :func:`python_state_tensor` wrote."""
+    values = tensor.tolist()
+    return values[0], tuple(values[1:]), None
+
+
+def _states_as_tensors(states: tuple[Any, Any, torch.Tensor, list[torch.Tensor]]) -> dict[str, torch.Tensor]:
+    python, numpy_state, torch_state, _ = states
+    return {
+        "python": python_state_tensor(python),
+        "numpy_key": torch.from_numpy(numpy_state[1].astype(np.int64)),
+        "numpy_rest": torch.tensor([numpy_state[2], numpy_state[3], numpy_state[4]], dtype=torch.float64),
+        "torch": torch_state,
+    }
+
+
+def _states_from_tensors(tensors: dict[str, torch.Tensor]) -> tuple[Any, Any, torch.Tensor, list[torch.Tensor]]:
+    position, has_gauss, cached = tensors["numpy_rest"].tolist()
+    numpy_state = ("MT19937", tensors["numpy_key"].numpy().astype(np.uint32), int(position), int(has_gauss), cached)
+    return python_state(tensors["python"]), numpy_state, tensors["torch"], []
 
 
 _ACTIVE: ContextVar[RandomStream] = ContextVar("aml_ppl_random_stream", default=RandomStream(None))

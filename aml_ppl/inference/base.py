@@ -65,7 +65,23 @@ def capable_engines(model: Callable, args: tuple, kwargs: dict) -> list[str]:
     ]
 
 
-class Posterior(ArvizExport, ABC):
+class _WithoutChains:
+    r"""What a posterior answers to ``resume`` where it has no sampler's chains to continue."""
+
+    def resume(self, num_samples: int, **options: Any) -> "Posterior":
+        r"""More draws from the sampler's chains, continued where they stopped
+        (:meth:`aml_ppl.inference.mcmc.SamplePosterior.resume`).
+
+        Raises:
+            InputDataError: Here: the posterior was not fitted by a sampler whose chains can continue.
+        """
+        raise InputDataError(
+            f"`resume` continues the chains of a NUTS fit; this posterior was fitted by {self.engine!r}, "
+            "which has no chains to continue: fit again with more iterations or draw more with `sample`."
+        )
+
+
+class Posterior(ArvizExport, _WithoutChains, ABC):
     r"""The result of ``aml_ppl.fit``: the same surface for every engine.
 
     Attributes:

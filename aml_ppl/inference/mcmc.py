@@ -2,9 +2,11 @@ r"""The No-U-Turn sampler (Stan's multinomial NUTS under Pyro's ``MCMC``) behind
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import warnings
 from concurrent.futures import Executor
+from pathlib import Path
 from typing import Any, Callable, ClassVar
 
 import numpy as np
@@ -15,12 +17,13 @@ from aml_ppl._core.randomness import local_seed
 from aml_ppl._data import check_count, check_positive
 from aml_ppl.errors import InputDataError, JitFallbackWarning, VectorisedChainsWarning
 from aml_ppl.inference.base import Engine, Posterior, register_engine
+from aml_ppl.inference.chain_state import ChainProgress, Checkpointing, HMCState, describe_run
 from aml_ppl.inference.chains import chain_executor, default_chains, run_chains
 from aml_ppl.inference.context import isolated_param_store
 from aml_ppl.inference.fitted import Fitted
 from aml_ppl.inference.io import register_posterior, stored
 from aml_ppl.inference.mcmc_diagnostics import check_sampling, warn_if_untrustworthy
-from aml_ppl.inference.nuts_kernel import SAMPLE_STATS, MultinomialNUTS, flatten, model_gradient
+from aml_ppl.inference.nuts_kernel import SAMPLE_STATS, MultinomialNUTS, chain_state, flatten, model_gradient, unflatten
 from aml_ppl.inference.vectorised_nuts import BatchingError, VectorisedNUTS
 from aml_ppl.inference.structure import inspect_model
 from aml_ppl.inference.tracing import agree, frozen_value
@@ -36,14 +39,66 @@ class SamplePosterior(Posterior):
         stats: ArviZ ``sample_stats`` name to a ``num_chains x num_draws`` tensor
             (``diverging``, ``energy``, ``lp``, ``step_size``, ``tree_depth``,
             ``acceptance_rate``, ``n_steps``).
+        chain_states: Each chain's :class:`~aml_ppl.inference.chain_state.HMCState` after its
+            last draw, from NUTS chains run apart (``None`` from ChEES or vectorised chains).
+        kernel_options: The NUTS kernel's settings the chains ran with (``None`` likewise).
     """
 
     kind: ClassVar[str] = "samples"
 
-    def __init__(self, fitted: Fitted, *, samples: dict[str, torch.Tensor], stats: dict[str, torch.Tensor]) -> None:
+    def __init__(
+        self, fitted: Fitted, *, samples: dict[str, torch.Tensor], stats: dict[str, torch.Tensor],
+        chain_states: list[HMCState] | None = None, kernel_options: dict[str, Any] | None = None,
+    ) -> None:
         self.samples = samples
         self.stats = stats
+        self.chain_states, self.kernel_options = chain_states, kernel_options
         super().__init__(fitted)
+
+    def resume(
+        self, num_samples: int, *, executor: str | Executor | None = "auto", timeout: float | None = None,
+        progress_bar: bool = False,
+    ) -> "SamplePosterior":
+        r"""``num_samples`` more draws per chain, continuing each chain where it stopped with its
+        adapted step size and mass matrix (no new warm-up) and its own random streams, so that
+        a fit of :math:`n` draws resumed for :math:`k` holds, to the bit on one machine, the
+        draws of one fit of :math:`n + k` with the same seed; also after ``save`` and ``load``.
+        The check at the end of a fit runs on all the draws.
+
+        Args:
+            num_samples: Draws to add per chain.
+            executor: Where the chains run, as for :class:`NUTS`.
+            timeout: Seconds to wait for each chain on an executor; ``None`` waits.
+            progress_bar: Show Pyro's bar.
+
+        Returns:
+            A new posterior with the draws so far and the new ones, by chain.
+
+        Raises:
+            InputDataError: If the posterior holds no chain states (ChEES, ``vectorized=True``,
+                or a file saved before chains kept them), or ``num_samples`` is not a positive count.
+        """
+        if self.chain_states is None:
+            raise InputDataError(
+                "`resume` needs each chain's state, which NUTS keeps for chains run apart; this posterior "
+                f"(engine {self.engine!r}) has none: ChEES and NUTS(vectorized=True) do not keep them."
+            )
+        num_samples = check_count("num_samples", num_samples)
+        settings = (self.kernel_options, num_samples, 0, progress_bar)
+        plan = ChainPlan(seeds=[0] * len(self.chain_states), starts=[ChainProgress(state) for state in self.chain_states])
+        results = run_chains(
+            functools.partial(sample_chain, self.model, self.data_args, self.data_kwargs, settings, plan),
+            list(range(len(self.chain_states))), chain_executor(executor, len(self.chain_states), self.model),
+            timeout=timeout, label="NUTS chain",
+        )
+        added = chains_posterior(self.fitted, results, self.kernel_options)
+        samples = {name: torch.cat([value, added.samples[name]], dim=1) for name, value in self.samples.items()}
+        stats = {name: torch.cat([value, added.stats[name]], dim=1) for name, value in self.stats.items()}
+        fitted = dataclasses.replace(self.fitted, history=stats["lp"].flatten())
+        warn_if_untrustworthy("NUTS", check_sampling(samples, stats, step_cap=("tree_depth", self.kernel_options["max_tree_depth"])))
+        resumed = SamplePosterior(fitted, samples=samples, stats=stats, chain_states=added.chain_states, kernel_options=self.kernel_options)
+        resumed.random_stream = self.random_stream
+        return resumed
 
     @property
     def diverging(self) -> torch.Tensor:
@@ -69,11 +124,20 @@ class SamplePosterior(Posterior):
     def state(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         tensors = {f"sample:{name}": value for name, value in self.samples.items()}
         tensors.update({f"stat:{name}": value for name, value in self.stats.items()})
-        return tensors, {}
+        for index, chain in enumerate(self.chain_states or []):
+            tensors.update({f"chain{index}:{name}": value for name, value in chain.tensors().items()})
+        return tensors, {} if self.chain_states is None else {"kernel_options": self.kernel_options}
 
     @classmethod
     def from_state(cls, fitted, tensors, meta, guide):
-        return cls(fitted, samples=stored(tensors, "sample"), stats=stored(tensors, "stat"))
+        chain_states = None
+        if "kernel_options" in meta:
+            chains = len(next(iter(stored(tensors, "sample").values())))
+            chain_states = [HMCState.from_tensors(stored(tensors, f"chain{index}")) for index in range(chains)]
+        return cls(
+            fitted, samples=stored(tensors, "sample"), stats=stored(tensors, "stat"),
+            chain_states=chain_states, kernel_options=meta.get("kernel_options"),
+        )
 
 
 @register_engine
@@ -97,6 +161,8 @@ class NUTS(Engine):
     come from ArviZ on :meth:`~aml_ppl.inference.base.Posterior.to_arviz`, whose
     ``sample_stats`` hold ArviZ's usual diagnostics (``az.bfmi``, ``az.plot_energy``).
     ``history`` holds ``lp`` of each kept draw, chain after chain.
+    ``post.resume(num_samples=k)`` continues the chains with their adapted kernels, no
+    warm-up again, as one longer run would (``checkpoint`` does the same after a crash).
 
     ``pyro.param`` sites are refused: NUTS samples ``pyro.sample`` sites only, and
     holding parameters at their initial values would make the posterior silently
@@ -127,6 +193,8 @@ class NUTS(Engine):
         executor: str | Executor | None = "auto",
         timeout: float | None = None,
         vectorized: bool = False,
+        checkpoint: str | Path | None = None,
+        checkpoint_every: int = 100,
     ) -> None:
         r"""
         Args:
@@ -160,12 +228,23 @@ class NUTS(Engine):
                 on a model whose leapfrog step is cheap. The chains draw from one stream, so their
                 draws differ from those of the same chains run apart. A model whose potential cannot be
                 evaluated for all chains at once runs the usual way, with a ``VectorisedChainsWarning``.
+            checkpoint: A folder where each chain writes its state and kept draws
+                (``chain-<index>.pt``, whole or not at all) every ``checkpoint_every`` draws and at
+                its last; a fit that finds them continues each chain from its file (no warm-up again)
+                and ends with the draws of an uninterrupted run, once the file's model, data,
+                settings and seed match this fit's (else an ``InputDataError`` names what differs).
+                Warm-up is not checkpointed. ``None``: no checkpoints.
+            checkpoint_every: Kept draws between checkpoints.
         """
-        if vectorized and (full_mass or executor != "auto" or timeout is not None):
+        if vectorized and (full_mass or executor != "auto" or timeout is not None or checkpoint is not None):
             raise InputDataError(
                 "`vectorized=True` runs every chain in one batch in this process with a diagonal mass "
-                "matrix; `full_mass`, `executor` and `timeout` do not apply to it."
+                "matrix; `full_mass`, `executor`, `timeout` and `checkpoint` do not apply to it."
             )
+        self.checkpoint = None if checkpoint is None else Path(checkpoint)
+        if self.checkpoint is not None and self.checkpoint.exists() and not self.checkpoint.is_dir():
+            raise InputDataError(f"`checkpoint` must be a folder; `{checkpoint}` is a file.")
+        self.checkpoint_every = check_count("checkpoint_every", checkpoint_every)
         self.vectorized = vectorized
         if not (executor is None or executor in ("auto", "processes") or isinstance(executor, Executor)):
             raise InputDataError(f"`executor` must be 'auto', 'processes', None or a concurrent.futures.Executor; got {executor!r}.")
@@ -195,21 +274,20 @@ class NUTS(Engine):
         seeds = torch.randint(2**31 - 1, (self.num_chains,)).tolist()
         kernel_options = {**self.kernel_options, "jit_compile": self._use_jit(model, args, kwargs)}
         settings = (kernel_options, self.num_samples, self.warmup_steps, self.progress_bar)
-        chain = functools.partial(sample_chain, model, args, kwargs, settings)
         results = self._vectorised(model, args, kwargs, kernel_options["jit_compile"], seeds) if self.vectorized else None
         if results is None:
+            plan = ChainPlan(seeds, [None] * self.num_chains)
+            if self.checkpoint is not None:
+                run = describe_run(model, args, kwargs, {**kernel_options, "warmup_steps": self.warmup_steps}, seeds)
+                checkpointing = Checkpointing(self.checkpoint, self.checkpoint_every, run)
+                plan = ChainPlan(seeds, [checkpointing.read(index, self.num_samples) for index in range(self.num_chains)], checkpointing)
+            chain = functools.partial(sample_chain, model, args, kwargs, settings, plan)
             executor = chain_executor(self.executor, self.num_chains, model)
-            results = run_chains(chain, seeds, executor, timeout=self.timeout, label="NUTS chain")
-        chains, stats = [chain for chain, _ in results], [records for _, records in results]
-        samples = {name: torch.stack([chain[name] for chain in chains]) for name in chains[0]}
-        stats = {
-            name: torch.tensor([chain[name] for chain in stats], dtype=torch.bool if name == "diverging" else None)
-            for name in SAMPLE_STATS
-        }
-        fitted = Fitted(model, args, kwargs, engine=self.name, objective="lp", history=stats["lp"].flatten())
-        report = check_sampling(samples, stats, step_cap=("tree_depth", self.kernel_options["max_tree_depth"]))
-        warn_if_untrustworthy("NUTS", report)
-        return SamplePosterior(fitted, samples=samples, stats=stats)
+            results = run_chains(chain, list(range(self.num_chains)), executor, timeout=self.timeout, label="NUTS chain")
+        fitted = Fitted(model, args, kwargs, engine=self.name, objective="lp", history=[])
+        posterior = chains_posterior(fitted, results, kernel_options)
+        warn_if_untrustworthy("NUTS", check_sampling(posterior.samples, posterior.stats, step_cap=("tree_depth", self.kernel_options["max_tree_depth"])))
+        return posterior
 
     def _vectorised(self, model: Callable, args: tuple, kwargs: dict, jit: bool, seeds: list[int]) -> list | None:
         r"""Every chain in one batch (:class:`~aml_ppl.inference.vectorised_nuts.VectorisedNUTS`):
@@ -226,7 +304,7 @@ class NUTS(Engine):
             warnings.warn(f"NUTS runs the chains apart: {error}.", VectorisedChainsWarning, stacklevel=4)
             return None
         return [
-            ({name: value[chain] for name, value in samples.items()}, {name: stats[name][chain].tolist() for name in SAMPLE_STATS})
+            ({name: value[chain] for name, value in samples.items()}, {name: stats[name][chain].tolist() for name in SAMPLE_STATS}, None)
             for chain in range(self.num_chains)
         ]
 
@@ -296,16 +374,90 @@ def jit_problem(model: Callable, args: tuple, kwargs: dict, num_points: int = 4)
     return frozen_value(caught)
 
 
+def chains_posterior(fitted: Fitted, results: list, kernel_options: dict[str, Any]) -> SamplePosterior:
+    r"""The posterior of the chains' ``results`` (each chain's draws, per-draw statistics and
+    final state, as :func:`sample_chain` returns them), its ``history`` their ``lp``."""
+    chains, records, states = zip(*results)
+    samples = {name: torch.stack([chain[name] for chain in chains]) for name in chains[0]}
+    stats = {
+        name: torch.tensor([chain[name] for chain in records], dtype=torch.bool if name == "diverging" else None)
+        for name in SAMPLE_STATS
+    }
+    resumable = None not in states
+    return SamplePosterior(
+        dataclasses.replace(fitted, history=stats["lp"].flatten()), samples=samples, stats=stats,
+        chain_states=list(states) if resumable else None, kernel_options=kernel_options if resumable else None,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class ChainPlan:
+    r"""How each chain of a run starts.
+
+    Attributes:
+        seeds: Each chain's seed (a chain that continues runs from its saved streams instead).
+        starts: Each chain's progress to continue from, or ``None`` to start with a warm-up.
+        checkpointing: Where the chains write checkpoints, if anywhere.
+    """
+
+    seeds: list[int]
+    starts: list[ChainProgress | None]
+    checkpointing: Checkpointing | None = None
+
+
 def sample_chain(
-    model: Callable, args: tuple, kwargs: dict, settings: tuple, seed: int, threads: int | None = None
-) -> tuple[dict[str, torch.Tensor], dict[str, list[float]]]:
-    r"""One NUTS chain from ``seed``: its kept draws and per-draw statistics. Runs in this
-    process or in a worker (``threads`` then caps the worker's torch threads)."""
+    model: Callable, args: tuple, kwargs: dict, settings: tuple, plan: ChainPlan, index: int, threads: int | None = None
+) -> tuple[dict[str, torch.Tensor], dict[str, list[float]], HMCState]:
+    r"""Chain ``index`` of ``plan``: its kept draws, per-draw statistics and final state. It
+    warms up from its seed, or continues the progress it starts from (the draws that progress
+    holds come first). Runs in this process or in a worker (``threads`` then caps the
+    worker's torch threads)."""
     kernel_options, num_samples, warmup_steps, progress_bar = settings
     if threads is not None:
         torch.set_num_threads(threads)
-    with local_seed(seed), isolated_param_store():
+    start = plan.starts[index]
+    done = ChainProgress(None) if start is None else start
+    with local_seed(plan.seeds[index]), isolated_param_store():
         kernel = MultinomialNUTS(model, **kernel_options)
-        mcmc = pyro.infer.MCMC(kernel, num_samples=num_samples, warmup_steps=warmup_steps, disable_progbar=not progress_bar)
-        mcmc.run(*args, **kwargs)
-        return mcmc.get_samples(), kernel.records
+        kernel.resume_from = None if start is None else start.state
+        loop = _DrawLoop(index, num_samples - len(done.positions), done, plan.checkpointing)
+        if loop.remaining:
+            mcmc = pyro.infer.MCMC(
+                kernel, num_samples=loop.remaining, warmup_steps=warmup_steps if start is None else 0,
+                disable_progbar=not progress_bar, hook_fn=loop,
+            )
+            mcmc.run(*args, **kwargs)
+        else:  # the checkpoint holds every draw
+            kernel.setup(0, *args, **kwargs)
+            loop.state = start.state
+        positions = torch.stack([*done.positions, *kernel.positions])
+        samples = {
+            name: kernel.transforms[name].inv(value) if name in kernel.transforms else value
+            for name, value in unflatten(positions, kernel.dynamics.shapes).items()
+        }
+        return samples, loop.records(kernel), loop.state
+
+
+class _DrawLoop:
+    r"""Pyro's ``MCMC`` hook for one chain: after each kept draw, the chain's state when it is
+    the last draw, and a checkpoint every ``checkpointing.every`` draws and at the last."""
+
+    def __init__(self, index: int, remaining: int, done: ChainProgress, checkpointing: Checkpointing | None) -> None:
+        self.index, self.remaining, self.done, self.checkpointing = index, remaining, done, checkpointing
+        self.state: HMCState | None = None
+
+    def records(self, kernel: MultinomialNUTS) -> dict[str, list[float]]:
+        return {name: [*self.done.records.get(name, []), *kernel.records[name]] for name in SAMPLE_STATS}
+
+    def __call__(self, kernel: MultinomialNUTS, params: dict, stage: str, step: int) -> None:
+        if not stage.startswith("Sample"):
+            return
+        last = step + 1 == self.remaining
+        kept = len(self.done.positions) + step + 1
+        due = self.checkpointing is not None and (last or kept % self.checkpointing.every == 0)
+        if last or due:
+            state = chain_state(kernel)
+            self.state = state if last else None
+        if due:
+            progress = ChainProgress(state, [*self.done.positions, *kernel.positions], self.records(kernel))
+            self.checkpointing.write(self.index, progress)

@@ -26,6 +26,8 @@ from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 from pyro.infer.mcmc.adaptation import WarmupAdapter
 from pyro.infer.mcmc.util import initialize_model
 
+from aml_ppl._core.randomness import global_state_tensors, set_global_state_tensors
+from aml_ppl.inference.chain_state import HMCState
 from aml_ppl.inference.compiled import Gradient, compiled_gradient, plain_gradient
 from aml_ppl.inference.metric import WindowedMassMatrix
 
@@ -105,6 +107,8 @@ class MultinomialNUTS(MCMCKernel):
         choices: The generator of the tree's choices (direction, proposal), the kernel's own,
             seeded in :meth:`setup` by one draw from torch's, so ``pyro.set_rng_seed`` and
             ``fit(seed=...)`` fix it.
+        positions: The flat unconstrained draws kept after warm-up.
+        resume_from: A chain's state to continue in :meth:`setup` (:func:`continue_chain`).
 
     Example:
         >>> import pyro, pyro.distributions as dist, torch
@@ -155,10 +159,14 @@ class MultinomialNUTS(MCMCKernel):
         self.transforms: dict[str, Any] | None = None
         self._initial_params: dict[str, torch.Tensor] | None = None
         self.records: dict[str, list[float]] = {name: [] for name in SAMPLE_STATS}
+        self.positions: list[torch.Tensor] = []
+        self.resume_from: HMCState | None = None
 
     # -- Pyro's kernel contract -------------------------------------------------------------
 
     def setup(self, warmup_steps: int, *args: Any, **kwargs: Any) -> None:
+        if self.resume_from is not None:
+            return continue_chain(self, self.resume_from, args, kwargs)
         built = model_gradient(self.model, args, kwargs, jit=self.jit_compile, initial_params=self._initial_params)
         start, shapes, self.transforms = built.start, built.shapes, built.transforms
         z = flatten(start, shapes)
@@ -207,6 +215,7 @@ class MultinomialNUTS(MCMCKernel):
                 ("step_size", step_size), ("tree_depth", depth), ("acceptance_rate", accept_prob), ("n_steps", tree.steps),
             ):
                 self.records[name].append(value)
+            self.positions.append(tree.proposal.z)
         self.iteration += 1
         self._current = tree.proposal
         return self.dynamics.unflatten(tree.proposal.z)
@@ -274,6 +283,37 @@ class MultinomialNUTS(MCMCKernel):
         turning = any(products[index] <= 0 for index in _TURN_PAIRS)
         return _Tree(first.left, second.right, proposal, log_weight, momentum_sum, steps=counts.steps,
                      accept_sum=counts.accept_sum, diverging=counts.diverging, turning=turning)
+
+
+def chain_state(kernel: MultinomialNUTS) -> HMCState:
+    r"""Where ``kernel``'s chain stands: to be taken at the draw loop, between draws, in the
+    chain's random stream (which it records)."""
+    current = kernel._current
+    return HMCState(
+        position=kernel.dynamics.unflatten(current.z), potential=current.potential, gradient=current.grad,
+        step_size=kernel.adapter.step_size, inverse_mass=kernel.dynamics.inverse_mass(),
+        choices=kernel.choices.getstate(), stream=global_state_tensors(),
+    )
+
+
+def continue_chain(kernel: MultinomialNUTS, state: HMCState, args: tuple, kwargs: dict) -> None:
+    r"""Set ``kernel`` up to continue a chain at ``state`` with no warm-up (run it with
+    ``warmup_steps=0``): the potential built at its position, the adapted step size and
+    inverse mass matrix, the tree's generator and the chain's random stream where they stood
+    (the stream last: building the potential draws from it)."""
+    built = model_gradient(kernel.model, args, kwargs, jit=kernel.jit_compile, initial_params=state.position)
+    kernel.transforms, kernel.initial_params = built.transforms, state.position
+    kernel.dynamics = Hamiltonian(built.gradient, built.shapes, kernel.adapter)
+    kernel.warmup_steps, kernel.iteration = 0, 0
+    kernel.records = {name: [] for name in SAMPLE_STATS}
+    kernel.adapter.step_size = state.step_size
+    kernel.adapter.mass_matrix_adapter.inverse_mass_matrix = {BLOCK: state.inverse_mass}
+    z = kernel.dynamics.flatten(state.position)
+    zero = torch.zeros_like(z)
+    kernel._current = _State(z, zero, state.potential, state.gradient, kernel.dynamics.velocity(zero))
+    kernel.choices = random.Random()
+    kernel.choices.setstate(state.choices)
+    set_global_state_tensors(state.stream)
 
 
 @dataclass
@@ -398,10 +438,11 @@ def flatten(values: dict[str, torch.Tensor], shapes: dict[str, torch.Size]) -> t
 
 
 def unflatten(z: torch.Tensor, shapes: dict[str, torch.Size]) -> dict[str, torch.Tensor]:
-    r"""A flat vector as site name to its value of the shape in ``shapes``."""
+    r"""A flat vector (or a batch of them, on the last dimension) as site name to its value
+    of the shape in ``shapes`` (after the batch's)."""
     values, start = {}, 0
     for name, shape in shapes.items():
         size = math.prod(shape)
-        values[name] = z[start : start + size].reshape(shape)
+        values[name] = z[..., start : start + size].reshape(z.shape[:-1] + torch.Size(shape))
         start += size
     return values

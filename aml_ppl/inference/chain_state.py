@@ -1,0 +1,183 @@
+r"""A NUTS chain's state after warm-up, and the checkpoint files that carry it.
+
+A chain past warm-up is a Markov chain with a fixed kernel: given its last point, its
+adapted step size and inverse mass matrix, and where its random streams stand, the next
+draws are determined. :class:`HMCState` is that record (NumPyro's ``MCMC.last_state``,
+``HMCState`` of ``numpyro/infer/hmc.py``, with the kernel's adaptation already frozen);
+a posterior keeps one per chain for
+:meth:`~aml_ppl.inference.mcmc.SamplePosterior.resume`, and ``NUTS(checkpoint=...)``
+writes one per chain, with the draws kept so far, every ``checkpoint_every`` draws
+(:class:`Checkpointing`), so a killed run restarts where its last checkpoint stood. Both
+continue a chain to the bit: the draws equal those of one uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from aml_ppl._core.files import atomic_write
+from aml_ppl._core.randomness import python_state, python_state_tensor
+from aml_ppl.errors import InputDataError
+
+CHECKPOINT_FORMAT = "aml_ppl.nuts-checkpoint/1"
+
+
+@dataclass
+class HMCState:
+    r"""Where a NUTS chain stands after a draw, with everything its next draw depends on.
+
+    Attributes:
+        position: Site name to its unconstrained value (the last draw).
+        potential: The potential energy :math:`U` there.
+        gradient: :math:`\nabla U` there, on the flat vector (sites in sorted order).
+        step_size: The adapted leapfrog step size.
+        inverse_mass: The adapted inverse mass matrix (a vector where diagonal).
+        choices: The state of the tree's own generator (direction, proposal), as
+            :func:`~aml_ppl._core.randomness.python_state_tensor` writes it.
+        stream: The chain's global random stream (Python, NumPy, torch), as
+            :func:`~aml_ppl._core.randomness.global_state_tensors` writes it; the
+            momenta are drawn from it.
+    """
+
+    position: dict[str, torch.Tensor]
+    potential: float
+    gradient: torch.Tensor
+    step_size: float
+    inverse_mass: torch.Tensor
+    choices: tuple
+    stream: dict[str, torch.Tensor]
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        r"""The state as named tensors, for a file ``torch.load(weights_only=True)`` reads."""
+        named = {f"position:{name}": value for name, value in self.position.items()}
+        named.update({f"stream:{name}": value for name, value in self.stream.items()})
+        named.update(
+            potential=torch.tensor(self.potential, dtype=torch.float64), gradient=self.gradient,
+            step_size=torch.tensor(self.step_size, dtype=torch.float64), inverse_mass=self.inverse_mass,
+            choices=python_state_tensor(self.choices),
+        )
+        return named
+
+    @classmethod
+    def from_tensors(cls, named: dict[str, torch.Tensor]) -> "HMCState":
+        r"""The state :meth:`tensors` wrote."""
+
+        def prefixed(prefix: str) -> dict[str, torch.Tensor]:
+            return {key[len(prefix) + 1 :]: value for key, value in named.items() if key.startswith(prefix + ":")}
+
+        return cls(
+            position=prefixed("position"), potential=float(named["potential"]), gradient=named["gradient"],
+            step_size=float(named["step_size"]), inverse_mass=named["inverse_mass"],
+            choices=python_state(named["choices"]), stream=prefixed("stream"),
+        )
+
+
+@dataclass
+class ChainProgress:
+    r"""A chain part-way: its state and, for a checkpoint, the draws it has kept.
+
+    Attributes:
+        state: Where the chain stands.
+        positions: The flat unconstrained draws kept so far (none for a posterior's chain,
+            whose draws the posterior holds).
+        records: The per-draw statistics kept so far (``SAMPLE_STATS``).
+    """
+
+    state: HMCState
+    positions: list[torch.Tensor] = field(default_factory=list)
+    records: dict[str, list[float]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Checkpointing:
+    r"""Where and how often the chains of a run write their checkpoints.
+
+    Each chain writes ``chain-<index>.pt`` in ``folder`` after every ``every`` kept draws
+    (warm-up is not checkpointed: a run killed in warm-up starts again), whole or not at all
+    (:func:`~aml_ppl._core.files.atomic_write`), with the run's description; a run that finds
+    a chain's file continues that chain from it, once the description matches.
+
+    Attributes:
+        folder: The checkpoints' folder (created if missing).
+        every: Kept draws between checkpoints.
+        description: What the run is: model, data digest, settings; one per chain (its seed).
+    """
+
+    folder: Path
+    every: int
+    description: tuple[dict[str, str], ...]
+
+    def path(self, index: int) -> Path:
+        return self.folder / f"chain-{index}.pt"
+
+    def read(self, index: int, num_samples: int) -> ChainProgress | None:
+        r"""Chain ``index``'s last checkpoint, or ``None`` where it has none.
+
+        Raises:
+            InputDataError: If the file is not a checkpoint, was written by a run that
+                differs (naming what differs), or holds more draws than ``num_samples``.
+        """
+        path = self.path(index)
+        if not path.is_file():
+            return None
+        try:
+            payload = torch.load(path, weights_only=True)
+        except Exception as error:  # torch's readers fail in many ways on a broken file
+            raise InputDataError(f"`checkpoint` file `{path}` is not a NUTS checkpoint.") from error
+        if not isinstance(payload, dict) or payload.get("format") != CHECKPOINT_FORMAT:
+            raise InputDataError(f"`checkpoint` file `{path}` is not a NUTS checkpoint.")
+        written, wanted = payload["description"], self.description[index]
+        differing = sorted(key for key in wanted if written.get(key) != wanted[key])
+        if differing:
+            raise InputDataError(
+                f"`checkpoint` file `{path}` was written by another run: its {', '.join(differing)} "
+                f"differ ({'; '.join(f'{key}: {written.get(key)!r} there, {wanted[key]!r} here' for key in differing)}). "
+                "Pass another `checkpoint` folder, or delete the file to start afresh."
+            )
+        positions = list(payload["positions"].unbind(0))
+        if len(positions) > num_samples:
+            raise InputDataError(
+                f"`checkpoint` file `{path}` holds {len(positions)} draws, more than num_samples = {num_samples}."
+            )
+        records = {name: value.tolist() for name, value in payload["records"].items()}
+        return ChainProgress(HMCState.from_tensors(payload["state"]), positions, records)
+
+    def write(self, index: int, progress: ChainProgress) -> None:
+        r"""Replace chain ``index``'s checkpoint with ``progress``."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        payload = {
+            "format": CHECKPOINT_FORMAT,
+            "description": self.description[index],
+            "state": progress.state.tensors(),
+            "positions": torch.stack(progress.positions),
+            "records": {name: torch.tensor(values) for name, values in progress.records.items()},
+        }
+        atomic_write(self.path(index), lambda file: torch.save(payload, file))
+
+
+def describe_run(model: Callable, args: tuple, kwargs: dict, settings: dict[str, Any], seeds: list[int]) -> tuple[dict[str, str], ...]:
+    r"""What a checkpoint must match to be continued, per chain: the model (its class or
+    function name, and a built-in model's configuration), a SHA-256 digest of the data, the
+    sampler's settings and the chain's seed."""
+    config = getattr(model, "get_config", lambda: None)() if not isinstance(model, type) else None
+    name = getattr(model, "__qualname__", type(model).__qualname__)
+    digest = hashlib.sha256()
+    for value in (*args, *(kwargs[key] for key in sorted(kwargs))):
+        if isinstance(value, torch.Tensor):
+            digest.update(f"{value.dtype}{tuple(value.shape)}".encode())
+            digest.update(value.detach().cpu().contiguous().numpy().tobytes())
+        else:
+            digest.update(repr(value).encode())
+    digest.update(repr(sorted(kwargs)).encode())
+    common = {
+        "model": f"{name} {json.dumps(config, sort_keys=True, default=str)}",
+        "data": digest.hexdigest()[:16],
+        "settings": json.dumps(settings, sort_keys=True),
+    }
+    return tuple({**common, "seed": str(seed)} for seed in seeds)

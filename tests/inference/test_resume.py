@@ -1,0 +1,173 @@
+r"""Resuming NUTS chains and checkpointed runs (issue 51): a fit of n draws continued for k
+holds the draws of one fit of n + k with the same seed, to the bit, in this process, after
+``save``/``load`` in a fresh one, and after a run killed past its first checkpoint restarts."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import aml_ppl as aml
+from aml_ppl.errors import InputDataError
+from aml_ppl.inference import MAP, NUTS, ChEES
+from aml_ppl.testing.cases import BLR_X, BLR_Y, SCHOOLS_SIGMA, SCHOOLS_Y, eight_schools
+
+ROOT = Path(__file__).resolve().parents[2]
+CASES = {
+    "blr": (aml.models.BayesianLinearRegression(), (BLR_X, BLR_Y)),
+    "schools": (eight_schools, (SCHOOLS_SIGMA, SCHOOLS_Y)),
+}
+# Short runs on purpose (50 + 30 draws): equality to the bit is the point, not ESS.
+short_runs = pytest.mark.filterwarnings("ignore::aml_ppl.errors.SamplingWarning")
+
+
+def nuts(num_samples: int, **options) -> NUTS:
+    return NUTS(num_samples=num_samples, warmup_steps=50, num_chains=2, progress_bar=False, **options)
+
+
+def assert_same_draws(first, second) -> None:
+    assert first.samples.keys() == second.samples.keys()
+    for name, value in first.samples.items():
+        assert torch.equal(value, second.samples[name]), name
+    for name, value in first.stats.items():
+        assert torch.equal(value, second.stats[name]), name
+
+
+def run_python(script: str, **popen) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(script)], env=env, cwd=ROOT, **popen)
+
+
+@short_runs
+@pytest.mark.parametrize("case, executor", [("blr", None), ("schools", None), ("blr", "auto")])
+def test_resumed_draws_equal_one_run(case, executor):
+    model, args = CASES[case]
+    whole = aml.fit(model, *args, engine=nuts(60, executor=executor), seed=0)
+    first = aml.fit(model, *args, engine=nuts(30, executor=executor), seed=0)
+    resumed = first.resume(30, executor=executor)
+    assert_same_draws(whole, resumed)
+    assert torch.equal(resumed.history, whole.history)
+    assert first.samples[next(iter(first.samples))].shape[1] == 30  # the first posterior is left as it was
+
+
+@short_runs
+def test_resume_after_save_and_load(tmp_path):
+    model, args = CASES["schools"]
+    aml.fit(model, *args, engine=nuts(30, executor=None), seed=0).save(tmp_path / "schools.pt")
+    resumed = aml.load(tmp_path / "schools.pt", model=model).resume(30, executor=None)
+    assert_same_draws(aml.fit(model, *args, engine=nuts(60, executor=None), seed=0), resumed)
+
+
+@pytest.mark.slow
+@short_runs
+def test_resume_after_load_in_a_fresh_process(tmp_path):
+    for case in CASES:
+        model, args = CASES[case]
+        aml.fit(model, *args, engine=nuts(30, executor=None), seed=0).save(tmp_path / f"{case}.pt")
+    script = f"""
+        import warnings
+        import aml_ppl as aml
+        from aml_ppl.testing.cases import eight_schools
+        warnings.simplefilter("ignore")
+        aml.load({str(tmp_path / "blr.pt")!r}).resume(30, executor=None).save({str(tmp_path / "blr-more.pt")!r})
+        post = aml.load({str(tmp_path / "schools.pt")!r}, model=eight_schools)
+        post.resume(30, executor=None).save({str(tmp_path / "schools-more.pt")!r})
+    """
+    assert run_python(script).wait(timeout=300) == 0
+    for case in CASES:
+        model, args = CASES[case]
+        whole = aml.fit(model, *args, engine=nuts(60, executor=None), seed=0)
+        assert_same_draws(whole, aml.load(tmp_path / f"{case}-more.pt", model=model))
+
+
+@short_runs
+def test_checkpointed_run_continues_from_its_checkpoints(tmp_path):
+    model, args = CASES["blr"]
+    aml.fit(model, *args, engine=nuts(20, executor=None, checkpoint=tmp_path, checkpoint_every=5), seed=0)
+    continued = aml.fit(model, *args, engine=nuts(40, executor=None, checkpoint=tmp_path, checkpoint_every=5), seed=0)
+    assert torch.load(tmp_path / "chain-1.pt", weights_only=True)["positions"].shape[0] == 40
+    assert_same_draws(aml.fit(model, *args, engine=nuts(40, executor=None), seed=0), continued)
+
+
+@pytest.mark.slow
+@short_runs
+def test_killed_checkpointed_run_restarts_with_the_same_draws(tmp_path):
+    folder = tmp_path / "checkpoints"
+    script = f"""
+        import warnings
+        import aml_ppl as aml
+        from aml_ppl.inference import NUTS
+        from aml_ppl.testing.cases import BLR_X, BLR_Y
+        warnings.simplefilter("ignore")
+        engine = NUTS(num_samples=200, warmup_steps=50, num_chains=2, progress_bar=False, executor=None,
+                      checkpoint={str(folder)!r}, checkpoint_every=5)
+        aml.fit(aml.models.BayesianLinearRegression(), BLR_X, BLR_Y, engine=engine, seed=0)
+    """
+    run = run_python(script)
+    deadline = time.monotonic() + 120
+    while not (folder / "chain-0.pt").exists() and run.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.005)
+    run.send_signal(signal.SIGKILL)
+    run.wait()
+    assert run.returncode == -signal.SIGKILL, "the run ended before it was killed"
+    kept = torch.load(folder / "chain-0.pt", weights_only=True)["positions"].shape[0]
+    assert 5 <= kept < 200 and not (folder / "chain-1.pt").exists()
+
+    model, args = CASES["blr"]
+    restarted = aml.fit(model, *args, engine=nuts(200, executor=None, checkpoint=folder, checkpoint_every=5), seed=0)
+    assert_same_draws(aml.fit(model, *args, engine=nuts(200, executor=None), seed=0), restarted)
+
+
+@short_runs
+def test_finished_checkpoints_give_the_run_back(tmp_path):
+    model, args = CASES["blr"]
+    engine = nuts(30, checkpoint=tmp_path, checkpoint_every=7)  # chains in processes, each writing its file
+    first = aml.fit(model, *args, engine=engine, seed=0)
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["chain-0.pt", "chain-1.pt"]
+    assert_same_draws(first, aml.fit(model, *args, engine=engine, seed=0))
+    assert_same_draws(first, aml.fit(model, *args, engine=nuts(30), seed=0))
+
+
+@short_runs
+def test_checkpoint_of_another_run_is_refused(tmp_path):
+    model, args = CASES["blr"]
+    aml.fit(model, *args, engine=nuts(10, executor=None, checkpoint=tmp_path, checkpoint_every=5), seed=0)
+    with pytest.raises(InputDataError, match="seed"):
+        aml.fit(model, *args, engine=nuts(10, executor=None, checkpoint=tmp_path), seed=1)
+    with pytest.raises(InputDataError, match="settings"):
+        aml.fit(model, *args, engine=nuts(10, executor=None, checkpoint=tmp_path, target_accept_prob=0.9), seed=0)
+    with pytest.raises(InputDataError, match="data"):
+        aml.fit(model, BLR_X, BLR_Y + 1, engine=nuts(10, executor=None, checkpoint=tmp_path), seed=0)
+    with pytest.raises(InputDataError, match="more than num_samples"):
+        aml.fit(model, *args, engine=nuts(5, executor=None, checkpoint=tmp_path), seed=0)
+    (tmp_path / "chain-0.pt").write_bytes(b"not a checkpoint")
+    with pytest.raises(InputDataError, match="not a NUTS checkpoint"):
+        aml.fit(model, *args, engine=nuts(10, executor=None, checkpoint=tmp_path), seed=0)
+
+
+def test_bad_checkpoint_options_are_refused(tmp_path):
+    (tmp_path / "file").write_text("")
+    with pytest.raises(InputDataError, match="`checkpoint` must be a folder"):
+        NUTS(checkpoint=tmp_path / "file")
+    with pytest.raises(InputDataError, match="checkpoint_every"):
+        NUTS(checkpoint=tmp_path, checkpoint_every=0)
+    with pytest.raises(InputDataError, match="checkpoint"):
+        NUTS(checkpoint=tmp_path, vectorized=True)
+
+
+@short_runs
+def test_resume_without_chains_is_refused():
+    model, args = CASES["blr"]
+    with pytest.raises(InputDataError, match="'map'"):
+        aml.fit(model, *args, engine=MAP(progress_bar=False), seed=0).resume(10)
+    chees = aml.fit(model, *args, engine=ChEES(num_samples=10, warmup_steps=20, num_chains=4), seed=0)
+    with pytest.raises(InputDataError, match="ChEES"):
+        chees.resume(10)
+    with pytest.raises(InputDataError, match="num_samples"):
+        aml.fit(model, *args, engine=nuts(10, executor=None), seed=0).resume(0)
