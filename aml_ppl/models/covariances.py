@@ -21,8 +21,8 @@ from torch import Tensor
 
 from aml_ppl.errors import ModelFittingError
 
-# Elements of the widest rows x columns temporary per block in the E- and M-steps: 2 MiB
-# in float64, one core's L2 cache (docs/design-notes.md, "Mixtures' blocks").
+# Elements of the widest rows x columns temporary per block in the E- and M-steps: 8 MiB
+# in float64 (docs/design-notes.md, "Mixtures' blocks").
 BLOCK_ELEMENTS = 1 << 20
 
 # (values, event_dims) -> each data point's component's value; see GaussianMixture.model.
