@@ -1,13 +1,15 @@
 """EM seconds per iteration against scikit-learn's GaussianMixture, same start, full covariance.
 
 For each (n, d, k): the same k-means++ start for both, a fixed number of iterations
-(tol = 0), timed interleaved in this process, median of 5 (on this shared machine some of
-our short runs take 2-3x longer at random); then the final mean log-likelihood of each. Our achieved GFLOP/s is set against a measured float64 matmul peak. `--memory-table`
+(tol = 0; 10, or 5 at n = 10^6), timed interleaved in this process, median of ``--repeats``
+(one run at n = 10^6; on this shared machine some of our short runs take 2-3x longer at
+random); then the final mean log-likelihood of each. ``--threads`` sets both sides'
+threads (torch's, and the BLAS scikit-learn calls through threadpoolctl). Our achieved GFLOP/s is set against a measured float64 matmul peak. `--memory-table`
 measures each side's peak resident memory in a fresh child process (the whole process, as
 `/usr/bin/time -v` would report it), from a parent that holds no data: a child's peak
 includes its parent's memory at the fork.
 
-Usage: python benchmarks/bench_em.py [--quick | --sizes N [N ...]]
+Usage: python benchmarks/bench_em.py [--quick | --sizes N [N ...]] [--threads T] [--repeats R] [--json PATH]
        python benchmarks/bench_em.py --memory-table
        python benchmarks/bench_em.py --memory {ours,sklearn} N D K   (child mode)
 """
@@ -15,6 +17,8 @@ Usage: python benchmarks/bench_em.py [--quick | --sizes N [N ...]]
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import resource
 import subprocess
 import sys
@@ -92,30 +96,63 @@ def em_flops(n: int, d: int, k: int) -> float:
     return 2 * 2 * n * features * k + n * features + 8 * n * k * d
 
 
-def main(sizes: list[int]) -> None:
-    torch.set_num_threads(2)
+COLUMNS = ["n", "d", "k", "scikit-learn s/iter", "aml_ppl s/iter", "speed-up", "|ΔLL|/pt", "aml_ppl GFLOP/s", "% of matmul peak"]
+
+
+def main(sizes: list[int], threads: int, repeats: int) -> list[list]:
+    from threadpoolctl import threadpool_limits
+
+    torch.set_num_threads(threads)
     peak = matmul_peak_gflops()
     print(machine_line())
     print(f"float64 matmul peak {peak:.0f} GFLOP/s; full covariance; same k-means++ start; tol = 0")
     print(f"{'n':>9} {'d':>3} {'k':>3} {'sklearn s/it':>13} {'ours s/it':>10} {'speed-up':>9} "
           f"{'|dLL|/pt':>9} {'ours GF/s':>9} {'% peak':>7}")
+    warm = blobs(100, 2, 3)
+    run_sklearn(warm, start(warm, 3), 1), run_ours(warm, start(warm, 3), 1)  # imports outside the timers
+    rows = []
     for n in sizes:
         for d in (2, 10):
             for k in (3, 8):
                 X = blobs(n, d, k)
                 params = start(X, k)
                 iterations = 5 if n >= 1_000_000 else 10
-                timings = interleaved(
-                    {"sklearn": lambda: run_sklearn(X, params, iterations),
-                     "ours": lambda: run_ours(X, params, iterations)},
-                    repeats=5,
-                )
-                gap = abs(run_ours(X, params, iterations).score(X) - run_sklearn(X, params, iterations).score(X.numpy()))
+                fits = {}
+                with threadpool_limits(threads, user_api="blas"):
+                    timings = interleaved(
+                        {"sklearn": lambda: fits.__setitem__("sklearn", run_sklearn(X, params, iterations)),
+                         "ours": lambda: fits.__setitem__("ours", run_ours(X, params, iterations))},
+                        repeats=repeats if n < 1_000_000 else 1,
+                    )
+                gap = abs(fits["ours"].score(X) - fits["sklearn"].score(X.numpy()))
                 ours_s, sklearn_s = timings["ours"] / iterations, timings["sklearn"] / iterations
                 gflops = em_flops(n, d, k) / ours_s / 1e9
+                rows.append([n, d, k, round(sklearn_s, 5), round(ours_s, 5), f"{sklearn_s / ours_s:.2f}x", f"{gap:.1e}",
+                             round(gflops, 2), f"{100 * gflops / peak:.1f} %"])
                 print(f"{n:>9} {d:>3} {k:>3} {sklearn_s:>13.4f} {ours_s:>10.4f} {sklearn_s / ours_s:>8.2f}x "
                       f"{gap:>9.1e} {gflops:>9.2f} {100 * gflops / peak:>6.1f}%",
                       flush=True)
+    return rows
+
+
+def write_record(path: str, rows: list[list], options: argparse.Namespace) -> None:
+    r"""This run as the benchmarks/results/ record (see render_results.py)."""
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                            cwd=Path(__file__).parent).stdout.strip()
+    Path(path).write_text(json.dumps({
+        "title": "EM for Gaussian mixtures against scikit-learn `GaussianMixture`", "benchmark": "bench_em.py",
+        "issues": [53],
+        "command": f"python benchmarks/bench_em.py --sizes {' '.join(map(str, options.sizes))} "
+                   f"--threads {options.threads} --repeats {options.repeats}",
+        "commit": commit, "date": time.strftime("%Y-%m-%d"),
+        "machine": machine_line().removeprefix("machine: ").split(", load")[0],
+        "load": f"load average {os.getloadavg()[0]:.1f} at the end",
+        "tables": [{"caption": f"Full covariance, float64, the same k-means++ start for both, tol = 0 (10 iterations, "
+                               f"5 at n = 10⁶), interleaved, median of {options.repeats} (one run at n = 10⁶), "
+                               f"{options.threads} thread(s) each. |ΔLL|/pt: the final mean log-likelihoods' difference.",
+                    "columns": COLUMNS, "rows": rows}],
+        "notes": "",
+    }, indent=1, ensure_ascii=False) + "\n")
 
 
 def memory_child(side: str, n: int, d: int, k: int) -> None:
@@ -128,7 +165,10 @@ def memory_child(side: str, n: int, d: int, k: int) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="n = 10^4 and 10^5 only")
-    parser.add_argument("--sizes", nargs="+", type=int, default=[10_000, 100_000, 1_000_000])
+    parser.add_argument("--sizes", nargs="+", type=int, default=[1_000, 10_000, 100_000, 1_000_000])
+    parser.add_argument("--threads", type=int, default=2, help="threads of each side")
+    parser.add_argument("--repeats", type=int, default=5, help="timed runs of each side below n = 10^6")
+    parser.add_argument("--json", default=None, help="write the benchmarks/results/ record here")
     parser.add_argument("--memory", nargs=4, metavar=("SIDE", "N", "D", "K"))
     parser.add_argument("--memory-table", action="store_true", help="peak memory at n = 10^6 only")
     options = parser.parse_args()
@@ -141,4 +181,8 @@ if __name__ == "__main__":
             peaks = {side: peak_memory_mib(side, 1_000_000, d, k) for side in ("sklearn", "ours")}
             print(f"n = 10^6, d = {d:2d}, k = {k}: peak MiB sklearn {peaks['sklearn']:.0f}, ours {peaks['ours']:.0f}")
     else:
-        main([10_000, 100_000] if options.quick else options.sizes)
+        if options.quick:
+            options.sizes = [10_000, 100_000]
+        measured = main(options.sizes, options.threads, options.repeats)
+        if options.json:
+            write_record(options.json, measured, options)

@@ -295,7 +295,9 @@ class EM(Engine):
         values, following = model.em_step(X, params, hard=self.hard, **shards)
         history = [self._objective(values, ranks)]
         converged = False
-        steps = tqdm(range(self.max_iter), desc=f"em run {restart}", disable=not (self.progress_bar and ranks.is_main))
+        steps = range(self.max_iter)
+        if self.progress_bar and ranks.is_main:
+            steps = tqdm(steps, desc=f"em run {restart}")
         for _ in steps:
             params = following
             values, following = model.em_step(X, params, hard=self.hard, **shards)

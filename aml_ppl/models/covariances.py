@@ -10,6 +10,7 @@ on the type again.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Callable, NamedTuple
@@ -20,8 +21,8 @@ from torch import Tensor
 
 from aml_ppl.errors import ModelFittingError
 
-# Elements of the widest rows x columns temporary per block in the E- and M-steps: 2 MiB
-# in float64, one core's L2 cache (docs/design-notes.md, "Mixtures' blocks").
+# Elements of the widest rows x columns temporary per block in the E- and M-steps: 8 MiB
+# in float64 (docs/design-notes.md, "Mixtures' blocks").
 BLOCK_ELEMENTS = 1 << 20
 
 # (values, event_dims) -> each data point's component's value; see GaussianMixture.model.
@@ -50,16 +51,33 @@ def quadratic_pays(k: int, d: int, dtype: torch.dtype) -> bool:
 
 def quadratic_features(centred: Tensor, out: Tensor | None = None) -> Tensor:
     r"""Each row's products :math:`c_a c_b`, :math:`a \le b`, in the order of
-    ``torch.triu_indices(d, d)``, then the row itself: ``rows x (d(d+1)/2 + d)``, one slice
-    product per coordinate (into the first rows of ``out`` when given)."""
-    d = centred.shape[1]
-    features = centred.new_empty(centred.shape[0], d * (d + 3) // 2) if out is None else out[: centred.shape[0]]
+    ``torch.triu_indices(d, d)``, then the row itself: ``rows x (d(d+1)/2 + d)``, one
+    product per coordinate (into the first rows of ``out``, an earlier result, when given).
+
+    The result is the transpose of a contiguous ``(d(d+3)/2) x rows`` buffer: each product
+    then multiplies whole contiguous rows of coordinates, and the matrix products that take
+    the features read them as they lie (docs/design-notes.md, "Mixtures' blocks")."""
+    rows, d = centred.shape
+    features = centred.new_empty(d * (d + 3) // 2, rows).T if out is None else out[:rows]
+    coordinates = features[:, d * (d + 1) // 2 :]
+    coordinates.copy_(centred)
     start = 0
     for a in range(d):
-        torch.mul(centred[:, a : a + 1], centred[:, a:], out=features[:, start : start + d - a])
+        torch.mul(coordinates[:, a : a + 1], coordinates[:, a:], out=features[:, start : start + d - a])
         start += d - a
-    features[:, start:] = centred
     return features
+
+
+@functools.cache
+def _pair_index(d: int, device: torch.device) -> tuple[Tensor, Tensor]:
+    r"""For the ``d(d+1)/2`` pairs :math:`a \le b` in ``triu_indices`` order: each pair's
+    position in a row-major ``d x d`` matrix, and for each of the ``d x d`` positions the
+    position of its pair (:math:`(\min, \max)`), to read a symmetric matrix from its pairs."""
+    upper = torch.triu_indices(d, d, device=device)
+    pair_of = torch.empty(d, d, dtype=torch.long, device=device)
+    pair_of[upper[0], upper[1]] = torch.arange(upper.shape[1], device=device)
+    pair_of[upper[1], upper[0]] = pair_of[upper[0], upper[1]]
+    return upper[0] * d + upper[1], pair_of.flatten()
 
 
 class DiagonalTerms(NamedTuple):
@@ -142,21 +160,29 @@ def _diagonal_terms(means: Tensor, variances: Tensor) -> DiagonalTerms:
 def _correlated_terms(means: Tensor, covariances: Tensor, reg_covar: float) -> CholeskyTerms | QuadraticTerms:
     r""":class:`QuadraticTerms` where :func:`quadratic_pays` (its features then serve the
     M-step too), else :class:`CholeskyTerms`: always in lower precision than float64, whose
-    rounding the expanded square would multiply by :math:`\lambda_{\max}(\Lambda_j)\|u\|^2`."""
+    rounding the expanded square would multiply by :math:`\lambda_{\max}(\Lambda_j)\|u\|^2`.
+
+    All components at once (batched factorisations): :math:`\Sigma_j = L_j L_j^\top`,
+    :math:`\log|\Lambda_j|^{1/2} = -\sum_a \log L_{j,aa}`; the quadratic form takes
+    :math:`\Lambda_j = L_j^{-\top} L_j^{-1}` (``cholesky_inverse``), the projections
+    :math:`P_j = L_j^{-\top}`."""
     k, d = means.shape
-    precision_chol = precision_cholesky(covariances, reg_covar).expand(k, d, d)
-    log_det = torch.log(torch.diagonal(precision_chol, dim1=-2, dim2=-1)).sum(-1)
+    chol = cholesky(covariances, reg_covar).expand(k, d, d)
+    log_det = -torch.log(torch.diagonal(chol, dim1=-2, dim2=-1)).sum(-1)
     if quadratic_pays(k, d, means.dtype):
         centre = means.mean(0)
-        shifted = torch.einsum("kd,kde->ke", means - centre, precision_chol)  # P_j^T m_j
-        precisions = precision_chol @ precision_chol.transpose(-2, -1)
-        upper = torch.triu_indices(d, d, device=means.device)
-        doubled = torch.where(upper[0] == upper[1], 1.0, 2.0).to(means.dtype)
+        precisions = torch.cholesky_inverse(chol)
+        offsets = means - centre
+        pulled = (precisions @ offsets[:, :, None])[:, :, 0]  # Lambda_j m_j
+        pairs, _ = _pair_index(d, means.device)
+        doubled = torch.where(pairs % (d + 1) == 0, -0.5, -1.0).to(means.dtype)  # diagonal pairs once, others twice
         return QuadraticTerms(
             centre,
-            torch.cat([-0.5 * doubled * precisions[:, upper[0], upper[1]], torch.einsum("kde,ke->kd", precision_chol, shifted)], 1),
-            _gaussian_constant(d) + log_det - 0.5 * shifted.square().sum(1),
+            torch.cat([doubled * precisions.reshape(k, d * d)[:, pairs], pulled], 1),
+            _gaussian_constant(d) + log_det - 0.5 * (offsets * pulled).sum(1),
         )
+    eye = torch.eye(d, dtype=chol.dtype, device=chol.device)
+    precision_chol = torch.linalg.solve_triangular(chol, eye.expand_as(chol), upper=False).transpose(-2, -1)
     return CholeskyTerms(
         precision_chol.transpose(-2, -1).reshape(k * d, d),
         torch.einsum("kd,kde->ke", means, precision_chol).reshape(k * d),
@@ -164,8 +190,9 @@ def _correlated_terms(means: Tensor, covariances: Tensor, reg_covar: float) -> C
     )
 
 
-def precision_cholesky(covariances: Tensor, reg_covar: float) -> Tensor:
-    r""":math:`L^{-\top}` for each covariance :math:`LL^\top`, with advice when one is not PD."""
+def cholesky(covariances: Tensor, reg_covar: float) -> Tensor:
+    r"""The lower Cholesky factor :math:`L` of each covariance :math:`LL^\top`, with advice
+    when one is not positive definite."""
     chol, info = torch.linalg.cholesky_ex(covariances)
     if (info != 0).any():
         raise ModelFittingError(
@@ -173,8 +200,7 @@ def precision_cholesky(covariances: Tensor, reg_covar: float) -> Tensor:
             f"data are degenerate); reg_covar = {reg_covar:g}. Increase `reg_covar`, use fewer "
             "components, or standardise the data."
         )
-    eye = torch.eye(covariances.shape[-1], dtype=covariances.dtype, device=covariances.device)
-    return torch.linalg.solve_triangular(chol, eye.expand_as(chol), upper=False).transpose(-2, -1)
+    return chol
 
 
 # -- M-step estimates (IML §14.2), before regularisation ----------------------------------
@@ -205,10 +231,8 @@ def _square_moments(centred: Tensor, responsibilities: Tensor, features: Tensor 
 
 def _symmetric(pair_sums: Tensor, d: int) -> Tensor:
     r"""``k x d x d`` symmetric matrices from their upper triangles in ``triu_indices`` order."""
-    upper = torch.triu_indices(d, d, device=pair_sums.device)
-    matrices = pair_sums.new_zeros(pair_sums.shape[0], d, d)
-    matrices[:, upper[0], upper[1]] = pair_sums
-    return matrices + matrices.triu(1).transpose(1, 2)
+    _, pair_of = _pair_index(d, pair_sums.device)
+    return pair_sums[:, pair_of].view(-1, d, d)
 
 
 def _full_estimate(second: Tensor, counts: Tensor, offsets: Tensor) -> Tensor:

@@ -307,15 +307,15 @@ class GaussianMixture(Model):
             parameters :meth:`em_m_step` gives for their responsibilities.
         """
         terms = self._covariance.density_terms(params["means"], params["covariances"], self.reg_covar)
+        # log pi_j joins each component's constant, so the log-densities come weighted.
+        terms = terms._replace(offset=terms.offset + torch.log(params["weights"]))
         quadratic = isinstance(terms, QuadraticTerms)
         centre = terms.centre if quadratic else params["means"].mean(0)
-        log_weights = torch.log(params["weights"])
         objective = X.new_empty(X.shape[0])
         sums = None
         rows = block_rows(*params["means"].shape)
         for (block, centred, features), value in zip(self._blocks(X, centre, quadratic), objective.split(rows)):
-            densities = terms.of_features(features) if quadratic else terms.log_densities(block)
-            weighted = densities.add_(log_weights)
+            weighted = terms.of_features(features) if quadratic else terms.log_densities(block)
             if hard:
                 best = weighted.max(1, keepdim=True)
                 value.copy_(best.values[:, 0])
