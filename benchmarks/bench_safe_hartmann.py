@@ -20,10 +20,11 @@ sets the observation noise (and BoTorch's restarts); every run starts from the s
 
 Usage: python benchmarks/bench_safe_hartmann.py [--seeds 5] [--budgets 50 100]
     [--methods itl vtl ...] [--jobs 2] [--json benchmarks/results/safe-hartmann.json]
-    [--runs-file runs.jsonl]
+    [--runs-file runs.jsonl [--report-only]]
 --jobs runs (method, seed) pairs in parallel processes, one thread each. --runs-file keeps each
 finished (method, seed) run as one JSON line; a rerun with the same file skips those runs, so a
-long benchmark stopped part-way continues where it stopped.
+long benchmark stopped part-way continues where it stopped; with --report-only it runs nothing
+and reports the runs the file holds.
 """
 
 from __future__ import annotations
@@ -158,7 +159,7 @@ def _run_one_packed(arguments: tuple) -> tuple[str, int, list[dict]]:
     return run_one(*arguments)
 
 
-COLUMNS = ["method", "evaluations", "unsafe (all seeds)", "regret, best safe evaluation",
+COLUMNS = ["method", "seeds", "evaluations", "unsafe (all seeds)", "regret, best safe evaluation",
            "regret, recommendation", "distinct points (fewest)", "s/step"]
 
 
@@ -168,12 +169,14 @@ def table_rows(finished: list, methods: list[str], budgets: list[int]) -> list[l
     for method in methods:
         for index, budget in enumerate(budgets):
             runs = [results[index] for name, _, results in finished if name == method]
+            if not runs:
+                continue
 
             def summary(key: str) -> str:
                 values = [run[key] for run in runs]
                 return f"{statistics.median(values):.3f} ({max(values):.3f})"
 
-            rows.append([method, budget, sum(run["unsafe"] for run in runs), summary("regret_best_safe"),
+            rows.append([method, len(runs), budget, sum(run["unsafe"] for run in runs), summary("regret_best_safe"),
                          summary("regret_recommended"), min(run["distinct"] for run in runs),
                          round(statistics.median(run["seconds_per_step"] for run in runs), 2)])
     return rows
@@ -190,8 +193,9 @@ def write_json(path: str, rows: list[list], seeds: int, budgets: list[int], meth
         "command": command, "commit": commit, "date": time.strftime("%Y-%m-%d"),
         "machine": machine_line().removeprefix("machine: ").split(", load")[0],
         "load": f"load average {os.getloadavg()[0]:.1f}",
-        "tables": [{"caption": f"constrained Hartmann6, one safe seed, {seeds} seeds: median (max) over seeds; "
-                               "unsafe summed", "columns": COLUMNS, "rows": rows}],
+        "tables": [{"caption": f"constrained Hartmann6, one safe seed, seeds 0 to {seeds - 1} (the 'seeds' column: "
+                               "those finished): median (max) over seeds; unsafe summed",
+                    "columns": COLUMNS, "rows": rows}],
         "notes": "",
     }, indent=1))
 
@@ -206,21 +210,22 @@ def finished_runs(runs_file: str | None, budgets: list[int]) -> list:
 
 
 def main(seeds: int, budgets: list[int], methods: list[str], jobs: int, json_path: str | None,
-         runs_file: str | None = None) -> None:
+         runs_file: str | None = None, report_only: bool = False) -> None:
     torch.set_num_threads(1)
     print(machine_line(), f"| {jobs} worker process(es)")
     finished = [run for run in finished_runs(runs_file, budgets) if run[0] in methods and run[1] < seeds]
     done = {(method, seed) for method, seed, _ in finished}
     runs = [(method, seed, budgets) for seed in range(seeds) for method in methods  # every method's seed 0 first
-            if (method, seed) not in done]
-    with multiprocessing.get_context("spawn").Pool(jobs) as pool:
-        for method, seed, results in pool.imap_unordered(_run_one_packed, runs, chunksize=1):
-            finished.append((method, seed, results))
-            if runs_file is not None:
-                with open(runs_file, "a") as handle:
-                    handle.write(json.dumps({"method": method, "seed": seed, "results": results}) + "\n")
+            if (method, seed) not in done and not report_only]
+    if runs:
+        with multiprocessing.get_context("spawn").Pool(jobs) as pool:
+            for method, seed, results in pool.imap_unordered(_run_one_packed, runs, chunksize=1):
+                finished.append((method, seed, results))
+                if runs_file is not None:
+                    with open(runs_file, "a") as handle:
+                        handle.write(json.dumps({"method": method, "seed": seed, "results": results}) + "\n")
     rows = table_rows(finished, methods, budgets)
-    print(f"constrained Hartmann6, one safe seed, {seeds} seeds: median (max) over seeds; unsafe summed")
+    print(f"constrained Hartmann6, one safe seed, seeds 0 to {seeds - 1} (those finished): median (max); unsafe summed")
     print("| " + " | ".join(COLUMNS) + " |\n" + "|---" * len(COLUMNS) + "|")
     for row in rows:
         print("| " + " | ".join(map(str, row)) + " |")
@@ -236,5 +241,7 @@ if __name__ == "__main__":
     parser.add_argument("--jobs", type=int, default=1)
     parser.add_argument("--json", default=None)
     parser.add_argument("--runs-file", default=None)
+    parser.add_argument("--report-only", action="store_true")
     options = parser.parse_args()
-    main(options.seeds, sorted(options.budgets), options.methods, options.jobs, options.json, options.runs_file)
+    main(options.seeds, sorted(options.budgets), options.methods, options.jobs, options.json, options.runs_file,
+         options.report_only)
