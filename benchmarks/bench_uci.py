@@ -3,7 +3,9 @@
 Protocol (the data's README): one hidden layer of 50 ReLU units; inputs and targets
 normalised with the training split's mean and sd; test RMSE and mean test log-likelihood
 per point in the original units of y; mean ± standard error over the splits. Ours: a
-mean-field BayesianNeuralNetwork fitted by SVI (minibatches, learned homoscedastic noise).
+mean-field BayesianNeuralNetwork fitted by SVI (minibatches, learned homoscedastic noise), or
+with ``--engine laplace`` the linearised Laplace approximation around its L-BFGS MAP (full
+batches; the noise at the MAP, the prior precision by the evidence), or ``--engine map``.
 The published VI / PBP / MC-dropout figures are printed beside ours for reference (they
 stay in the data's README; nothing of the data goes into the package).
 
@@ -25,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from _common import machine_line  # noqa: E402
 
 import aml_ppl as aml  # noqa: E402
-from aml_ppl.inference import SVI  # noqa: E402
+from aml_ppl.inference import MAP, SVI, Laplace  # noqa: E402
 
 SETS = ("concrete", "energy", "yacht", "kin8nm", "power-plant", "naval-propulsion-plant")
 # (RMSE, test LL) of Graves' VI, PBP and MC dropout: Gal & Ghahramani (2016), Table 1.
@@ -49,16 +51,19 @@ def read_split(folder: Path, split: int) -> tuple[torch.Tensor, ...]:
     return X[train], y[train], X[test], y[test]
 
 
-def run_split(folder: Path, split: int, steps: int, batch: int) -> tuple[float, float, float]:
+def run_split(folder: Path, split: int, steps: int, batch: int, engine: str = "svi") -> tuple[float, float, float]:
     X, y, X_test, y_test = read_split(folder, split)
     x_mean, x_sd = X.mean(0), X.std(0).clamp_min(1e-6)
     y_mean, y_sd = y.mean(), y.std()
-    bnn = aml.models.BayesianNeuralNetwork(
-        X.shape[1], hidden=(50,), subsample_size=min(batch, X.shape[0]), init_scale=1e-3
-    )
+    minibatch = min(batch, X.shape[0]) if engine == "svi" else None
+    bnn = aml.models.BayesianNeuralNetwork(X.shape[1], hidden=(50,), subsample_size=minibatch, init_scale=1e-3)
+    fitter = {
+        "svi": lambda: SVI(num_steps=steps, lr=1e-2, progress_bar=False),
+        "laplace": lambda: Laplace(num_steps=steps),
+        "map": lambda: MAP(num_steps=steps, progress_bar=False),
+    }[engine]()
     start = time.perf_counter()
-    post = aml.fit(bnn, (X - x_mean) / x_sd, (y - y_mean) / y_sd, seed=split,
-                   engine=SVI(num_steps=steps, lr=1e-2, progress_bar=False))
+    post = aml.fit(bnn, (X - x_mean) / x_sd, (y - y_mean) / y_sd, seed=split, engine=fitter)
     inputs = (X_test - x_mean) / x_sd
     standardised = (y_test - y_mean) / y_sd
     mean = post.predict(inputs, num_samples=500).mean * y_sd + y_mean
@@ -75,17 +80,21 @@ def main() -> None:
     parser.add_argument("--splits", type=int, default=20)
     parser.add_argument("--steps", type=int, default=4000)
     parser.add_argument("--batch", type=int, default=128)
+    parser.add_argument("--engine", choices=("svi", "laplace", "map"), default="svi",
+                        help="laplace and map: full batches, --steps L-BFGS iterations at most")
+    parser.add_argument("--first-split", type=int, default=0)
     options = parser.parse_args()
     if not options.data.is_dir():
         print(f"bench_uci: no data at {options.data}; pass --data (the UCI folder with the splits). Skipped.")
         return
     torch.set_num_threads(1)
     print(machine_line())
-    print(f"SVI {options.steps} steps, batch {options.batch}, lr 1e-2; mean ± s.e. over {options.splits} splits")
+    print(f"{options.engine} {options.steps} steps, batch {options.batch}; mean ± s.e. over {options.splits} splits from {options.first_split}")
     print(f"{'set':24s} {'RMSE ours':>14s} {'VI':>6s} {'PBP':>6s} {'drop':>6s}   {'test LL ours':>14s} {'VI':>6s} {'PBP':>6s} {'drop':>6s}  s/split")
     for name in options.sets:
         folder = options.data / name / "data" if (options.data / name / "data").is_dir() else options.data / name
-        results = np.array([run_split(folder, split, options.steps, options.batch) for split in range(options.splits)])
+        splits = range(options.first_split, options.first_split + options.splits)
+        results = np.array([run_split(folder, split, options.steps, options.batch, options.engine) for split in splits])
         mean, error = results.mean(0), results.std(0, ddof=1) / math.sqrt(len(results)) if len(results) > 1 else 0 * results[0]
         (vi_rmse, vi_ll), (pbp_rmse, pbp_ll), (drop_rmse, drop_ll) = PUBLISHED[name]
         print(f"{name:24s} {mean[0]:7.3f} ± {error[0]:5.3f} {vi_rmse:6.2f} {pbp_rmse:6.2f} {drop_rmse:6.2f}   "

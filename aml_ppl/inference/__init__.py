@@ -13,6 +13,7 @@ from aml_ppl.inference.io import load
 from aml_ppl.inference.em import EM, MixturePosterior
 from aml_ppl.inference.exact import Exact, GaussianPosterior
 from aml_ppl.inference.map import MAP
+from aml_ppl.inference.laplace import Laplace, LaplacePosterior
 from aml_ppl.inference.mcmc import NUTS, SamplePosterior
 from aml_ppl.inference.chees import ChEES
 from aml_ppl.inference.guide_posterior import GuidePosterior
@@ -27,6 +28,8 @@ __all__ = [
     "Fitted",
     "GaussianPosterior",
     "GuidePosterior",
+    "Laplace",
+    "LaplacePosterior",
     "MAP",
     "MixturePosterior",
     "NUTS",

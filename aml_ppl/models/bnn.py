@@ -147,6 +147,7 @@ class BayesianNeuralNetwork(Model):
         self.scale_by_fan_in = bool(scale_by_fan_in)
         self.local_reparameterization = bool(local_reparameterization)
         self.initial_noise_precision = 100.0
+        self.linearised_at: dict[str, torch.Tensor] | None = None
 
     def site_dims(self) -> dict[str, list[str]]:
         return {"layers.0.weight": ["layers.0.weight_dim_0", "feature"]}
@@ -226,7 +227,17 @@ class BayesianNeuralNetwork(Model):
         r""":math:`f(X \mid \theta)`: ``n x out``, or ``S x n x out`` for weights with a batch of
         draws ``S x 1 x ...`` (the 1 is the data plate's slot, dropped at the end) or ``S x ...``
         (as ``pyro.infer.Predictive(parallel=True)`` shapes them: no slot for a site outside
-        every plate whose event has as many dimensions as the plates nest)."""
+        every plate whose event has as many dimensions as the plates nest). A network
+        :meth:`linearised` at :math:`\hat\theta` returns its first-order Taylor expansion
+        :math:`f(X \mid \hat\theta) + J(X)(\theta - \hat\theta)` (a Jacobian-vector product)."""
+        if self.linearised_at is None:
+            return self._network(X, weights)
+        mode = {name: self.linearised_at[name].expand_as(value).contiguous() for name, value in weights.items() if name in self.linearised_at}
+        shift = {name: value - mode[name] for name, value in weights.items() if name in mode}
+        at_mode, change = torch.func.jvp(lambda point: self._network(X, point), (mode,), (shift,))
+        return at_mode + change
+
+    def _network(self, X: torch.Tensor, weights: dict[str, torch.Tensor]) -> torch.Tensor:
         hidden = X
         for weight_site, bias_site, last in self._layers():
             hidden = hidden @ weights[weight_site].transpose(-1, -2) + weights[bias_site].unsqueeze(-2)
@@ -234,6 +245,52 @@ class BayesianNeuralNetwork(Model):
                 hidden = ACTIVATIONS[self.activation](hidden)
         slotted = weights[self._layers()[0][0]].dim() > 3
         return hidden.squeeze(-3) if slotted else hidden
+
+    def linearised(self, mode: dict[str, torch.Tensor]) -> BayesianNeuralNetwork:
+        r"""A copy whose :meth:`forward_pass` is the first-order Taylor expansion at the weights
+        ``mode`` (site name to value): the generalised linear model of the linearised Laplace
+        approximation (Immer et al. 2021, Eq. 6)."""
+        network = type(self)(**self.get_config())
+        network.linearised_at = {name: value.detach() for name, value in mode.items() if name in self._layer_shapes()}
+        return network
+
+    def last_layer_sites(self) -> list[str]:
+        r"""The output layer's weight and bias sites."""
+        weight_site, bias_site, _ = self._layers()[-1]
+        return [weight_site, bias_site]
+
+    def output_hessian(self, output: torch.Tensor, values: dict[str, torch.Tensor]) -> torch.Tensor:
+        r""":math:`\Lambda = \partial^2_f [-\log p(y \mid f)]` at outputs ``output`` (``n x out``):
+        :math:`\mathrm{diag}(p) - pp^\top`, :math:`p = \mathrm{softmax}(f)`, for a categorical
+        likelihood; :math:`\sigma^{-2}` on the mean's output for a Gaussian one (Immer et al.
+        2021, §2). ``n x out x out``."""
+        if self.likelihood == "categorical":
+            probs = output.softmax(-1)
+            return torch.diag_embed(probs) - probs.unsqueeze(-1) * probs.unsqueeze(-2)
+        if self.heteroscedastic:
+            raise ModelFittingError(
+                "the Laplace approximation's Gauss-Newton Hessian takes the noise as fixed, and a heteroscedastic "
+                "network computes it from the weights; fit it by SVI, or use heteroscedastic=False."
+            )
+        hessian = output.new_zeros(*output.shape, output.shape[-1])
+        hessian[..., 0, 0] = 1 / self._noise_variance(values)
+        return hessian
+
+    def output_predictive(
+        self, mean: torch.Tensor, covariance: torch.Tensor, values: dict[str, torch.Tensor]
+    ) -> dist.TorchDistribution:
+        r"""The predictive of ``y`` when the outputs are :math:`f \sim \mathcal{N}(m, \Sigma)` per point
+        (``mean`` ``n x out``, ``covariance`` ``n x out x out``): for a Gaussian likelihood exactly
+        :math:`\mathcal{N}(m_0, \Sigma_{00} + \sigma^2)`; for a categorical one the probit
+        approximation :math:`\mathrm{softmax}_k(m_k / \sqrt{1 + \tfrac{\pi}{8}\Sigma_{kk}})` (MacKay 1992;
+        Daxberger et al. 2021, §3, as laplace-torch's ``link_approx="probit"``)."""
+        if self.likelihood == "categorical":
+            variances = covariance.diagonal(dim1=-2, dim2=-1)
+            return dist.Categorical(logits=mean / (1 + math.pi / 8 * variances).sqrt())
+        return dist.Normal(mean[..., 0], (covariance[..., 0, 0] + self._noise_variance(values)).sqrt())
+
+    def _noise_variance(self, values: dict[str, torch.Tensor]) -> torch.Tensor | float:
+        return 1 / values["noise_precision"] if self._learns_noise else self.noise_scale**2
 
     def _weight_prior(self, X: torch.Tensor, shape: tuple[int, ...]) -> dist.TorchDistribution:
         return dist.Normal(X.new_zeros(shape), self._prior_scale(shape)).to_event(len(shape))

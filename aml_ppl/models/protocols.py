@@ -9,7 +9,7 @@ Which feature reads which protocol: ``"em"`` :class:`ClosedFormEM` (and
 :class:`DataSampling`, :class:`Relabelable`, :class:`CheckedOnce`); ``"exact"``
 :class:`ExactGaussian` or :class:`EvidenceMaximisation`; ``predict``/``log_prob``
 :class:`ConditionalPredictive`, :class:`PointwiseLikelihood`, :class:`VariationalBound`;
-``to_botorch`` :class:`BoTorchExportable`; SVI and MAP :class:`HasGuide`,
+``to_botorch`` :class:`BoTorchExportable`; ``"laplace"`` :class:`LinearisableNetwork`; SVI and MAP :class:`HasGuide`,
 :class:`PreferredLoss`, :class:`InitialValues`, :class:`DataScaledLoss`. The
 records the capabilities exchange (:class:`GaussianLatents`) live here too, low
 enough that ``models`` and ``inference`` both import them.
@@ -302,4 +302,33 @@ class VariationalBound(Protocol):
 
     def generate(self, num_samples: int, **kwargs: Any) -> torch.Tensor:
         r"""``num_samples`` new data points from the model (``Posterior.predict``)."""
+        ...
+
+
+@runtime_checkable
+class LinearisableNetwork(Protocol):
+    r"""A network :math:`f(X \mid \theta)` under a likelihood :math:`p(y \mid f)`: what the
+    ``"laplace"`` engine needs for its generalised Gauss-Newton Hessian and the linearised
+    predictive (Immer et al. 2021)."""
+
+    def forward_pass(self, X: torch.Tensor, weights: dict[str, torch.Tensor]) -> torch.Tensor:
+        r"""The outputs :math:`f(X \mid \theta)`, ``n x out``, at weights (site name to value)."""
+        ...
+
+    def output_hessian(self, output: torch.Tensor, values: dict[str, torch.Tensor]) -> torch.Tensor:
+        r""":math:`\Lambda = \partial^2_f [-\log p(y \mid f)]` at ``output`` (``n x out``), the same
+        for every ``y``: ``n x out x out`` (``values``: the latent sites, for a learned noise)."""
+        ...
+
+    def output_predictive(self, mean: torch.Tensor, covariance: torch.Tensor, values: dict[str, torch.Tensor]) -> Any:
+        r"""The observation's predictive distribution when each point's outputs are Gaussian,
+        :math:`f \sim \mathcal{N}(` ``mean`` (``n x out``), ``covariance`` (``n x out x out``) :math:`)`."""
+        ...
+
+    def linearised(self, mode: dict[str, torch.Tensor]) -> Any:
+        r"""A copy whose outputs are the first-order Taylor expansion of :math:`f` at ``mode``."""
+        ...
+
+    def last_layer_sites(self) -> list[str]:
+        r"""The sites of the output layer's weights (a last-layer Laplace approximation's)."""
         ...

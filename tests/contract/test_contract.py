@@ -17,7 +17,7 @@ import pytest
 
 import aml_ppl as aml
 from aml_ppl.errors import SamplingWarning
-from aml_ppl.inference import EM, ENGINES, MAP, NUTS, SVI, ChEES, Exact, capable_engines
+from aml_ppl.inference import EM, ENGINES, MAP, NUTS, SVI, ChEES, Exact, Laplace, capable_engines
 from aml_ppl.testing import CASES, Case, check_export, check_predictions, check_round_trip
 from aml_ppl.testing.cases import conjugate_normal_posterior
 
@@ -29,6 +29,7 @@ CAPABLE: dict[str, set[str]] = {
     "nuts": {case.name for case in CASES} - {"param_and_sample", "param_mixture", "subsampled"},
     "chees": {case.name for case in CASES} - {"param_and_sample", "param_mixture", "subsampled"},
     "em": {"param_mixture", "gmm"},
+    "laplace": {"bnn"},
 }
 ENGINE_CONFIGS = {
     "exact": lambda: Exact(),
@@ -41,6 +42,11 @@ ENGINE_CONFIGS = {
     # (at 150 the change point's chains had not mixed, r-hat 1.3).
     "chees": lambda: ChEES(num_samples=150, num_chains=16),
     "em": lambda: EM(max_iter=50),
+    # The network's own predictive under the Gaussian's draws, which the case's oracle computes
+    # (the linearised one is checked against closed forms in tests/inference/test_laplace.py);
+    # over the last layer, whose draws PSIS can weigh (the full Gaussian's sampled network
+    # spreads the log-likelihood of a point over a range of 100 and more).
+    "laplace": lambda: Laplace(predictive="nn", hessian="last_layer"),
 }
 NUM_SAMPLES = 200
 PAIRS = [(engine, case) for engine in ENGINE_CONFIGS for case in CASES]

@@ -1,0 +1,152 @@
+r"""The ``"laplace"`` engine against closed forms: a network without hidden layers is a linear
+model, whose Laplace posterior, evidence and linearised predictive are exact, and whose
+categorical log-likelihood has the Gauss-Newton matrix as its Hessian."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import aml_ppl as aml
+from aml_ppl.errors import IncompatibleEngineError, InputDataError, ModelFittingError
+from aml_ppl.inference import Laplace, LaplacePosterior
+from aml_ppl.inference.laplace import flatten, generalised_gauss_newton, laplace_evidence, unflatten
+
+NOISE = 0.3
+
+
+def linear_data(seed: int = 0, count: int = 40) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    X = torch.randn(count, 3, generator=generator, dtype=torch.float64)
+    y = X @ torch.tensor([1.0, -0.5, 0.2], dtype=torch.float64) + 0.3 + NOISE * torch.randn(count, generator=generator, dtype=torch.float64)
+    return X, y
+
+
+def exact_linear_posterior(model: aml.models.BayesianNeuralNetwork, X: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    r"""Bayesian linear regression (notes IML §11.2): features :math:`[x, 1]`, prior precision
+    :math:`P_0` (the model's per-site scales), :math:`\Sigma = (\Phi^\top\Phi/\sigma^2 + P_0)^{-1}`,
+    :math:`\mu = \Sigma \Phi^\top y / \sigma^2`; weights first, then the bias (the sites' order)."""
+    features = torch.cat([X, torch.ones(len(X), 1, dtype=X.dtype)], 1)
+    prior_precision = torch.tensor([model._prior_scale((1, 3)) ** -2] * 3 + [model._prior_scale((1,)) ** -2], dtype=X.dtype)
+    covariance = torch.linalg.inv(features.T @ features / NOISE**2 + torch.diag(prior_precision))
+    return covariance @ features.T @ y / NOISE**2, covariance
+
+
+def linear_fit(**options) -> tuple[aml.models.BayesianNeuralNetwork, LaplacePosterior, torch.Tensor, torch.Tensor]:
+    X, y = linear_data()
+    model = aml.models.BayesianNeuralNetwork(3, hidden=(), noise_scale=NOISE)
+    return model, aml.fit(model, X, y, engine=Laplace(prior_precision=1.0, **options), seed=0), X, y
+
+
+def test_laplace_of_a_linear_gaussian_model_is_its_exact_posterior():
+    model, post, X, y = linear_fit()
+    mean, covariance = exact_linear_posterior(model, X, y)
+    assert post.sites == ["layers.0.weight", "layers.0.bias"]
+    # L-BFGS on a quadratic: the mode to its tolerance; the GGN is the exact Hessian.
+    torch.testing.assert_close(flatten(post.mode, post.sites), mean, atol=1e-7, rtol=0)
+    torch.testing.assert_close(post.covariance_root @ post.covariance_root.T, covariance, atol=1e-10, rtol=1e-8)
+    # The Laplace evidence of a linear-Gaussian model is its marginal likelihood,
+    # y ~ N(0, Φ P0^{-1} Φᵀ + σ² I).
+    features = torch.cat([X, torch.ones(len(X), 1, dtype=X.dtype)], 1)
+    prior_covariance = torch.diag(torch.tensor([1 / 3] * 3 + [1.0], dtype=X.dtype))
+    marginal = torch.distributions.MultivariateNormal(
+        torch.zeros(len(y), dtype=X.dtype), features @ prior_covariance @ features.T + NOISE**2 * torch.eye(len(y), dtype=X.dtype)
+    )
+    assert post.log_marginal_likelihood == pytest.approx(marginal.log_prob(y).item(), abs=1e-6)
+
+
+def test_linearised_predictive_of_a_linear_model_is_the_exact_predictive():
+    model, post, X, y = linear_fit()
+    mean, covariance = exact_linear_posterior(model, X, y)
+    X_new, y_new = linear_data(seed=1, count=7)
+    features = torch.cat([X_new, torch.ones(7, 1, dtype=X.dtype)], 1)
+    exact = torch.distributions.Normal(features @ mean, (torch.einsum("np,pq,nq->n", features, covariance, features) + NOISE**2).sqrt())
+    torch.testing.assert_close(post.log_prob(X_new, y_new), exact.log_prob(y_new), atol=1e-7, rtol=0)
+    # predict replays the linearised network under the Gaussian's draws: Monte Carlo, 5 sd.
+    prediction = post.predict(X_new, num_samples=4000)
+    assert torch.all((prediction.mean - exact.mean).abs() <= 5 * exact.stddev / math.sqrt(4000))
+
+
+def test_monte_carlo_link_averages_the_linearised_network_to_its_closed_form():
+    X, y = linear_data()
+    model = aml.models.BayesianNeuralNetwork(3, hidden=(5,), activation="tanh", noise_scale=NOISE)
+    closed = aml.fit(model, X, y, engine=Laplace(), seed=0)
+    drawn = aml.fit(model, X, y, engine=Laplace(link_approximation="mc"), seed=0)
+    assert drawn.predictive == "glm-mc" and closed.predictive == "glm-probit"
+    # The linearised network's outputs are Gaussian, so the average of N(y; f_s, σ²) over S draws
+    # estimates N(y; f̂, JΣJᵀ + σ²); by the delta method the log of the average has sd CV / √S,
+    # CV the coefficient of variation of the terms over draws: 5 sd.
+    exact, estimate = closed.log_prob(X, y), drawn.log_prob(X, y, num_samples=4000)
+    terms = drawn.replay(4000, drawn.data_args, drawn.data_kwargs).log_likelihood["obs"]
+    likelihoods = (terms - terms.max(0).values).exp()
+    variation = likelihoods.std(0) / likelihoods.mean(0)
+    assert torch.all((exact - estimate).abs() <= 5 * variation / math.sqrt(4000))
+
+
+def test_gauss_newton_is_the_log_likelihood_hessian_when_logits_are_linear():
+    generator = torch.Generator().manual_seed(2)
+    X = torch.randn(30, 4, generator=generator, dtype=torch.float64)
+    labels = torch.randint(0, 3, (30,), generator=generator)
+    model = aml.models.BayesianNeuralNetwork(4, hidden=(), out_features=3, likelihood="categorical")
+    mode = {"layers.0.weight": torch.randn(3, 4, generator=generator, dtype=torch.float64),
+            "layers.0.bias": torch.randn(3, generator=generator, dtype=torch.float64)}
+    sites = list(mode)
+
+    def negative_log_likelihood(flat: torch.Tensor) -> torch.Tensor:
+        logits = model.forward_pass(X, unflatten(flat, mode, sites))
+        return -torch.distributions.Categorical(logits=logits).log_prob(labels).sum()
+
+    hessian = torch.autograd.functional.hessian(negative_log_likelihood, flatten(mode, sites))
+    torch.testing.assert_close(generalised_gauss_newton(model, mode, X, sites), hessian, atol=1e-10, rtol=1e-10)
+
+
+def test_evidence_picks_the_prior_precision_where_the_evidence_is_highest():
+    X, y = linear_data()
+    model = aml.models.BayesianNeuralNetwork(3, hidden=(), noise_scale=NOISE)
+    post = aml.fit(model, X, y, engine="laplace", seed=0)
+    mode = flatten(post.mode, post.sites)
+    prior_precision = torch.tensor([3.0] * 3 + [1.0], dtype=torch.float64)
+    penalty = (prior_precision * mode.square()).sum().item()
+    ggn = generalised_gauss_newton(model, post.mode, X, post.sites)
+    eigenvalues = torch.linalg.eigvalsh(ggn / prior_precision.sqrt()[:, None] / prior_precision.sqrt())
+    log_likelihood = torch.distributions.Normal(model.forward_pass(X, post.mode)[:, 0], NOISE).log_prob(y).sum().item()
+    best = post.prior_precision_factor
+    evidence = lambda factor: laplace_evidence(factor, eigenvalues, penalty, log_likelihood)  # noqa: E731
+    assert post.log_marginal_likelihood == pytest.approx(evidence(best))
+    assert all(evidence(best) >= evidence(best * change) for change in (0.5, 0.9, 0.99, 1.01, 1.1, 2.0))
+
+
+def test_last_layer_laplace_keeps_the_hidden_layers_at_the_map():
+    generator = torch.Generator().manual_seed(3)
+    X = torch.randn(50, 2, generator=generator)
+    y = (X[:, 0] * X[:, 1] > 0).float()
+    model = aml.models.BayesianNeuralNetwork(2, hidden=(6,), out_features=2, likelihood="categorical")
+    post = aml.fit(model, X, y, engine=Laplace(hessian="last_layer"), seed=0)
+    assert post.sites == ["layers.1.weight", "layers.1.bias"]
+    draws = post.sample(20)
+    assert torch.equal(draws["layers.0.weight"], post.mode["layers.0.weight"].expand(20, 6, 2))
+    assert draws["layers.1.weight"].std(0).min() > 0
+    # The output layer's logits are linear in its weights: the linearised and the sampled network agree.
+    log_prob = post.log_prob(X, y)
+    assert log_prob.shape == (50,) and torch.all(log_prob < 0)
+
+
+def test_save_and_load_keep_the_linearised_posterior(tmp_path):
+    _, post, X, y = linear_fit()
+    post.save(tmp_path / "laplace.pt")
+    loaded = aml.load(tmp_path / "laplace.pt")
+    assert isinstance(loaded, LaplacePosterior) and loaded.prior_precision_factor == post.prior_precision_factor
+    torch.testing.assert_close(loaded.log_prob(X, y), post.log_prob(X, y))
+
+
+def test_laplace_refuses_what_it_cannot_do():
+    X, y = linear_data()
+    with pytest.raises(IncompatibleEngineError):
+        aml.fit(aml.models.BayesianLinearRegression(), X, y, engine="laplace")
+    with pytest.raises(InputDataError, match="hessian"):
+        Laplace(hessian="kfac")
+    heteroscedastic = aml.models.BayesianNeuralNetwork(3, hidden=(4,), heteroscedastic=True)
+    with pytest.raises(ModelFittingError, match="heteroscedastic"):
+        aml.fit(heteroscedastic, X.float(), y.float(), engine=Laplace(num_steps=5), seed=0)
