@@ -59,15 +59,6 @@ class Laplace(Engine):
     average over draws), and ``predict``, ``sample`` and the ArviZ export replay the linearised
     network under the Gaussian's draws. With ``"nn"`` the draws run through the network itself.
 
-    Args:
-        hessian: ``"full"`` (every Gaussian weight site) or ``"last_layer"`` (the output layer's,
-            the others at the MAP; Kristiadi et al. 2020).
-        prior_precision: ``"evidence"``, or the factor :math:`\alpha` itself (1: the model's prior).
-        predictive: ``"glm"`` (the linearised network) or ``"nn"`` (the network).
-        link_approximation: ``"probit"`` (the model's closed form) or ``"mc"`` (``num_samples``
-            draws of the linearised network), for ``log_prob`` under ``"glm"``.
-        num_steps, optim, lr, progress_bar: The MAP fit's (:class:`~aml_ppl.inference.MAP`).
-
     Example:
         >>> import torch, aml_ppl as aml
         >>> X = torch.randn(64, 3); y = (X.sum(-1) > 0).float()
@@ -91,6 +82,16 @@ class Laplace(Engine):
         lr: float = 0.01,
         progress_bar: bool = False,
     ) -> None:
+        r"""
+        Args:
+            hessian: ``"full"`` (every Gaussian weight site) or ``"last_layer"`` (the output layer's,
+                the others at the MAP; Kristiadi et al. 2020).
+            prior_precision: ``"evidence"``, or the factor :math:`\alpha` itself (1: the model's prior).
+            predictive: ``"glm"`` (the linearised network) or ``"nn"`` (the network).
+            link_approximation: ``"probit"`` (the model's closed form) or ``"mc"`` (``num_samples``
+                draws of the linearised network), for ``log_prob`` under ``"glm"``.
+            num_steps, optim, lr, progress_bar: The MAP fit's (:class:`~aml_ppl.inference.MAP`).
+        """
         for option, value, allowed in (
             ("hessian", hessian, ("full", "last_layer")), ("predictive", predictive, ("glm", "nn")),
             ("link_approximation", link_approximation, ("probit", "mc")),
