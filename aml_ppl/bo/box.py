@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import gpytorch
 import torch
@@ -40,8 +40,16 @@ from torch import Tensor
 from aml_ppl._data import check_count
 from aml_ppl.errors import InputDataError
 
-if TYPE_CHECKING:
-    from aml_ppl.bo.safe import SafeBayesianOptimization
+
+class SearchingLoop(Protocol):
+    r"""What a box reads of the loop searching it (a
+    :class:`~aml_ppl.bo.SafeBayesianOptimization`): its records, its GPs (``None`` before
+    they are built), the fixed lengthscale they start from, and its observations (inputs first)."""
+
+    records: list
+    models: list | None
+    lengthscale: Any
+    observations: tuple
 
 
 @dataclass
@@ -87,7 +95,7 @@ class BoxSearch:
         r"""The box's settings for a loop's journal."""
         return {"bounds": self.bounds.tolist(), "box": [self.num_global, self.num_local]}
 
-    def step_candidates(self, loop: "SafeBayesianOptimization") -> Tensor:
+    def step_candidates(self, loop: SearchingLoop) -> Tensor:
         r"""The candidates of ``loop``'s current step: made once per new record, seeded by the
         number of records (a resumed loop makes the same), spread at the loop's ``lengthscale``,
         else the smallest of its ``models``' kernels', else a tenth of the box."""
