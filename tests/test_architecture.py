@@ -74,8 +74,6 @@ GRAPH_WITH_ANNOTATIONS = {module: runtime_imports(module, type_checking=True) fo
 # runs, but each ties the modules' designs together (issue 54). This list can only shrink.
 TYPE_ONLY_CIRCLES_LEFT = [
     {"aml_ppl.models.gp.exact", "aml_ppl.models.gp.likelihood"},  # MarginalLikelihood over a GaussianProcess
-    # the Posterior's verbs as functions over it (ArvizExport, save/load's kinds, predictive)
-    {"aml_ppl.inference.base", "aml_ppl.inference.export", "aml_ppl.inference.io", "aml_ppl.inference.predictive"},
 ]
 
 

@@ -8,7 +8,8 @@ closed form) plus the surface, which checks its arguments and delegates: what a 
 computes for a model's capabilities is decided in :mod:`~aml_ppl.inference.predictive`
 (no method here tests a capability), the replay of a Pyro program is
 :mod:`~aml_ppl.inference.replay`, the ArviZ conversion :mod:`~aml_ppl.inference.export`,
-saving and loading :mod:`~aml_ppl.inference.io`.
+saving and loading :mod:`~aml_ppl.inference.io`; those take a posterior through the
+protocols of :mod:`~aml_ppl.inference.protocols`, so none of them imports this module.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ import inspect
 import math
 import warnings
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -16,12 +16,10 @@ from aml_ppl._core.version import __version__
 from aml_ppl._data import check_count
 from aml_ppl.errors import ExportSizeWarning, InputDataError
 from aml_ppl.inference import predictive
+from aml_ppl.inference.protocols import Exportable
 from aml_ppl.inference.structure import Structure
 from aml_ppl.models.base import Model, program_of
 from aml_ppl.models.protocols import VariationalBound
-
-if TYPE_CHECKING:
-    from aml_ppl.inference.base import Posterior
 
 
 # Groups without the sample dims (ArviZ's "data" groups), and the group whose variables carry
@@ -189,7 +187,7 @@ def to_data_tree(description: ExportDescription) -> Any:
 
 
 def describe(
-    posterior: "Posterior",
+    posterior: Exportable,
     args: tuple,
     kwargs: dict | None = None,
     num_samples: int = 1000,
@@ -379,7 +377,7 @@ def _replicate_bytes(structure: Structure) -> int:
     return 8 * sum(math.prod(structure.sites[name].shape) for name in structure.observed if name in structure.sites)
 
 
-def site_dims(posterior: "Posterior", structure: Structure, given: dict | None) -> dict[str, list[str]]:
+def site_dims(posterior: Exportable, structure: Structure, given: dict | None) -> dict[str, list[str]]:
     r"""The dimension names of every site: the user's (``given``), else a built-in model's
     own (:meth:`~aml_ppl.models.base.Model.site_dims`, where the number of dimensions
     matches), else the plates' (:func:`plate_dims`)."""
@@ -430,7 +428,7 @@ def named_inputs(model: Callable, args: tuple, kwargs: dict) -> dict[str, torch.
     return {name: value for name, value in bound.items() if isinstance(value, torch.Tensor)}
 
 
-def _bound_description(posterior: "Posterior", args: tuple, num_samples: int) -> ExportDescription:
+def _bound_description(posterior: Exportable, args: tuple, num_samples: int) -> ExportDescription:
     r"""For a model known through a variational bound (a DDPM): ``log_likelihood`` holds the
     bound per observation, ``posterior_predictive`` ``num_samples`` generated points, and
     ``observed_data`` the observations; the network is a point estimate, so there is no
@@ -447,7 +445,7 @@ def _bound_description(posterior: "Posterior", args: tuple, num_samples: int) ->
     return ExportDescription(groups, {group: {} for group in groups}, {group: {} for group in groups}, attrs)
 
 
-def _attributes(posterior: "Posterior") -> dict[str, Any]:
+def _attributes(posterior: Exportable) -> dict[str, Any]:
     return {
         "engine": posterior.engine,
         "objective": posterior.objective,

@@ -8,7 +8,7 @@ subclass registered with :func:`~aml_ppl.models.register_model`, from its
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 import torch
 
@@ -19,17 +19,15 @@ from aml_ppl.errors import AmlPplError, InputDataError
 from aml_ppl.inference.context import evaluation_mode
 from aml_ppl.inference.fitted import Fitted
 from aml_ppl.inference.guides import check_learned_match
+from aml_ppl.inference.protocols import Savable
 from aml_ppl.models.base import Model, model_class
 
-if TYPE_CHECKING:
-    from aml_ppl.inference.base import Posterior
-
 FORMAT = "aml_ppl.posterior/1"
-POSTERIORS: Registry[type["Posterior"]] = Registry("posterior kind", lambda cls: cls.kind)
+POSTERIORS: Registry[type[Savable]] = Registry("posterior kind", lambda cls: cls.kind)
 register_posterior = POSTERIORS.register  # class decorator: ``load`` rebuilds this ``kind``
 
 
-def save(posterior: "Posterior", path: str | Path) -> None:
+def save(posterior: Savable, path: str | Path) -> None:
     r"""Write ``posterior`` to ``path`` (read back by :func:`load`), whole or not at all: a
     save killed midway leaves the file that was there."""
     tensors, meta = posterior.state()
@@ -54,7 +52,7 @@ def save(posterior: "Posterior", path: str | Path) -> None:
     atomic_write(path, lambda file: torch.save(payload, file))
 
 
-def load(path: str | Path, model: Callable | None = None, guide: Callable | None = None) -> "Posterior":
+def load(path: str | Path, model: Callable | None = None, guide: Callable | None = None) -> Savable:
     r"""Read a posterior written by :meth:`Posterior.save`.
 
     Args:
@@ -65,6 +63,9 @@ def load(path: str | Path, model: Callable | None = None, guide: Callable | None
             (its networks' weights) are what the posterior computes with: the module
             passed keeps its own, and is only run with the saved ones substituted.
         guide: Needed when the fit used a guide of the user's own.
+
+    Returns:
+        The posterior, a :class:`~aml_ppl.inference.base.Posterior` of the saved kind.
 
     Raises:
         InputDataError: If there is no such file, the file is not a saved posterior (truncated,

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -24,11 +24,9 @@ from aml_ppl._core.records import Prediction
 from aml_ppl.errors import AmlPplError, InputDataError
 from aml_ppl.inference.context import evaluation_mode
 from aml_ppl.inference.replay import PER_DRAW_GROUPS, Replayed, prior_replay, replay
+from aml_ppl.inference.protocols import Replayable
 from aml_ppl.inference.structure import Structure
 from aml_ppl.models.protocols import BoTorchExportable, ConditionalPredictive, PointwiseLikelihood, VariationalBound
-
-if TYPE_CHECKING:
-    from aml_ppl.inference.base import Posterior
 
 
 def check_sampleable(model: Any) -> None:
@@ -47,7 +45,7 @@ def check_botorch_form(model: Any) -> None:
         raise AmlPplError(f"{type(model).__name__} has no BoTorch form.")
 
 
-def predict(posterior: "Posterior", args: tuple, kwargs: dict, num_samples: int, site: str | None) -> Prediction:
+def predict(posterior: Replayable, args: tuple, kwargs: dict, num_samples: int, site: str | None) -> Prediction:
     r"""``Posterior.predict``: new data from a bound model's own sampler; the mixture of
     conditional predictives for a :class:`ConditionalPredictive` model; else the replay's
     replicates of ``site`` (an observed or a ``pyro.deterministic`` site)."""
@@ -66,7 +64,7 @@ def predict(posterior: "Posterior", args: tuple, kwargs: dict, num_samples: int,
     return Prediction.from_samples(posterior.replay(num_samples, args, kwargs, keep=("predictive", site)).predictive[site])
 
 
-def reparameterised_values(posterior: "Posterior", draws: dict[str, torch.Tensor], num_draws: int) -> dict[str, torch.Tensor]:
+def reparameterised_values(posterior: Replayable, draws: dict[str, torch.Tensor], num_draws: int) -> dict[str, torch.Tensor]:
     r"""The sites a reparameteriser computes from the drawn latents
     (:attr:`~aml_ppl.inference.structure.Structure.reparameterised`), recomputed by replaying the
     ``num_draws`` ``draws`` (``S x ...``) on the fitting data; empty for a model with none."""
@@ -78,7 +76,7 @@ def reparameterised_values(posterior: "Posterior", draws: dict[str, torch.Tensor
 
 
 def log_predictive_density(
-    posterior: "Posterior", args: tuple, kwargs: dict, num_samples: int, site: str | None
+    posterior: Replayable, args: tuple, kwargs: dict, num_samples: int, site: str | None
 ) -> torch.Tensor:
     r"""``Posterior.log_prob``: :math:`\log \frac1S \sum_s p(y_i \mid \theta_s)` per observation
     (one draw for a point estimate); a bound model's bound."""
@@ -101,7 +99,7 @@ REPLAY_ELEMENTS = 2**20
 
 
 def log_mean_likelihood(
-    posterior: "Posterior", draws: dict[str, torch.Tensor], site: str, args: tuple, kwargs: dict
+    posterior: Replayable, draws: dict[str, torch.Tensor], site: str, args: tuple, kwargs: dict
 ) -> torch.Tensor:
     r""":math:`\log \frac1S \sum_s p(y_i \mid \theta_s)` for the ``S`` ``draws``, their chunks'
     terms combined by ``logaddexp`` as they are replayed: memory stays flat in ``S``."""
@@ -116,7 +114,7 @@ def log_mean_likelihood(
 
 
 def replay_draws(
-    posterior: "Posterior",
+    posterior: Replayable,
     draws: dict,
     num_draws: int,
     args: tuple,
@@ -154,7 +152,7 @@ def allocated(values: dict[str, torch.Tensor], num_draws: int) -> dict[str, torc
 
 
 def replayed_chunks(
-    posterior: "Posterior", draws: dict, num_draws: int, args: tuple, kwargs: dict, draw_discrete: bool = True
+    posterior: Replayable, draws: dict, num_draws: int, args: tuple, kwargs: dict, draw_discrete: bool = True
 ) -> Iterator[tuple[slice, Replayed]]:
     r"""The Pyro program replayed under successive chunks of ``draws``, each with the rows it
     covers: the first chunk is one draw, and its replay sizes the rest so that no tensor it
@@ -175,7 +173,7 @@ def replayed_chunks(
             start, chunk = rows.stop, max(1, REPLAY_ELEMENTS // max([1, *sizes]))
 
 
-def prior_draws(posterior: "Posterior", num_samples: int, args: tuple, kwargs: dict) -> tuple[dict[str, torch.Tensor], Replayed]:
+def prior_draws(posterior: Replayable, num_samples: int, args: tuple, kwargs: dict) -> tuple[dict[str, torch.Tensor], Replayed]:
     r"""``num_samples`` draws of the latent sites from the model's prior (its learned
     ``pyro.param`` values substituted) and the replay under them (the prior predictive)."""
     structure = posterior.fitted.inspect(args, kwargs)
@@ -206,7 +204,7 @@ def check_same_latents(drawn: dict[str, torch.Size], new: Structure) -> None:
         )
 
 
-def mixture_prediction(posterior: "Posterior", num_samples: int, site: str | None, args: tuple, kwargs: dict) -> Prediction:
+def mixture_prediction(posterior: Replayable, num_samples: int, site: str | None, args: tuple, kwargs: dict) -> Prediction:
     r"""The predictive as the equal-weight mixture of the per-draw conditional predictives:
     mean :math:`\bar m = \frac1S\sum_s m_s`, variance :math:`\frac1S\sum_s v_s` plus the
     variance of the :math:`m_s` (the law of total variance), one replicate per draw."""
@@ -218,7 +216,7 @@ def mixture_prediction(posterior: "Posterior", num_samples: int, site: str | Non
 
 
 def conditional_log_likelihood(
-    posterior: "Posterior", num_samples: int, site: str, args: tuple, kwargs: dict
+    posterior: Replayable, num_samples: int, site: str, args: tuple, kwargs: dict
 ) -> torch.Tensor:
     r"""``num_samples x n`` terms :math:`\log p(y_i \mid \theta_s, \mathcal{D})` of the
     observations in ``args`` under each draw's conditional predictive."""
@@ -229,7 +227,7 @@ def conditional_log_likelihood(
     return torch.stack([normal.log_prob(observed.observations[site]) for normal in conditionals])
 
 
-def joint_replay(posterior: "Posterior", draws: dict, num_draws: int, args: tuple, kwargs: dict) -> Replayed:
+def joint_replay(posterior: Replayable, draws: dict, num_draws: int, args: tuple, kwargs: dict) -> Replayed:
     r"""For a model whose observed site is one joint density (a GP): per draw, the
     exact leave-one-out predictive of each observation given the others (its
     ``log_likelihood``: the non-factorised LOO of Bürkner et al. 2020, for which
@@ -255,7 +253,7 @@ def joint_replay(posterior: "Posterior", draws: dict, num_draws: int, args: tupl
 
 
 def predictive_samples(
-    posterior: "Posterior", site: str, num_draws: int, args: tuple, kwargs: dict, draws: dict
+    posterior: Replayable, site: str, num_draws: int, args: tuple, kwargs: dict, draws: dict
 ) -> torch.Tensor:
     r"""``num_draws`` replicates of ``site`` from the conditional predictive, one per draw
     (one predictive, sampled ``num_draws`` times, for a point estimate)."""
@@ -266,7 +264,7 @@ def predictive_samples(
 
 
 def conditional_predictives(
-    posterior: "Posterior", num_samples: int, site: str | None, args: tuple, kwargs: dict, draws: dict | None = None
+    posterior: Replayable, num_samples: int, site: str | None, args: tuple, kwargs: dict, draws: dict | None = None
 ) -> list[Any]:
     r"""Per posterior draw, the model's predictive given that draw and the fitting data."""
     draws = posterior.model_draws(num_samples) if draws is None else draws

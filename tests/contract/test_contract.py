@@ -18,6 +18,7 @@ import pytest
 import aml_ppl as aml
 from aml_ppl.errors import SamplingWarning
 from aml_ppl.inference import EM, ENGINES, MAP, NUTS, SVI, ChEES, Exact, Laplace, capable_engines
+from aml_ppl.inference.protocols import Exportable, Savable
 from aml_ppl.testing import CASES, Case, check_export, check_predictions, check_round_trip
 from aml_ppl.testing.cases import conjugate_normal_posterior
 
@@ -115,6 +116,15 @@ def test_predict_and_log_prob_against_the_oracle(pair):
 def test_save_and_load_round_trip(pair):
     engine, case = pair
     check_round_trip(fitted(engine, case), case)
+
+
+@pytest.mark.parametrize("pair", RUNNABLE, ids=ids)
+def test_the_posterior_offers_what_its_verbs_read(pair):
+    r"""The predictive, the ArviZ converter and save/load take a posterior through the
+    protocols of :mod:`aml_ppl.inference.protocols`; every engine's posterior satisfies them."""
+    engine, case = pair
+    posterior = fitted(engine, case)
+    assert isinstance(posterior, Exportable) and isinstance(posterior, Savable)  # Exportable is Replayable
 
 
 def test_conjugate_normal_closed_form_under_nuts_svi_and_map():
