@@ -25,7 +25,7 @@ from torch import Tensor
 
 from aml_ppl._core.linalg import plus_diagonal, robust_cholesky, solve_lower
 from aml_ppl._core.registry import Registry
-from aml_ppl.bo.pivots import blocked_pivots
+from aml_ppl.bo.pivots import DomainColumns, blocked_pivots
 from aml_ppl.errors import InputDataError
 
 
@@ -147,6 +147,9 @@ class ITL(_JointPosteriorAcquisition):
             target points among :func:`prior_pivots` of the domain, made once for a loop's
             fixed kernel); the stopping rule is unchanged, so the values move only within
             the tolerance.
+        domain_columns: ``(columns, rows)``: a :class:`~aml_ppl.bo.pivots.DomainColumns` of
+            a domain that holds the target, and the target's rows of it (``m`` indices): the
+            targets' prior covariances are read from it, kept across a loop's steps.
 
     Example:
         >>> import torch
@@ -163,7 +166,7 @@ class ITL(_JointPosteriorAcquisition):
 
     def __init__(
         self, models: Model | Sequence[Model], *, target: Tensor | None = None, jitter: float = 1e-9, tolerance: float = 1e-6,
-        first_pivots: Tensor | None = None,
+        first_pivots: Tensor | None = None, domain_columns: tuple[DomainColumns, Tensor] | None = None,
     ) -> None:
         super().__init__(models, target=target, jitter=jitter)
         self.tolerance = tolerance
@@ -173,6 +176,9 @@ class ITL(_JointPosteriorAcquisition):
         ):
             raise InputDataError("`first_pivots` must be a 1-d tensor of indices of `target` rows (a target is needed).")
         self.first_pivots = first_pivots
+        if domain_columns is not None and (target is None or domain_columns[1].shape != target.shape[:1]):
+            raise InputDataError("`domain_columns` needs a target and one row of its points per target point.")
+        self.domain_columns = domain_columns
 
     def forward(self, X: Tensor) -> Tensor:
         return self._summed(self._candidates(X), self._information).clamp_min(0)
@@ -182,11 +188,15 @@ class ITL(_JointPosteriorAcquisition):
         parts = _ExactParts.of(model, self.X_pending)
         if parts is not None:
             target = None if self.target is None else model.transform_inputs(self.target)
+            read = None
+            if self.domain_columns is not None:
+                columns, rows = self.domain_columns
+                read = columns.reader(parts.kernel, model.transform_inputs(columns.points), rows)
             # Kernel matrices evaluated at once: the pivot rounds' small blocks spent half their
             # time in GPyTorch's lazy kernel tensors.
             with gpytorch.settings.lazily_evaluate_kernels(False):
                 variance, conditional = parts.conditional_variances(
-                    model.transform_inputs(X), target, self.jitter, self.tolerance, self.first_pivots
+                    model.transform_inputs(X), target, self.jitter, self.tolerance, self.first_pivots, read
                 )
             return 0.5 * torch.log((variance + parts.noise) / (conditional + parts.noise))
         noise = self._noise(model)
@@ -253,14 +263,16 @@ class _ExactParts(NamedTuple):
         return variances[:b], cross, variances[b:]
 
     def conditional_variances(
-        self, X: Tensor, target: Tensor | None, jitter: float, tolerance: float, first: Tensor | None = None
+        self, X: Tensor, target: Tensor | None, jitter: float, tolerance: float, first: Tensor | None = None,
+        read: Callable[[Tensor, Tensor], Tensor] | None = None,
     ) -> tuple[Tensor, Tensor]:
         r""":math:`\mathrm{Var}[f_x \mid \mathcal D]` and :math:`\mathrm{Var}[f_x \mid f_P, \mathcal D]`
         for the candidates, :math:`P \subseteq A` the target points a pivoted Cholesky
         factorisation of :math:`\Sigma_{AA}` selects until every target point's variance
         given :math:`f_P` is at most ``tolerance`` :math:`\rho^2`: conditioning on the
         rest of :math:`A` then changes nothing measurable (``tolerance=0`` keeps every point
-        with variance left). The targets ``first`` (indices) are tried as pivots first.
+        with variance left). The targets ``first`` (indices) are tried as pivots first;
+        ``read(rows, columns)``, where given, is the prior :math:`K_{AA}` at those indices.
         A candidate that is a target point has no variance given :math:`f_A`; only the
         others are projected and conditioned. Without a target, :math:`A` holds every
         candidate, and the second is 0."""
@@ -278,19 +290,20 @@ class _ExactParts(NamedTuple):
         if b == 0:
             return all_variances, conditional
 
-        def covariance(rows: Tensor, rows_projected: Tensor, index: Tensor) -> Tensor:
-            return self.kernel(rows, target[index]).to_dense() - rows_projected.T @ projected_A[:, index]
+        def covariance(rows: Tensor, index: Tensor) -> Tensor:
+            prior = self.kernel(target[rows], target[index]).to_dense() if read is None else read(rows, index)
+            return prior - projected_A[:, rows].T @ projected_A[:, index]
 
         scale = float(diagonal.detach().mean().clamp_min(1e-12))
         pivots, pivot_chol = blocked_pivots(
             diagonal,
-            lambda index, rows: covariance(target[rows], projected_A[:, rows], index),
-            lambda index: covariance(target[index], projected_A[:, index], index),
+            lambda index, rows: covariance(rows, index),
+            lambda index: covariance(index, index),
             tolerance * float(self.noise.detach()),
             jitter * scale,
             first,
         )
-        cross = covariance(X, projected_X, pivots)
+        cross = self.kernel(X, target[pivots]).to_dense() - projected_X.T @ projected_A[:, pivots]
         explained = torch.linalg.solve_triangular(pivot_chol, cross.T, upper=False).square().sum(0)
         return all_variances, conditional.masked_scatter(outside, (variance - explained).clamp_min(0))
 
@@ -335,6 +348,31 @@ def prior_pivots(model: Model, points: Tensor, tolerance: float = 1e-6) -> Tenso
             1e-9 * float(diagonal.mean().clamp_min(1e-12)),
         )
     return pivots
+
+
+class DomainWarmStart:
+    r""":class:`ITL`'s options in a loop over a fixed domain whose kernel is fixed: the target
+    points among the domain's :func:`prior_pivots` (``first_pivots``, made at the first call)
+    and the domain's prior kernel columns (``domain_columns``, kept across calls).
+
+    Args:
+        domain: The loop's domain (``N x d``).
+    """
+
+    def __init__(self, domain: Tensor) -> None:
+        self.domain = domain
+        self.columns = DomainColumns(domain)
+        self.prior_pivots: Tensor | None = None  # a mask of the domain
+
+    def options(self, model: Model, target_mask: Tensor) -> dict[str, Any]:
+        r"""ITL's ``first_pivots`` and ``domain_columns`` for the target ``domain[target_mask]``."""
+        if self.prior_pivots is None:
+            self.prior_pivots = torch.zeros_like(target_mask)
+            self.prior_pivots[prior_pivots(model, self.domain)] = True
+        return {
+            "first_pivots": (target_mask.cumsum(0) - 1)[self.prior_pivots & target_mask],
+            "domain_columns": (self.columns, target_mask.nonzero()[:, 0]),
+        }
 
 
 def _same_covariance(model: Model, other: Model) -> bool:

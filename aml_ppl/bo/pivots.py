@@ -5,7 +5,7 @@ PSD matrix given by its diagonal and column blocks, its points leaving once expl
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import numpy as np
 import torch
@@ -121,3 +121,83 @@ def greedy_pivots(matrix: Tensor, limit: float, count: int) -> Tensor:
     blocked loop costs a sixth of a Python one's on 300 pivots."""
     _, pivots, rank, _ = lapack.dpstrf(matrix.detach().cpu().double().numpy(), tol=limit, lower=1)
     return torch.from_numpy(pivots[: min(rank, count)].astype(np.int64) - 1).to(matrix.device)
+
+
+class DomainColumns:
+    r"""The prior covariances :math:`K(D, d_j)` between a fixed point set :math:`D` (a loop's
+    domain) and the points :math:`d_j` whose columns were read so far, so that
+    :class:`~aml_ppl.bo.acquisition.ITL` reads its targets' kernel values (a subset of
+    :math:`D`) in place of evaluating the kernel at every step (:func:`blocked_pivots`'s
+    columns are the targets' posterior covariances, the prior minus the data's part).
+
+    Columns are kept per kernel state: the kernel's class, parameters and buffers and
+    :math:`D` in the kernel's input space. :meth:`reader` compares them with those of the
+    kept columns and starts afresh on any change (a refit of the hyperparameters, a moved
+    input transform); the last ``kernels`` states are kept (an objective and its
+    constraints). The training data do not enter the prior. At most ``limit`` entries are
+    kept per state (beyond, the kernel is evaluated as without a cache). Read values carry
+    no gradient.
+
+    Args:
+        points: The point set :math:`D` (``N x d``), as the model takes them.
+        limit: The most entries kept per kernel state.
+        kernels: The most kernel states kept.
+    """
+
+    def __init__(self, points: Tensor, limit: int = 2**24, kernels: int = 4) -> None:
+        self.points, self.limit, self.kernels = points, limit, kernels
+        self._kept: list[_KernelColumns] = []  # the most recently read last
+
+    @property
+    def size(self) -> int:
+        r"""The number of columns kept for the kernel read last."""
+        return self._kept[-1].store.shape[0] if self._kept else 0
+
+    def reader(self, kernel: Callable[..., object], inputs: Tensor, subset: Tensor) -> Callable[[Tensor, Tensor], Tensor]:
+        r"""``read(rows, columns)``: :math:`K` at the points ``subset[rows] x subset[columns]``.
+
+        Args:
+            kernel: The prior covariance function (a GPyTorch kernel).
+            inputs: :math:`D` in the kernel's input space (``N x d``).
+            subset: Indices of the points read (a target set's rows of :math:`D`).
+        """
+        state = [(type(module).__name__, name, value.detach()) for name, module in kernel.named_modules()
+                 for name, value in module.state_dict(keep_vars=True).items() if "." not in name]
+        inputs = inputs.detach()
+        same = [kept for kept in self._kept if kept.matches(state, inputs)]
+        if same:
+            self._kept.remove(same[0])
+        columns = same[0] if same else _KernelColumns(
+            [(kind, name, value.clone()) for kind, name, value in state], inputs.clone(),
+            inputs.new_empty(0, inputs.shape[0]), torch.full((inputs.shape[0],), -1, dtype=torch.long, device=inputs.device),
+        )
+        self._kept = self._kept[-(self.kernels - 1):] + [columns] if self.kernels > 1 else [columns]
+        return lambda rows, index: columns.read(kernel, subset[rows], subset[index], self.limit)
+
+
+class _KernelColumns(NamedTuple):
+    r"""One kernel state's kept columns: ``store[slot[j]]`` is :math:`K(d_j, D)` where ``slot[j] >= 0``."""
+
+    state: list[tuple[str, str, Tensor]]
+    inputs: Tensor
+    store: Tensor
+    slot: Tensor
+
+    def matches(self, state: list[tuple[str, str, Tensor]], inputs: Tensor) -> bool:
+        return (
+            [entry[:2] for entry in state] == [entry[:2] for entry in self.state]
+            and all(torch.equal(value, old) for (_, _, value), (_, _, old) in zip(state, self.state))
+            and torch.equal(inputs, self.inputs)
+        )
+
+    def read(self, kernel: Callable[..., object], rows: Tensor, columns: Tensor, limit: int) -> Tensor:
+        missing = columns[self.slot[columns] < 0].unique()
+        width = self.store.shape[0]
+        if missing.numel() and (width + missing.numel()) * self.store.shape[1] > limit:
+            return kernel(self.inputs[rows], self.inputs[columns]).to_dense()
+        if missing.numel():
+            self.store.resize_(width + missing.numel(), self.store.shape[1])  # the kept rows stay
+            with torch.no_grad():
+                self.store[width:] = kernel(self.inputs, self.inputs[missing]).to_dense().T
+            self.slot[missing] = torch.arange(width, width + missing.numel(), device=missing.device)
+        return self.store[self.slot[columns][None, :], rows[:, None]]

@@ -16,7 +16,7 @@ from torch import Tensor
 
 from aml_ppl._data import check_count
 from aml_ppl.api import fit
-from aml_ppl.bo.acquisition import TRANSDUCTIVE, prior_pivots, transductive
+from aml_ppl.bo.acquisition import TRANSDUCTIVE, DomainWarmStart, transductive
 from aml_ppl.bo.box import BoxSearch, box_search
 from aml_ppl.bo.journal import EvaluationRecord, Journal, domain_fingerprint, model_fingerprint
 from aml_ppl.bo import learning
@@ -195,7 +195,7 @@ class SafeBayesianOptimization:
         if self.journal is not None:  # points in flight when an earlier process ended
             self.records += self.journal.interrupt_pending(first_step=len(self.records))
         self._priors: list[GaussianProcess] = []
-        self._prior_pivots: Tensor | None = None  # a mask of the domain, made once
+        self._warm_start: DomainWarmStart | None = None  # ITL's, made once
         self._bounds = learning.RunningIntersection()
         self._learners, self._warned = [], set()  # the priors a fit may move; the warnings given
         self._fitted: tuple[int, EvaluationRecord | None, list] | None = None  # after this many records
@@ -366,24 +366,21 @@ class SafeBayesianOptimization:
         if self.acquisition == "unsafe_ei":
             acquisition = LogExpectedImprovement(models[0], best_f=self.observations[1][:, 0].max())
         else:
-            warm_start = {"first_pivots": self._first_pivots(models[0], target_mask)} if self.acquisition == "itl" else {}
+            warm_start = self._itl_warm_start(models[0], target_mask) if self.acquisition == "itl" else {}
             acquisition = transductive(self.acquisition, objective_only, target, **warm_start)
         if pending is not None and pending.numel() and self.acquisition != "unsafe_ei":
             acquisition.set_X_pending(pending)
         choice, _ = optimize_acqf_discrete(acquisition, q=1, choices=self.domain[sample_space])
         return choice[0], sets
 
-    def _first_pivots(self, model: object, target_mask: Tensor) -> Tensor | None:
-        r"""ITL's warm start, as indices of the target points: the domain's
-        :func:`~aml_ppl.bo.acquisition.prior_pivots` under the objective's kernel, made once
-        while the hyperparameters are fixed (they depend on the kernel and the domain alone,
+    def _itl_warm_start(self, model: object, target_mask: Tensor) -> dict[str, object]:
+        r"""ITL's warm start (:class:`~aml_ppl.bo.acquisition.DomainWarmStart`), made once
+        while the hyperparameters are fixed (it depends on the kernel and the domain alone,
         so a resumed loop makes the same)."""
         if self.fit_hyperparameters or self.box is not None:
-            return None
-        if self._prior_pivots is None:
-            self._prior_pivots = torch.zeros_like(target_mask)
-            self._prior_pivots[prior_pivots(model, self.domain)] = True
-        return (target_mask.cumsum(0) - 1)[self._prior_pivots & target_mask]
+            return {}
+        self._warm_start = self._warm_start or DomainWarmStart(self.domain)
+        return self._warm_start.options(model, target_mask)
 
     def _safeopt_choice(self, posteriors: list, sets: SafeSets, sample_space: Tensor) -> tuple[Tensor, SafeSets]:
         r"""SafeOpt's rule: the widest confidence interval among maximisers and expanders

@@ -225,6 +225,44 @@ def test_itl_from_the_prior_pivots_matches_a_cold_start():
     assert cold[warm.argmax()] >= cold.max() - 1e-3
 
 
+def test_itl_reading_the_domain_columns_equals_evaluating_the_kernel_across_data_and_a_refit():
+    r"""ITL with ``domain_columns`` (the domain's prior kernel columns, kept across calls)
+    equals ITL evaluating the kernel over one appended observation (columns kept), a new
+    lengthscale (a refit: columns made afresh), a new target set and a cache too small to keep
+    anything. To 1e-6 of values near 1: the pivot blocks' relative jitter of 1e-9 lets the
+    kernel's last-bit rounding (GPyTorch centres each call's inputs at their mean) move ITL
+    by about 1e-7; a stale column would move it by far more."""
+    from aml_ppl.bo.pivots import DomainColumns
+
+    problem = two_d_island()
+    generator = torch.Generator().manual_seed(0)
+    train_X = torch.cat([problem.seed_points(generator=generator), torch.tensor([[0.6, 0.0], [0.0, 0.6]], dtype=torch.float64)])
+    train_Y = problem.observe(train_X, generator)[:, :1]
+    domain = problem.domain[::3]
+    columns, small = DomainColumns(domain), DomainColumns(domain, limit=1)
+    in_target = domain.norm(dim=1) > 1.2
+    appended = torch.tensor([[-0.6, -0.6]], dtype=torch.float64)
+    steps = [(train_X, 0.3, in_target), (torch.cat([train_X, appended]), 0.3, in_target),
+             (torch.cat([train_X, appended]), 0.7, in_target), (train_X, 0.7, domain[:, 0] > 0.5)]
+    kept = []
+    for inputs, lengthscale, target_mask in steps:
+        model = fixed_gp(inputs, problem.observe(inputs, generator)[:, :1] if inputs.shape[0] > train_Y.shape[0] else train_Y)
+        model.covar_module.lengthscale = torch.tensor(lengthscale, dtype=torch.float64)
+        target, rows = domain[target_mask], target_mask.nonzero()[:, 0]
+        candidates = domain[~target_mask][:, None, :]
+        with torch.no_grad():
+            evaluated = ITL(model, target=target)(candidates)
+            for cache in (columns, small):
+                read = ITL(model, target=target, domain_columns=(cache, rows))(candidates)
+                torch.testing.assert_close(read, evaluated, rtol=0, atol=1e-6)
+        kept.append(columns.size)
+        assert small.size == 0
+    assert 0 < kept[0] <= kept[1] and kept[2] <= kept[3]  # kept over new data and a new target
+    assert kept[2] < kept[0] + kept[1]  # made afresh after the refit
+    with pytest.raises(ValueError, match="domain_columns"):
+        ITL(model, target=target, domain_columns=(columns, rows[:-1]))
+
+
 def test_one_registry_builds_each_acquisition_by_name_for_safe_bo_and_active_learning(gp):
     from aml_ppl.bo.acquisition import TRANSDUCTIVE, transductive
     from aml_ppl.bo.active import STRATEGIES
