@@ -26,7 +26,9 @@ from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 from pyro.infer.mcmc.adaptation import WarmupAdapter
 from pyro.infer.mcmc.util import initialize_model
 
+from aml_ppl.errors import ModelFittingError
 from aml_ppl.inference.compiled import Gradient, compiled_gradient, plain_gradient
+from aml_ppl.inference.mcmc_diagnostics import STUCK_DIVERGENT
 from aml_ppl.inference.metric import WindowedMassMatrix
 
 # ArviZ's names for the per-draw statistics a chain records.
@@ -35,6 +37,14 @@ SAMPLE_STATS = ("diverging", "energy", "lp", "step_size", "tree_depth", "accepta
 MAX_ENERGY_ERROR = 1000.0
 # Where the step-size search gives up (Pyro's bounds).
 MIN_STEP_SIZE, MAX_STEP_SIZE = 1e-10, 1e10
+# The warm-up's last transitions run at the final step size, adapting nothing: this many at
+# most, and a tenth of the warm-up at most (see ``MultinomialNUTS``, "The warm-up's end").
+SETTLE_STEPS = 20
+# A chain whose settling transitions are mostly divergent starts again at most this many times.
+MAX_RESTARTS = 2
+# Pyro's ``init_to_uniform``: each unconstrained coordinate uniform in (-radius, radius), drawn
+# again until the potential is finite, this many times at most (Pyro's numbers).
+INIT_RADIUS, INIT_TRIES = 2.0, 100
 # The one mass-matrix block: the whole flat latent vector.
 BLOCK = ("latent",)
 # The U-turn checks of a merge, as entries of (ends x momentum sums) flattened: the whole
@@ -96,6 +106,25 @@ class MultinomialNUTS(MCMCKernel):
     :math:`(M^{-1}r^-)^\top\rho \le 0` or :math:`(M^{-1}r^+)^\top\rho \le 0`; as Stan (2.26
     onwards) the check is also made across the two halves of each merge.
 
+    **The warm-up's end.** Stan's schedule (Pyro's :class:`~pyro.infer.mcmc.adaptation.WarmupAdapter`)
+    adapts the step size up to the last warm-up transition and then switches to the dual
+    averaging's mean :math:`\exp \bar x` (Hoffman and Gelman 2014, §3.2.1). On a funnel the
+    last iterates swing several-fold from one transition to the next (one divergence at
+    :math:`t \approx 40` of a window moves :math:`\log\epsilon` by about
+    :math:`\sqrt{t}\,\delta / (\gamma (t + t_0)) \approx 2`), so the warm-up can end at a
+    point reached with an iterate several times smaller than the mean, deep in the neck
+    where the mean step is unstable: every leapfrog trajectory from it diverges within a few
+    steps, and the kept draws barely move (the centred horseshoe of issue 51,
+    ``tests/inference/test_horseshoe.py``). So the adaptation ends ``SETTLE_STEPS`` transitions
+    early (a tenth of the warm-up at most), and the last warm-up transitions run at the final
+    step size, adapting nothing. Where more than ``STUCK_DIVERGENT`` of them diverge, the
+    chain's warm-up ended in a degenerate state and the chain is **re-initialised**: a fresh
+    start drawn as Pyro's ``init_to_uniform`` draws it (each unconstrained coordinate uniform
+    in (-2, 2)) from the chain's own random stream, and the whole warm-up repeated, at most
+    ``MAX_RESTARTS`` times (``restarts`` counts them). A chain still degenerate after that is
+    kept as it is and named by the end-of-fit check
+    (:func:`~aml_ppl.inference.mcmc_diagnostics.check_sampling`).
+
     Args:
         model: The Pyro program.
         step_size: The initial step size (adapted during warm-up).
@@ -118,6 +147,7 @@ class MultinomialNUTS(MCMCKernel):
         choices: The generator of the tree's choices (direction, proposal), the kernel's own,
             seeded in :meth:`setup` by one draw from torch's, so ``pyro.set_rng_seed`` and
             ``fit(seed=...)`` fix it.
+        restarts: How many times the chain was re-initialised at the warm-up's end.
 
     Example:
         >>> import pyro, pyro.distributions as dist, torch
@@ -164,17 +194,25 @@ class MultinomialNUTS(MCMCKernel):
         self.dynamics = Hamiltonian(built.gradient, shapes, self.adapter)
         self._initial_params = start
         self.warmup_steps = warmup_steps
+        self.settle_steps = min(SETTLE_STEPS, warmup_steps // 10)
         self.iteration = 0
+        self.restarts = 0
         self.records = {name: [] for name in SAMPLE_STATS}
         self.choices = random.Random(int(torch.randint(2**62, ()).item()))
+        self._start_warmup(z)
+
+    def _start_warmup(self, z: torch.Tensor) -> None:
+        r"""Configure the adapter afresh (Stan's windows over the warm-up less its settling
+        transitions; the step-size search at ``z``) and start the chain at ``z``."""
         size = z.numel()
         self.adapter.configure(
-            warmup_steps, mass_matrix_shape={BLOCK: (size, size) if self.full_mass else (size,)},
+            self.warmup_steps - self.settle_steps, mass_matrix_shape={BLOCK: (size, size) if self.full_mass else (size,)},
             find_reasonable_step_size_fn=self.dynamics.reasonable_step_size,
             options={"dtype": z.dtype, "device": z.device},
         )
         self.adapter.reset_step_size_adaptation({BLOCK[0]: z})
         self._current = self.dynamics.state(z, torch.zeros_like(z))
+        self._settle_divergences = 0
 
     @property
     def initial_params(self) -> dict[str, torch.Tensor]:
@@ -191,24 +229,46 @@ class MultinomialNUTS(MCMCKernel):
         z = self.dynamics.flatten(params)
         if not torch.equal(z, self._current.z):  # a start set from outside
             self._current = self.dynamics.state(z, torch.zeros_like(z))
-        step_size = self.adapter.step_size
-        start = self.dynamics.with_fresh_momentum(self._current)
-        energy = self.dynamics.energy(start)
-        tree, depth = self._transition(start, energy, step_size)
-        accept_prob = tree.accept_sum / max(tree.steps, 1)
         if self.iteration < self.warmup_steps:
-            self.adapter.step(
-                self.iteration, {BLOCK[0]: tree.proposal.z}, torch.tensor(accept_prob), {BLOCK[0]: tree.proposal.grad}
-            )
+            self._warmup_transition(self.iteration)
+            if self.iteration == self.warmup_steps - 1:
+                self._restart_while_degenerate()
         else:
+            step_size = self.adapter.step_size
+            energy, tree, depth, accept_prob = self._step(step_size)
             for name, value in (
                 ("diverging", tree.diverging), ("energy", energy), ("lp", -tree.proposal.potential),
                 ("step_size", step_size), ("tree_depth", depth), ("acceptance_rate", accept_prob), ("n_steps", tree.steps),
             ):
                 self.records[name].append(value)
         self.iteration += 1
+        return self.dynamics.unflatten(self._current.z)
+
+    def _step(self, step_size: float) -> tuple[float, _Tree, int, float]:
+        r"""One transition from the current state with a fresh momentum: its starting energy,
+        tree, depth and mean acceptance statistic; the proposal becomes the current state."""
+        start = self.dynamics.with_fresh_momentum(self._current)
+        energy = self.dynamics.energy(start)
+        tree, depth = self._transition(start, energy, step_size)
         self._current = tree.proposal
-        return self.dynamics.unflatten(tree.proposal.z)
+        return energy, tree, depth, tree.accept_sum / max(tree.steps, 1)
+
+    def _warmup_transition(self, iteration: int) -> None:
+        r"""Warm-up transition ``iteration``: adapting (the adapter ignores the settling
+        transitions past its schedule), or settling, its divergences counted."""
+        _, tree, _, accept_prob = self._step(self.adapter.step_size)
+        self.adapter.step(iteration, {BLOCK[0]: tree.proposal.z}, torch.tensor(accept_prob), {BLOCK[0]: tree.proposal.grad})
+        if iteration >= self.warmup_steps - self.settle_steps:
+            self._settle_divergences += tree.diverging
+
+    def _restart_while_degenerate(self) -> None:
+        r"""Re-initialise the chain and repeat its warm-up while more than ``STUCK_DIVERGENT``
+        of its settling transitions diverged, ``MAX_RESTARTS`` times at most."""
+        while self._settle_divergences > STUCK_DIVERGENT * self.settle_steps and self.restarts < MAX_RESTARTS:
+            self.restarts += 1
+            self._start_warmup(self.dynamics.uniform_start(self._current.z))
+            for iteration in range(self.warmup_steps):
+                self._warmup_transition(iteration)
 
     # -- the transition -----------------------------------------------------------------------
 
@@ -365,6 +425,20 @@ class Hamiltonian:
         else:
             momentum = noise / inverse_mass.sqrt()
         return _State(state.z, momentum, state.potential, state.grad, self.velocity(momentum))
+
+    def uniform_start(self, z: torch.Tensor) -> torch.Tensor:
+        r"""A start drawn as Pyro's ``init_to_uniform`` draws one, from torch's generator:
+        each unconstrained coordinate uniform in :math:`(-2, 2)`, drawn again (``INIT_TRIES``
+        times at most) until the potential energy and its gradient are finite."""
+        for _ in range(INIT_TRIES):
+            start = (torch.rand_like(z) * 2.0 - 1.0) * INIT_RADIUS
+            potential, grad = self.gradient(start)
+            if math.isfinite(float(potential)) and bool(torch.isfinite(grad).all()):
+                return start
+        raise ModelFittingError(
+            f"NUTS could not re-initialise a chain: no start with a finite potential energy in {INIT_TRIES} "
+            "uniform draws in (-2, 2) on the unconstrained latents."
+        )
 
     def reasonable_step_size(self, params: dict[str, torch.Tensor]) -> float:
         r"""Hoffman and Gelman's heuristic (2014, Algorithm 4): double or halve the step size
