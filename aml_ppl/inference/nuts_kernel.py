@@ -12,6 +12,25 @@ sites summed out there), compiled with its gradient into one graph on request
 step size, a diagonal or dense mass matrix from the windows' draws, by default dense where a
 window's correlations stand out of its sampling noise: :class:`~aml_ppl.inference.metric.WindowedMassMatrix`).
 The trajectory works on one flat vector of the unconstrained latents.
+
+**The warm-up's end.** Stan's schedule (Pyro's :class:`~pyro.infer.mcmc.adaptation.WarmupAdapter`)
+adapts the step size up to the last warm-up transition and then switches to the dual
+averaging's mean :math:`\exp \bar x` (Hoffman and Gelman 2014, §3.2.1). On a funnel the
+last iterates swing several-fold from one transition to the next (one divergence at
+:math:`t \approx 40` of a window moves :math:`\log\epsilon` by about
+:math:`\sqrt{t}\,\delta / (\gamma (t + t_0)) \approx 2`), so the warm-up can end at a
+point reached with an iterate several times smaller than the mean, deep in the neck
+where the mean step is unstable: every leapfrog trajectory from it diverges within a few
+steps, and the kept draws barely move (the centred horseshoe of issue 51,
+``tests/inference/test_horseshoe.py``). So the adaptation ends ``SETTLE_STEPS`` transitions
+early (a tenth of the warm-up at most), and the last warm-up transitions run at the final
+step size, adapting nothing. Where more than ``STUCK_DIVERGENT`` of them diverge, the
+chain's warm-up ended in a degenerate state and the chain is **re-initialised**: a fresh
+start drawn as Pyro's ``init_to_uniform`` draws it (each unconstrained coordinate uniform
+in (-2, 2)) from the chain's own random stream, and the whole warm-up repeated, at most
+``MAX_RESTARTS`` times (``restarts`` counts them). A chain still degenerate after that is
+kept as it is and named by the end-of-fit check
+(:func:`~aml_ppl.inference.mcmc_diagnostics.check_sampling`).
 """
 
 from __future__ import annotations
@@ -38,7 +57,7 @@ MAX_ENERGY_ERROR = 1000.0
 # Where the step-size search gives up (Pyro's bounds).
 MIN_STEP_SIZE, MAX_STEP_SIZE = 1e-10, 1e10
 # The warm-up's last transitions run at the final step size, adapting nothing: this many at
-# most, and a tenth of the warm-up at most (see ``MultinomialNUTS``, "The warm-up's end").
+# most, and a tenth of the warm-up at most (see the module's description, "The warm-up's end").
 SETTLE_STEPS = 20
 # A chain whose settling transitions are mostly divergent starts again at most this many times.
 MAX_RESTARTS = 2
@@ -106,24 +125,8 @@ class MultinomialNUTS(MCMCKernel):
     :math:`(M^{-1}r^-)^\top\rho \le 0` or :math:`(M^{-1}r^+)^\top\rho \le 0`; as Stan (2.26
     onwards) the check is also made across the two halves of each merge.
 
-    **The warm-up's end.** Stan's schedule (Pyro's :class:`~pyro.infer.mcmc.adaptation.WarmupAdapter`)
-    adapts the step size up to the last warm-up transition and then switches to the dual
-    averaging's mean :math:`\exp \bar x` (Hoffman and Gelman 2014, §3.2.1). On a funnel the
-    last iterates swing several-fold from one transition to the next (one divergence at
-    :math:`t \approx 40` of a window moves :math:`\log\epsilon` by about
-    :math:`\sqrt{t}\,\delta / (\gamma (t + t_0)) \approx 2`), so the warm-up can end at a
-    point reached with an iterate several times smaller than the mean, deep in the neck
-    where the mean step is unstable: every leapfrog trajectory from it diverges within a few
-    steps, and the kept draws barely move (the centred horseshoe of issue 51,
-    ``tests/inference/test_horseshoe.py``). So the adaptation ends ``SETTLE_STEPS`` transitions
-    early (a tenth of the warm-up at most), and the last warm-up transitions run at the final
-    step size, adapting nothing. Where more than ``STUCK_DIVERGENT`` of them diverge, the
-    chain's warm-up ended in a degenerate state and the chain is **re-initialised**: a fresh
-    start drawn as Pyro's ``init_to_uniform`` draws it (each unconstrained coordinate uniform
-    in (-2, 2)) from the chain's own random stream, and the whole warm-up repeated, at most
-    ``MAX_RESTARTS`` times (``restarts`` counts them). A chain still degenerate after that is
-    kept as it is and named by the end-of-fit check
-    (:func:`~aml_ppl.inference.mcmc_diagnostics.check_sampling`).
+    The warm-up's end settles at the final step size and re-initialises a degenerate chain
+    (see the module's description).
 
     Args:
         model: The Pyro program.
@@ -199,6 +202,7 @@ class MultinomialNUTS(MCMCKernel):
         self.restarts = 0
         self.records = {name: [] for name in SAMPLE_STATS}
         self.choices = random.Random(int(torch.randint(2**62, ()).item()))
+        self.trajectory = Trajectory(self.dynamics, self.choices, self.max_tree_depth)
         self._start_warmup(z)
 
     def _start_warmup(self, z: torch.Tensor) -> None:
@@ -249,7 +253,7 @@ class MultinomialNUTS(MCMCKernel):
         tree, depth and mean acceptance statistic; the proposal becomes the current state."""
         start = self.dynamics.with_fresh_momentum(self._current)
         energy = self.dynamics.energy(start)
-        tree, depth = self._transition(start, energy, step_size)
+        tree, depth = self.trajectory.transition(start, energy, step_size)
         self._current = tree.proposal
         return energy, tree, depth, tree.accept_sum / max(tree.steps, 1)
 
@@ -270,13 +274,24 @@ class MultinomialNUTS(MCMCKernel):
             for iteration in range(self.warmup_steps):
                 self._warmup_transition(iteration)
 
-    # -- the transition -----------------------------------------------------------------------
 
-    def _transition(self, start: _State, energy: float, step_size: float) -> tuple[_Tree, int]:
+class Trajectory:
+    r"""The trajectories of :class:`MultinomialNUTS`: the doubling, the multinomial choice of
+    the proposal and the U-turn checks (see its description).
+
+    Attributes:
+        dynamics: The Hamiltonian dynamics the leapfrog steps follow.
+        choices: The generator of the tree's choices (direction, proposal).
+        max_tree_depth: Doublings at most per transition.
+    """
+
+    def __init__(self, dynamics: "Hamiltonian", choices: random.Random, max_tree_depth: int) -> None:
+        self.dynamics, self.choices, self.max_tree_depth = dynamics, choices, max_tree_depth
+
+    def transition(self, start: _State, energy: float, step_size: float) -> tuple[_Tree, int]:
         r"""Double the trajectory from ``start`` until it turns, diverges or reaches the depth
         cap; returns the whole tree (its ``proposal`` the next state) and the depth reached.
-        The choices (direction, proposal) are drawn from the kernel's own generator
-        (``choices``), seeded in :meth:`setup` by one draw from torch's."""
+        The choices (direction, proposal) are drawn from ``choices``."""
         tree = _Tree(start, start, start, 0.0, start.r, steps=0, accept_sum=0.0)
         depth = 0
         while depth < self.max_tree_depth:
