@@ -21,6 +21,8 @@ from aml_ppl.inference.context import evaluation_mode
 from aml_ppl.inference.fitted import Fitted
 from aml_ppl.inference.io import register_posterior, stored
 from aml_ppl.inference.map import MAP
+from aml_ppl.inference.nuts_kernel import flatten as flatten_sites
+from aml_ppl.inference.nuts_kernel import unflatten as unflatten_sites
 from aml_ppl.models.protocols import LinearisableNetwork
 
 #: Data points per Jacobian: each holds ``points x out x P`` values.
@@ -164,18 +166,14 @@ def gaussian_prior(trace: Any, sites: list[str]) -> tuple[dict[str, torch.Tensor
 
 
 def flatten(values: dict[str, torch.Tensor], sites: list[str]) -> torch.Tensor:
-    r"""The ``sites`` of ``values`` as one float64 vector of length ``P``."""
-    return torch.cat([values[name].reshape(-1) for name in sites]).double()
+    r"""The ``sites`` of ``values`` as one float64 vector of length ``P`` (the samplers' layout)."""
+    return flatten_sites(values, {name: values[name].shape for name in sites}).double()
 
 
 def unflatten(flat: torch.Tensor, like: dict[str, torch.Tensor], sites: list[str]) -> dict[str, torch.Tensor]:
-    r"""``... x P`` vectors back to the ``sites``, each ``... x`` its shape in ``like``."""
-    values, start = {}, 0
-    for name in sites:
-        shape = like[name].shape
-        values[name] = flat[..., start : start + shape.numel()].reshape(*flat.shape[:-1], *shape).to(like[name].dtype)
-        start += shape.numel()
-    return values
+    r"""``... x P`` vectors back to the ``sites``, each ``... x`` its shape and dtype in ``like``."""
+    values = unflatten_sites(flat, {name: like[name].shape for name in sites})
+    return {name: value.to(like[name].dtype) for name, value in values.items()}
 
 
 def output_jacobian(network: LinearisableNetwork, mode: dict[str, torch.Tensor], X: torch.Tensor, sites: list[str]) -> torch.Tensor:
