@@ -23,13 +23,13 @@ point reached with an iterate several times smaller than the mean, deep in the n
 where the mean step is unstable: every leapfrog trajectory from it diverges within a few
 steps, and the kept draws barely move (the centred horseshoe of issue 51,
 ``tests/inference/test_horseshoe.py``). So the adaptation ends ``SETTLE_STEPS`` transitions
-early (a tenth of the warm-up at most), and the last warm-up transitions run at the final
-step size, adapting nothing. Where more than ``STUCK_DIVERGENT`` of them diverge, the
-chain's warm-up ended in a degenerate state and the chain is **re-initialised**: a fresh
-start drawn as Pyro's ``init_to_uniform`` draws it (each unconstrained coordinate uniform
-in (-2, 2)) from the chain's own random stream, and the whole warm-up repeated, at most
-``MAX_RESTARTS`` times (``restarts`` counts them). A chain still degenerate after that is
-kept as it is and named by the end-of-fit check
+early (a tenth of the warm-up at most; none under ``SETTLE_FROM_WARMUP`` transitions), and
+the last warm-up transitions run at the final step size, adapting nothing. Where more than
+``STUCK_DIVERGENT`` of them diverge, the chain's warm-up ended in a degenerate state and the
+chain is **re-initialised**: a fresh start drawn as Pyro's ``init_to_uniform`` draws it
+(each unconstrained coordinate uniform in (-2, 2)) from the chain's own random stream, and
+the whole warm-up repeated, at most ``MAX_RESTARTS`` times (``restarts`` counts them). A
+chain still degenerate after that is kept as it is and named by the end-of-fit check
 (:func:`~aml_ppl.inference.mcmc_diagnostics.check_sampling`).
 """
 
@@ -60,6 +60,9 @@ MIN_STEP_SIZE, MAX_STEP_SIZE = 1e-10, 1e10
 # The warm-up's last transitions run at the final step size, adapting nothing: this many at
 # most, and a tenth of the warm-up at most (see the module's description, "The warm-up's end").
 SETTLE_STEPS = 20
+# Shorter warm-ups do not settle: under 100 transitions Stan's terminal window (a tenth) is too
+# short both to adapt the step size after the last metric update and to settle.
+SETTLE_FROM_WARMUP = 100
 # A chain whose settling transitions are mostly divergent starts again at most this many times.
 MAX_RESTARTS = 2
 # Pyro's ``init_to_uniform``: each unconstrained coordinate uniform in (-radius, radius), drawn
@@ -159,7 +162,7 @@ class MultinomialNUTS(MCMCKernel):
         self.dynamics = Hamiltonian(built.gradient, shapes, self.adapter)
         self._initial_params = start
         self.warmup_steps = warmup_steps
-        self.settle_steps = min(SETTLE_STEPS, warmup_steps // 10)
+        self.settle_steps = min(SETTLE_STEPS, warmup_steps // 10) if warmup_steps >= SETTLE_FROM_WARMUP else 0
         self.iteration = 0
         self.restarts = 0
         self.records = {name: [] for name in SAMPLE_STATS}
