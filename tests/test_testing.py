@@ -94,7 +94,7 @@ def test_an_em_step_that_forgets_its_m_step_passes_isinstance_and_fails_the_chec
     "engine",
     [
         lambda: MAP(progress_bar=False),
-        lambda: SVI(num_steps=1000, progress_bar=False),
+        pytest.param(lambda: SVI(num_steps=1000, progress_bar=False), marks=pytest.mark.slow),  # 10 s: the slow set
         lambda: NUTS(num_samples=300, warmup_steps=300, num_chains=1, progress_bar=False),
         lambda: MAP(laplace=True, progress_bar=False),
     ],

@@ -12,6 +12,25 @@ sites summed out there), compiled with its gradient into one graph on request
 step size, a diagonal or dense mass matrix from the windows' draws, by default dense where a
 window's correlations stand out of its sampling noise: :class:`~aml_ppl.inference.metric.WindowedMassMatrix`).
 The trajectory works on one flat vector of the unconstrained latents.
+
+**The warm-up's end.** Stan's schedule (Pyro's :class:`~pyro.infer.mcmc.adaptation.WarmupAdapter`)
+adapts the step size up to the last warm-up transition and then switches to the dual
+averaging's mean :math:`\exp \bar x` (Hoffman and Gelman 2014, §3.2.1). On a funnel the
+last iterates swing several-fold from one transition to the next (one divergence at
+:math:`t \approx 40` of a window moves :math:`\log\epsilon` by about
+:math:`\sqrt{t}\,\delta / (\gamma (t + t_0)) \approx 2`), so the warm-up can end at a
+point reached with an iterate several times smaller than the mean, deep in the neck
+where the mean step is unstable: every leapfrog trajectory from it diverges within a few
+steps, and the kept draws barely move (the centred horseshoe of issue 51,
+``tests/inference/test_horseshoe.py``). So the adaptation ends ``SETTLE_STEPS`` transitions
+early (a tenth of the warm-up at most; none under ``SETTLE_FROM_WARMUP`` transitions), and
+the last warm-up transitions run at the final step size, adapting nothing. Where more than
+``STUCK_DIVERGENT`` of them diverge, the chain's warm-up ended in a degenerate state and the
+chain is **re-initialised**: a fresh start drawn as Pyro's ``init_to_uniform`` draws it
+(each unconstrained coordinate uniform in (-2, 2)) from the chain's own random stream, and
+the whole warm-up repeated, at most ``MAX_RESTARTS`` times (``restarts`` counts them). A
+chain still degenerate after that is kept as it is and named by the end-of-fit check
+(:func:`~aml_ppl.inference.mcmc_diagnostics.check_sampling`).
 """
 
 from __future__ import annotations
@@ -27,63 +46,30 @@ from pyro.infer.mcmc.adaptation import WarmupAdapter
 from pyro.infer.mcmc.util import initialize_model
 
 from aml_ppl._core.randomness import global_state_tensors, set_global_state_tensors
+from aml_ppl.errors import ModelFittingError
 from aml_ppl.inference.chain_state import HMCState
 from aml_ppl.inference.compiled import Gradient, compiled_gradient, plain_gradient
+from aml_ppl.inference.mcmc_diagnostics import STUCK_DIVERGENT
 from aml_ppl.inference.metric import WindowedMassMatrix
+from aml_ppl.inference.nuts_tree import MAX_ENERGY_ERROR, Trajectory, _State, _Tree  # noqa: F401 (MAX_ENERGY_ERROR: the samplers' import)
 
 # ArviZ's names for the per-draw statistics a chain records.
 SAMPLE_STATS = ("diverging", "energy", "lp", "step_size", "tree_depth", "acceptance_rate", "n_steps")
-# An energy error beyond this is a divergence (Stan's and Pyro's threshold).
-MAX_ENERGY_ERROR = 1000.0
 # Where the step-size search gives up (Pyro's bounds).
 MIN_STEP_SIZE, MAX_STEP_SIZE = 1e-10, 1e10
+# The warm-up's last transitions run at the final step size, adapting nothing: this many at
+# most, and a tenth of the warm-up at most (see the module's description, "The warm-up's end").
+SETTLE_STEPS = 20
+# Shorter warm-ups do not settle: under 100 transitions Stan's terminal window (a tenth) is too
+# short both to adapt the step size after the last metric update and to settle.
+SETTLE_FROM_WARMUP = 100
+# A chain whose settling transitions are mostly divergent starts again at most this many times.
+MAX_RESTARTS = 2
+# Pyro's ``init_to_uniform``: each unconstrained coordinate uniform in (-radius, radius), drawn
+# again until the potential is finite, this many times at most (Pyro's numbers).
+INIT_RADIUS, INIT_TRIES = 2.0, 100
 # The one mass-matrix block: the whole flat latent vector.
 BLOCK = ("latent",)
-# The U-turn checks of a merge, as entries of (ends x momentum sums) flattened: the whole
-# trajectory's two ends against its sum, the first half's left end and the second's left
-# end against the sum up to the latter, the first's right end and the second's right end
-# against the sum from the former.
-_TURN_PAIRS = (0, 3, 1, 7, 11, 5)
-
-
-@dataclass
-class _State:
-    r"""A point of the trajectory: position, momentum, potential energy, its gradient, and the
-    velocity :math:`M^{-1} r`."""
-
-    z: torch.Tensor
-    r: torch.Tensor
-    potential: float
-    grad: torch.Tensor
-    velocity: torch.Tensor
-
-
-@dataclass
-class _Tree:
-    r"""A subtree: its two ends (in trajectory order), the state it proposes, the log of the
-    sum of its states' weights :math:`e^{-H}` (relative to the start), the sum of its
-    momenta, and the transition's counters."""
-
-    left: _State
-    right: _State
-    proposal: _State
-    log_weight: float
-    momentum_sum: torch.Tensor
-    steps: int
-    accept_sum: float
-    diverging: bool = False
-    turning: bool = False
-
-    @property
-    def valid(self) -> bool:
-        return not (self.diverging or self.turning)
-
-
-def _logaddexp(a: float, b: float) -> float:
-    high = max(a, b)
-    return high if high == -math.inf else high + math.log1p(math.exp(min(a, b) - high))
-
-
 class MultinomialNUTS(MCMCKernel):
     r"""NUTS with multinomial sampling, recording ArviZ's per-draw statistics.
 
@@ -98,6 +84,8 @@ class MultinomialNUTS(MCMCKernel):
     :math:`(M^{-1}r^-)^\top\rho \le 0` or :math:`(M^{-1}r^+)^\top\rho \le 0`; as Stan (2.26
     onwards) the check is also made across the two halves of each merge.
 
+    Its warm-up settles, and may restart a degenerate chain (the module's description).
+
     Attributes:
         records: Statistic name to its per-draw values after warm-up (``SAMPLE_STATS``), as
             Stan reports them: ``tree_depth`` counts the doublings kept (the last one tried may
@@ -107,6 +95,7 @@ class MultinomialNUTS(MCMCKernel):
         choices: The generator of the tree's choices (direction, proposal), the kernel's own,
             seeded in :meth:`setup` by one draw from torch's, so ``pyro.set_rng_seed`` and
             ``fit(seed=...)`` fix it.
+        restarts: How many times the chain was re-initialised at the warm-up's end.
         positions: The flat unconstrained draws kept after warm-up.
         resume_from: A chain's state to continue in :meth:`setup` (:func:`continue_chain`).
 
@@ -173,17 +162,26 @@ class MultinomialNUTS(MCMCKernel):
         self.dynamics = Hamiltonian(built.gradient, shapes, self.adapter)
         self._initial_params = start
         self.warmup_steps = warmup_steps
+        self.settle_steps = min(SETTLE_STEPS, warmup_steps // 10) if warmup_steps >= SETTLE_FROM_WARMUP else 0
         self.iteration = 0
+        self.restarts = 0
         self.records = {name: [] for name in SAMPLE_STATS}
         self.choices = random.Random(int(torch.randint(2**62, ()).item()))
+        self.trajectory = Trajectory(self.dynamics, self.choices, self.max_tree_depth)
+        self._start_warmup(z)
+
+    def _start_warmup(self, z: torch.Tensor) -> None:
+        r"""Configure the adapter afresh (Stan's windows over the warm-up less its settling
+        transitions; the step-size search at ``z``) and start the chain at ``z``."""
         size = z.numel()
         self.adapter.configure(
-            warmup_steps, mass_matrix_shape={BLOCK: (size, size) if self.full_mass else (size,)},
+            self.warmup_steps - self.settle_steps, mass_matrix_shape={BLOCK: (size, size) if self.full_mass else (size,)},
             find_reasonable_step_size_fn=self.dynamics.reasonable_step_size,
             options={"dtype": z.dtype, "device": z.device},
         )
         self.adapter.reset_step_size_adaptation({BLOCK[0]: z})
         self._current = self.dynamics.state(z, torch.zeros_like(z))
+        self._settle_divergences = 0
 
     @property
     def initial_params(self) -> dict[str, torch.Tensor]:
@@ -200,16 +198,13 @@ class MultinomialNUTS(MCMCKernel):
         z = self.dynamics.flatten(params)
         if not torch.equal(z, self._current.z):  # a start set from outside
             self._current = self.dynamics.state(z, torch.zeros_like(z))
-        step_size = self.adapter.step_size
-        start = self.dynamics.with_fresh_momentum(self._current)
-        energy = self.dynamics.energy(start)
-        tree, depth = self._transition(start, energy, step_size)
-        accept_prob = tree.accept_sum / max(tree.steps, 1)
         if self.iteration < self.warmup_steps:
-            self.adapter.step(
-                self.iteration, {BLOCK[0]: tree.proposal.z}, torch.tensor(accept_prob), {BLOCK[0]: tree.proposal.grad}
-            )
+            self._warmup_transition(self.iteration)
+            if self.iteration == self.warmup_steps - 1:
+                self._restart_while_degenerate()
         else:
+            step_size = self.adapter.step_size
+            energy, tree, depth, accept_prob = self._step(step_size)
             for name, value in (
                 ("diverging", tree.diverging), ("energy", energy), ("lp", -tree.proposal.potential),
                 ("step_size", step_size), ("tree_depth", depth), ("acceptance_rate", accept_prob), ("n_steps", tree.steps),
@@ -217,72 +212,33 @@ class MultinomialNUTS(MCMCKernel):
                 self.records[name].append(value)
             self.positions.append(tree.proposal.z)
         self.iteration += 1
+        return self.dynamics.unflatten(self._current.z)
+
+    def _step(self, step_size: float) -> tuple[float, _Tree, int, float]:
+        r"""One transition from the current state with a fresh momentum: its starting energy,
+        tree, depth and mean acceptance statistic; the proposal becomes the current state."""
+        start = self.dynamics.with_fresh_momentum(self._current)
+        energy = self.dynamics.energy(start)
+        tree, depth = self.trajectory.transition(start, energy, step_size)
         self._current = tree.proposal
-        return self.dynamics.unflatten(tree.proposal.z)
+        return energy, tree, depth, tree.accept_sum / max(tree.steps, 1)
 
-    # -- the transition -----------------------------------------------------------------------
+    def _warmup_transition(self, iteration: int) -> None:
+        r"""Warm-up transition ``iteration``: adapting (the adapter ignores the settling
+        transitions past its schedule), or settling, its divergences counted."""
+        _, tree, _, accept_prob = self._step(self.adapter.step_size)
+        self.adapter.step(iteration, {BLOCK[0]: tree.proposal.z}, torch.tensor(accept_prob), {BLOCK[0]: tree.proposal.grad})
+        if iteration >= self.warmup_steps - self.settle_steps:
+            self._settle_divergences += tree.diverging
 
-    def _transition(self, start: _State, energy: float, step_size: float) -> tuple[_Tree, int]:
-        r"""Double the trajectory from ``start`` until it turns, diverges or reaches the depth
-        cap; returns the whole tree (its ``proposal`` the next state) and the depth reached.
-        The choices (direction, proposal) are drawn from the kernel's own generator
-        (``choices``), seeded in :meth:`setup` by one draw from torch's."""
-        tree = _Tree(start, start, start, 0.0, start.r, steps=0, accept_sum=0.0)
-        depth = 0
-        while depth < self.max_tree_depth:
-            forward = self.choices.random() < 0.5
-            subtree = self._build(tree.right if forward else tree.left, forward, depth, energy, step_size)
-            tree.steps += subtree.steps
-            tree.accept_sum += subtree.accept_sum
-            if not subtree.valid:
-                tree.diverging = subtree.diverging
-                break
-            depth += 1
-            if self.choices.random() < math.exp(min(subtree.log_weight - tree.log_weight, 0.0)):  # biased towards the new
-                tree.proposal = subtree.proposal
-            first, second = (tree, subtree) if forward else (subtree, tree)
-            tree = self._merge(first, second, tree.proposal, _logaddexp(tree.log_weight, subtree.log_weight), tree)
-            if tree.turning:
-                break
-        return tree, depth
-
-    def _build(self, state: _State, forward: bool, depth: int, energy: float, step_size: float) -> _Tree:
-        r"""A subtree of :math:`2^\text{depth}` leapfrog steps from ``state``, in the direction
-        given; its proposal drawn uniformly-progressively (proportional to the weights)."""
-        if depth == 0:
-            new = self.dynamics.leapfrog(state, step_size if forward else -step_size)
-            error = self.dynamics.energy(new) - energy
-            error = error if math.isfinite(error) else math.inf
-            return _Tree(
-                new, new, new, -error, new.r, steps=1, accept_sum=math.exp(-max(error, 0.0)),
-                diverging=error > MAX_ENERGY_ERROR,
-            )
-        inner = self._build(state, forward, depth - 1, energy, step_size)
-        if not inner.valid:
-            return inner
-        outer = self._build(inner.right if forward else inner.left, forward, depth - 1, energy, step_size)
-        counts = _Tree(inner.left, inner.right, inner.proposal, inner.log_weight, inner.momentum_sum,
-                       steps=inner.steps + outer.steps, accept_sum=inner.accept_sum + outer.accept_sum)
-        if not outer.valid:
-            counts.diverging, counts.turning = outer.diverging, outer.turning
-            return counts
-        log_weight = _logaddexp(inner.log_weight, outer.log_weight)
-        take_outer = self.choices.random() < math.exp(min(outer.log_weight - log_weight, 0.0))
-        first, second = (inner, outer) if forward else (outer, inner)
-        return self._merge(first, second, outer.proposal if take_outer else inner.proposal, log_weight, counts)
-
-    def _merge(self, first: _Tree, second: _Tree, proposal: _State, log_weight: float, counts: _Tree) -> _Tree:
-        r"""Two adjacent subtrees (``first`` earlier in time) as one, with the U-turn checks on
-        the whole and across the two halves: the generalised criterion, the sharp momenta
-        :math:`M^{-1}r` at a trajectory's ends pointing against its momentum sum :math:`\rho`
-        (all six products in one matrix product)."""
-        momentum_sum = first.momentum_sum + second.momentum_sum
-        ends = torch.stack((first.left.velocity, second.right.velocity, second.left.velocity, first.right.velocity))
-        sums = torch.stack((momentum_sum, first.momentum_sum + second.left.r, first.right.r + second.momentum_sum))
-        products = torch.mm(ends, sums.T).flatten().tolist()
-        turning = any(products[index] <= 0 for index in _TURN_PAIRS)
-        return _Tree(first.left, second.right, proposal, log_weight, momentum_sum, steps=counts.steps,
-                     accept_sum=counts.accept_sum, diverging=counts.diverging, turning=turning)
+    def _restart_while_degenerate(self) -> None:
+        r"""Re-initialise the chain and repeat its warm-up while more than ``STUCK_DIVERGENT``
+        of its settling transitions diverged, ``MAX_RESTARTS`` times at most."""
+        while self._settle_divergences > STUCK_DIVERGENT * self.settle_steps and self.restarts < MAX_RESTARTS:
+            self.restarts += 1
+            self._start_warmup(self.dynamics.uniform_start(self._current.z))
+            for iteration in range(self.warmup_steps):
+                self._warmup_transition(iteration)
 
 
 def chain_state(kernel: MultinomialNUTS) -> HMCState:
@@ -311,8 +267,10 @@ def continue_chain(kernel: MultinomialNUTS, state: HMCState, args: tuple, kwargs
     z = kernel.dynamics.flatten(state.position)
     zero = torch.zeros_like(z)
     kernel._current = _State(z, zero, state.potential, state.gradient, kernel.dynamics.velocity(zero))
+    kernel.settle_steps, kernel.restarts = 0, 0
     kernel.choices = random.Random()
     kernel.choices.setstate(state.choices)
+    kernel.trajectory = Trajectory(kernel.dynamics, kernel.choices, kernel.max_tree_depth)
     set_global_state_tensors(state.stream)
 
 
@@ -406,6 +364,20 @@ class Hamiltonian:
         else:
             momentum = noise / inverse_mass.sqrt()
         return _State(state.z, momentum, state.potential, state.grad, self.velocity(momentum))
+
+    def uniform_start(self, z: torch.Tensor) -> torch.Tensor:
+        r"""A start drawn as Pyro's ``init_to_uniform`` draws one, from torch's generator:
+        each unconstrained coordinate uniform in :math:`(-2, 2)`, drawn again (``INIT_TRIES``
+        times at most) until the potential energy and its gradient are finite."""
+        for _ in range(INIT_TRIES):
+            start = (torch.rand_like(z) * 2.0 - 1.0) * INIT_RADIUS
+            potential, grad = self.gradient(start)
+            if math.isfinite(float(potential)) and bool(torch.isfinite(grad).all()):
+                return start
+        raise ModelFittingError(
+            f"NUTS could not re-initialise a chain: no start with a finite potential energy in {INIT_TRIES} "
+            "uniform draws in (-2, 2) on the unconstrained latents."
+        )
 
     def reasonable_step_size(self, params: dict[str, torch.Tensor]) -> float:
         r"""Hoffman and Gelman's heuristic (2014, Algorithm 4): double or halve the step size

@@ -36,6 +36,7 @@ def simple_regret(problem, loop):
     return problem.simple_regret(loop.recommendation())
 
 
+@pytest.mark.slow  # 10 s; the rule itself is pinned against the safeopt package in the default run
 def test_safeopt_with_lipschitz_expanders_crosses_the_gap_gp_expanders_cannot():
     """1d_hard, seed 0: the safe set is an island; with GP expanders (β = 5, ρ² = 0.01) an
     optimistic observation never certifies a point beyond its edge, so the rule stalls (as the

@@ -31,7 +31,7 @@ def safeopt_package(monkeypatch):
     return GPy, safeopt
 
 
-@pytest.mark.parametrize("lipschitz, steps", [(2.50495534, 60), (None, 25)])
+@pytest.mark.parametrize("lipschitz, steps", [(2.50495534, 60), pytest.param(None, 25, marks=pytest.mark.slow)])
 def test_our_safeopt_rule_picks_the_packages_points(safeopt_package, lipschitz, steps):
     """Same grid, RBF prior (ℓ = 1), noise, β = 5 and observations: the same maximisers, the
     same expanders and the same point at every step, with Lipschitz-cone expanders and with

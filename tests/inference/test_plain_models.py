@@ -30,7 +30,7 @@ def line_data():
 @pytest.mark.parametrize(
     "engine",
     [
-        SVI(num_steps=1500, lr=0.05, progress_bar=False),
+        pytest.param(SVI(num_steps=1500, lr=0.05, progress_bar=False), marks=pytest.mark.slow),  # 12 s: the slow set
         MAP(),
         NUTS(num_samples=200, warmup_steps=200, progress_bar=False),
     ],

@@ -41,7 +41,7 @@ def test_vectorised_chains_have_the_gaussians_moments_within_monte_carlo_error()
     assert stats["tree_depth"].shape == (8, 250) and stats["step_size"].unique(dim=None).numel() == 8  # one each
 
 
-@pytest.mark.parametrize("model, args", [(badly_scaled, ()), (eight_schools, (SCHOOLS_SIGMA, SCHOOLS_Y))], ids=["gaussian", "schools"])
+@pytest.mark.parametrize("model, args", [(badly_scaled, ()), pytest.param(eight_schools, (SCHOOLS_SIGMA, SCHOOLS_Y), marks=pytest.mark.slow)], ids=["gaussian", "schools"])
 def test_vectorised_chains_equal_the_same_chains_run_one_at_a_time(model, args):
     r"""Each chain draws its start, momenta and choices from its own stream, only while it
     builds: three chains in one batch give what each gives alone (the same seed), draw for

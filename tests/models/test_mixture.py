@@ -206,7 +206,7 @@ def test_generic_em_rejects_sampled_continuous_sites():
         aml.fit(sampled, torch.zeros(3), engine="em")
 
 
-@pytest.mark.parametrize("engine", [SVI(num_steps=400, lr=0.05, progress_bar=False), MAP()], ids=["svi", "map"])
+@pytest.mark.parametrize("engine", [pytest.param(SVI(num_steps=400, lr=0.05, progress_bar=False), marks=pytest.mark.slow), MAP()], ids=["svi", "map"])
 def test_svi_and_map_with_enumeration_reach_the_em_likelihood(engine):
     X, labels = draw_mixture(1500, seed=2)
     X = X + TRUE_MEANS[labels]  # means twice as far apart: well separated
