@@ -113,18 +113,14 @@ def test_predict_and_log_prob_against_the_oracle(pair):
 
 
 @pytest.mark.parametrize("pair", RUNNABLE, ids=ids)
-def test_save_and_load_round_trip(pair):
-    engine, case = pair
-    check_round_trip(fitted(engine, case), case)
-
-
-@pytest.mark.parametrize("pair", RUNNABLE, ids=ids)
-def test_the_posterior_offers_what_its_verbs_read(pair):
+def test_save_and_load_round_trip_of_a_posterior_that_offers_what_its_verbs_read(pair):
     r"""The predictive, the ArviZ converter and save/load take a posterior through the
-    protocols of :mod:`aml_ppl.inference.protocols`; every engine's posterior satisfies them."""
+    protocols of :mod:`aml_ppl.inference.protocols`: every engine's posterior satisfies them,
+    and comes back from a file the same."""
     engine, case = pair
     posterior = fitted(engine, case)
     assert isinstance(posterior, Exportable) and isinstance(posterior, Savable)  # Exportable is Replayable
+    check_round_trip(posterior, case)
 
 
 def test_conjugate_normal_closed_form_under_nuts_svi_and_map():
