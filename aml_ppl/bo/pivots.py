@@ -161,7 +161,7 @@ class DomainColumns:
             inputs: :math:`D` in the kernel's input space (``N x d``).
             subset: Indices of the points read (a target set's rows of :math:`D`).
         """
-        state = [(type(module).__name__, name, value.detach()) for name, module in kernel.named_modules()
+        state = [(type(module).__name__, name, value.detach()) for _, module in kernel.named_modules()
                  for name, value in module.state_dict(keep_vars=True).items() if "." not in name]
         inputs = inputs.detach()
         same = [kept for kept in self._kept if kept.matches(state, inputs)]
