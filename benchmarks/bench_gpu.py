@@ -115,8 +115,8 @@ def many_chains(device: torch.device, many: int) -> None:
         label = f"NumPyro NUTS vectorized, {many} chains" + (", dense" if dense_mass else "")
         rows[label + ", cold"], rows[label + ", warm"] = cold, warm
         print("done:", label, cold, warm, flush=True)
-    peer_seconds, peer_ess = rows.get(f"NumPyro NUTS vectorized, {many} chains, cold", (float("nan"), float("nan")))
-    for label, (seconds, ess) in rows.items():
+    peer_seconds, peer_ess, *_ = rows.get(f"NumPyro NUTS vectorized, {many} chains, cold", (float("nan"), float("nan")))
+    for label, (seconds, ess, *_) in rows.items():
         print(f"logistic 569 x 30 on {device.type}: {label:48s} {seconds:7.1f} s  min bulk ESS {ess:9.0f}  "
               f"ESS/s {ess / seconds:9.1f}  vs NumPyro {many} cold {(ess / seconds) / (peer_ess / peer_seconds):5.2f}x", flush=True)
 
