@@ -23,8 +23,9 @@ demo: install
 
 # The default run (under 5 minutes on 2 cores; the slowest 15 tests printed) and the
 # `slow` set (longer statistical checks and fault injections); CI runs both. Tests run in
-# one process per core (pytest-xdist, at most 4), each process on one thread.
-XDIST = -n auto --maxprocesses=4
+# one process per core (pytest-xdist, at most 4), each process on one thread; the tests of one
+# `xdist_group` (those that share a fit or a launch kept by their module) run in one process.
+XDIST = -n auto --maxprocesses=4 --dist loadgroup
 
 test: install browser
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q $(XDIST) --durations=15

@@ -126,6 +126,7 @@ def test_dropna_drops_the_rows_and_says_so(tmp_path, capsys):
     assert az.from_netcdf(tmp_path / "fit" / "inference_data.nc").observed_data["obs"].shape == (4,)
 
 
+@pytest.mark.slow  # two fits on raw scikit-learn data sets: about 7 s; `scaled_to` itself: tests/models/test_linear.py
 def test_raw_unit_data_predict_as_well_as_least_squares_and_maximum_likelihood(tmp_path, capsys):
     r"""Issue 28, item 6: scikit-learn's diabetes data as shipped (outcome 25-346, ages, blood
     pressures) and the breast-cancer data (areas in the thousands, ratios near 0.01). Under

@@ -47,7 +47,7 @@ def test_the_reader_reads_a_journal_held_by_a_loop_in_another_process(tmp_path):
     second writer is still refused; once the child is killed, no writer is reported."""
     path = tmp_path / "j.sqlite"
     child = subprocess.Popen(
-        [sys.executable, "-c", CHILD.format(seconds=0.2, options=""), str(path)],
+        [sys.executable, "-c", CHILD.format(seconds=0.05, options=""), str(path)],
         env={**os.environ, "OMP_NUM_THREADS": "1"},
     )
     try:

@@ -105,6 +105,7 @@ def counts(path):
     return finished, pending
 
 
+@pytest.mark.slow  # a child loop killed mid-batch: about 9 s; tests/bo/test_safe.py kills one between points in the default run
 def test_a_loop_killed_with_points_in_flight_resumes_with_exactly_the_finished_ones(tmp_path):
     path = tmp_path / "journal.sqlite"
     child = subprocess.Popen([sys.executable, "-c", CHILD, str(path)], env={**os.environ, "OMP_NUM_THREADS": "1"})

@@ -61,16 +61,21 @@ SLOW_PAIRS = {
     ("nuts", "gmm"), ("nuts", "gp"), ("nuts", "bnn"), ("chees", "gp"), ("chees", "gmm"), ("chees", "bnn"),
     ("nuts", "mixture"), ("chees", "mixture"), ("chees", "change_point"),
 }
-RUNNABLE = [
-    pytest.param((engine, case), marks=pytest.mark.slow) if (engine, case.name) in SLOW_PAIRS else (engine, case)
-    for engine, case in PAIRS
-    if case.name in CAPABLE[engine]
-]
-_FITS: dict[tuple[str, str], aml.Posterior] = {}
 
 
 def ids(pair) -> str:
     return f"{pair[0]}-{pair[1].name}"
+
+
+# Each pair's tests in one xdist group (`--dist loadgroup`, the Makefile's), so that one worker
+# fits the pair once (`fitted` keeps the fits of its process).
+RUNNABLE = [
+    pytest.param((engine, case), marks=[pytest.mark.xdist_group(ids((engine, case)))]
+                 + [pytest.mark.slow] * ((engine, case.name) in SLOW_PAIRS), id=ids((engine, case)))
+    for engine, case in PAIRS
+    if case.name in CAPABLE[engine]
+]
+_FITS: dict[tuple[str, str], aml.Posterior] = {}
 
 
 def test_every_registered_engine_is_in_the_contract():

@@ -20,6 +20,10 @@ from aml_ppl.inference.context import isolated_param_store
 from aml_ppl.inference.distributed import shard
 from tests.inference import distributed_worker as worker
 
+
+# The module-scoped fits are made once: all of its tests in one xdist process (`--dist loadgroup`).
+pytestmark = pytest.mark.xdist_group("distributed")
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

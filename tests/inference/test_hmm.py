@@ -16,6 +16,10 @@ import aml_ppl as aml
 from aml_ppl.errors import InputDataError
 from aml_ppl.inference import SVI, predictive
 
+
+# The module-scoped fits are made once: all of its tests in one xdist process (`--dist loadgroup`).
+pytestmark = pytest.mark.xdist_group("hmm")
+
 HIDDEN = 2
 
 

@@ -14,6 +14,10 @@ from torch import nn
 import aml_ppl as aml
 from aml_ppl.errors import InputDataError
 
+
+# The module-scoped fits are made once: all of its tests in one xdist process (`--dist loadgroup`).
+pytestmark = pytest.mark.xdist_group("pyro_modules")
+
 DATA_DIM, HIDDEN, CODE = 20, 16, 2
 
 

@@ -9,6 +9,10 @@ import aml_ppl as aml
 from aml_ppl.inference import SVI
 
 
+# The module-scoped fits are made once: all of its tests in one xdist process (`--dist loadgroup`).
+pytestmark = pytest.mark.xdist_group("svi_start")
+
+
 def unscaled_regression(x, y=None):
     """Kid's score on mother's IQ, as users write it: raw units, nearly flat priors."""
     intercept = pyro.sample("intercept", dist.Normal(0.0, 1000.0))
