@@ -1,4 +1,5 @@
-r"""A NUTS chain's state after warm-up, and the checkpoint files that carry it.
+r"""A NUTS chain's state after warm-up, ChEES-HMC's batch of chains likewise, and the
+checkpoint files that carry a NUTS chain's.
 
 A chain past warm-up is a Markov chain with a fixed kernel: given its last point, its
 adapted step size and inverse mass matrix, and where its random streams stand, the next
@@ -75,6 +76,57 @@ class HMCState:
             position=prefixed("position"), potential=float(named["potential"]), gradient=named["gradient"],
             step_size=float(named["step_size"]), inverse_mass=named["inverse_mass"],
             choices=python_state(named["choices"]), stream=prefixed("stream"),
+        )
+
+
+@dataclass
+class ChEESState:
+    r"""Where ChEES-HMC's chains stand after a draw, with everything their next draws depend
+    on (:class:`~aml_ppl.inference.chees.ChEESSampler`; the batch's counterpart of
+    :class:`HMCState`, its adaptation frozen).
+
+    Attributes:
+        position: The chains' unconstrained points ``C x D`` (the last draws).
+        potential: The potential energy :math:`U` at each (``C``).
+        gradient: :math:`\nabla U` at each (``C x D``).
+        step_size: The adapted leapfrog step size :math:`\epsilon`.
+        log_trajectory_length: The adapted :math:`\log T`.
+        inverse_mass: The adapted inverse mass matrix (``D``, or ``D x D`` where dense).
+        transitions: Transitions run so far, warm-up included: the next one's index in the
+            Halton jitter.
+        stream: The global random streams (Python, NumPy, torch's CPU generator), as
+            :func:`~aml_ppl._core.randomness.global_state_tensors` writes them; the momenta
+            and the acceptances are drawn from torch's.
+    """
+
+    position: torch.Tensor
+    potential: torch.Tensor
+    gradient: torch.Tensor
+    step_size: float
+    log_trajectory_length: float
+    inverse_mass: torch.Tensor
+    transitions: int
+    stream: dict[str, torch.Tensor]
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        r"""The state as named tensors, for a file ``torch.load(weights_only=True)`` reads."""
+        named = {f"stream:{name}": value for name, value in self.stream.items()}
+        named.update(
+            position=self.position, potential=self.potential, gradient=self.gradient,
+            step_size=torch.tensor(self.step_size, dtype=torch.float64),
+            log_trajectory_length=torch.tensor(self.log_trajectory_length, dtype=torch.float64),
+            inverse_mass=self.inverse_mass, transitions=torch.tensor(self.transitions),
+        )
+        return named
+
+    @classmethod
+    def from_tensors(cls, named: dict[str, torch.Tensor]) -> "ChEESState":
+        r"""The state :meth:`tensors` wrote."""
+        return cls(
+            position=named["position"], potential=named["potential"], gradient=named["gradient"],
+            step_size=float(named["step_size"]), log_trajectory_length=float(named["log_trajectory_length"]),
+            inverse_mass=named["inverse_mass"], transitions=int(named["transitions"]),
+            stream={key[len("stream:"):]: value for key, value in named.items() if key.startswith("stream:")},
         )
 
 

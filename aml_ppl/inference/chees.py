@@ -49,15 +49,18 @@ from typing import Any, Callable, ClassVar, Sequence
 import torch
 from pyro.ops.dual_averaging import DualAveraging
 
+from aml_ppl._core.randomness import global_state_tensors, set_global_state_tensors
 from aml_ppl._core.streams import ChainStreams
 from aml_ppl._data import check_count
 from aml_ppl.errors import InputDataError, ModelFittingError
 from aml_ppl.inference.base import Engine, register_engine
 from aml_ppl.inference.context import isolated_param_store
+from aml_ppl.inference.chain_state import ChEESState
 from aml_ppl.inference.fitted import Fitted
+from aml_ppl.inference.io import register_posterior, stored
 from aml_ppl.inference.mcmc import SamplePosterior, sampler_incompatibility
 from aml_ppl.inference.mcmc_diagnostics import check_sampling, warn_if_untrustworthy
-from aml_ppl.inference.metric import DENSE_AT_MOST
+from aml_ppl.inference.metric import DENSE_AT_MOST, PooledCovariance
 from aml_ppl.inference.nuts_kernel import MAX_ENERGY_ERROR, MAX_STEP_SIZE, MIN_STEP_SIZE
 from aml_ppl.inference.vectorised_nuts import (
     BatchingError, ChainPotential, _Points, _where, chain_seeds, initial_points, warmup_windows,
@@ -137,18 +140,12 @@ class ChEESSampler:
         log_length, log_length_average, squares = math.log(step_size), 0.0, 0.0
         coordinates = current.z.shape[-1]
         tracked = self.full_mass is True or (self.full_mass is None and coordinates <= DENSE_AT_MOST)
-        windows, pooled = warmup_windows(warmup_steps), _PooledCovariance(tracked)
-        kept, records = [], []
-        for iteration in range(warmup_steps + num_samples):
-            jitter = halton(iteration + 1)
-            steps = min(self.max_leapfrog_steps, max(1, math.ceil(jitter * math.exp(log_length) / step_size)))
+        windows, pooled = warmup_windows(warmup_steps), PooledCovariance(tracked)
+        for iteration in range(warmup_steps):
+            steps = self._leapfrog_steps(iteration, log_length, step_size)
             proposal, energy, acceptance, diverging = self._propose(current, step_size, steps)
             accepted = torch.rand_like(acceptance) < acceptance
             previous, current = current, _where(accepted, proposal, current)
-            if iteration >= warmup_steps:
-                kept.append(current.z)
-                records.append((diverging, energy, -current.potential, acceptance, steps))
-                continue
             gradient = self._trajectory_gradient(previous, proposal, acceptance, diverging, steps * step_size)
             averaging.step(self.target_accept_prob - _harmonic_mean(acceptance, diverging))
             step_size = min(max(math.exp(averaging.get_state()[0]), MIN_STEP_SIZE), MAX_STEP_SIZE)
@@ -164,17 +161,58 @@ class ChEESSampler:
                 if iteration == windows[window][1]:
                     dense = tracked and (self.full_mass is True or pooled.count >= DRAWS_PER_COORDINATE * coordinates)
                     self.metric = _Metric(pooled.covariance(dense))
-                    pooled = _PooledCovariance(tracked)
+                    pooled = PooledCovariance(tracked)
                     step_size = self._search_step_size(current, step_size)
                     averaging = DualAveraging(prox_center=math.log(10 * step_size))
                     # The new metric's time scale: at least the one step it allows, which can
                     # be orders of magnitude past T learned under the old one.
                     log_length = max(log_length, math.log(step_size))
-            if iteration == warmup_steps - 1:
-                step_size = math.exp(averaging.get_state()[1])
-                log_length = min(max(log_length_average, math.log(step_size)),
-                                 math.log(self.max_leapfrog_steps * step_size))
-        self.step_size, self.trajectory_length = step_size, math.exp(log_length)
+        if warmup_steps:
+            step_size = math.exp(averaging.get_state()[1])
+            log_length = min(max(log_length_average, math.log(step_size)), math.log(self.max_leapfrog_steps * step_size))
+        self.step_size, self.log_trajectory_length = step_size, log_length
+        return self._sample(current, warmup_steps, num_samples)
+
+    def resume(self, args: tuple, kwargs: dict, state: ChEESState, num_samples: int) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        r"""``num_samples`` more draws per chain from where ``state`` left the chains, with its
+        adapted kernel and random stream: the draws one longer :meth:`run` would have made
+        (to the bit on the CPU). Returns what :meth:`run` returns, for the new draws."""
+        self.potential = ChainPotential(self.model, args, kwargs, self.num_chains, jit=self.jit)
+        self.metric = _Metric(state.inverse_mass)
+        self.step_size, self.log_trajectory_length = state.step_size, state.log_trajectory_length
+        current = _Points(state.position, torch.zeros_like(state.position), state.potential, state.gradient)
+        callers = global_state_tensors()
+        set_global_state_tensors(state.stream)  # after the potential's trace, as in the run
+        try:
+            return self._sample(current, state.transitions, num_samples)
+        finally:
+            set_global_state_tensors(callers)
+
+    @property
+    def trajectory_length(self) -> float:
+        r"""The adapted trajectory length :math:`T`."""
+        return math.exp(self.log_trajectory_length)
+
+    def _leapfrog_steps(self, iteration: int, log_length: float, step_size: float) -> int:
+        r"""Transition ``iteration``'s leapfrog steps: :math:`\lceil h_n T / \epsilon \rceil`, within bounds."""
+        jitter = halton(iteration + 1)
+        return min(self.max_leapfrog_steps, max(1, math.ceil(jitter * math.exp(log_length) / step_size)))
+
+    def _sample(self, current: _Points, first: int, num_samples: int) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        r"""Transitions ``first`` to ``first + num_samples - 1`` with the adapted kernel, each
+        kept; the chains' state after them in ``self.state``."""
+        kept, records = [], []
+        for iteration in range(first, first + num_samples):
+            steps = self._leapfrog_steps(iteration, self.log_trajectory_length, self.step_size)
+            proposal, energy, acceptance, diverging = self._propose(current, self.step_size, steps)
+            accepted = torch.rand_like(acceptance) < acceptance
+            current = _where(accepted, proposal, current)
+            kept.append(current.z)
+            records.append((diverging, energy, -current.potential, acceptance, steps))
+        self.state = ChEESState(
+            current.z, current.potential, current.grad, self.step_size, self.log_trajectory_length,
+            self.metric.covariance, first + num_samples, global_state_tensors(),
+        )
         return self._results(kept, records, current.z)
 
     def _propose(self, current: _Points, step_size: float, steps: int) -> tuple[_Points, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -284,32 +322,6 @@ class _Metric:
         return momentum @ self.scale if self.dense else self.scale * momentum
 
 
-class _PooledCovariance:
-    r"""The covariance (or, untracked, each coordinate's variance) over every chain's draws in a
-    window, merged batch by batch (Chan, Golub & LeVeque's pairwise update), regularised towards
-    :math:`10^{-3} I` as Stan does: :math:`\frac{n}{n + 5}\hat\Sigma + 10^{-3}\frac{5}{n + 5} I`."""
-
-    def __init__(self, dense: bool) -> None:
-        self.dense, self.count, self.mean, self.squares = dense, 0, 0.0, 0.0
-
-    def update(self, batch: torch.Tensor) -> None:
-        size, mean = batch.shape[0], batch.mean(0)
-        total = self.count + size
-        delta, centred = mean - self.mean, batch - mean
-        scatter = centred.T @ centred if self.dense else (centred**2).sum(0)
-        between = torch.outer(delta, delta) if self.dense else delta**2
-        self.squares = self.squares + scatter + between * self.count * size / total
-        self.mean, self.count = self.mean + delta * size / total, total
-
-    def covariance(self, dense: bool) -> torch.Tensor:
-        r"""The regularised covariance (``dense``, where tracked) or the variances."""
-        n = self.count
-        shrunk = (n / (n + 5.0)) * self.squares / (n - 1)
-        if dense:
-            return shrunk + 1e-3 * 5.0 / (n + 5.0) * torch.eye(shrunk.shape[0], dtype=shrunk.dtype, device=shrunk.device)
-        return (shrunk.diagonal() if self.dense else shrunk) + 1e-3 * 5.0 / (n + 5.0)
-
-
 def _harmonic_mean(acceptance: torch.Tensor, diverging: torch.Tensor) -> float:
     r"""The harmonic mean of the chains' acceptance probabilities, a divergent chain's counted
     as 0 (as Stan's adaptation counts a divergent transition's): 0 where any chain diverged
@@ -397,4 +409,73 @@ class ChEES(Engine):
         fitted = Fitted(model, args, kwargs, engine=self.name, objective="lp", history=stats["lp"].flatten())
         samples = {name: value.detach() for name, value in samples.items()}
         warn_if_untrustworthy("ChEES-HMC", check_sampling(samples, stats, step_cap=("n_steps", self.max_leapfrog_steps)))
-        return SamplePosterior(fitted, samples=samples, stats=stats)
+        options = {"num_chains": self.num_chains, "target_accept_prob": self.target_accept_prob,
+                   "max_leapfrog_steps": self.max_leapfrog_steps, "full_mass": self.full_mass, "jit": self.jit_compile}
+        return ChEESPosterior(fitted, samples=samples, stats=stats, sampler_state=sampler.state, sampler_options=options)
+
+
+@register_posterior
+class ChEESPosterior(SamplePosterior):
+    r"""ChEES-HMC's draws by chain (as :class:`~aml_ppl.inference.mcmc.SamplePosterior`), with
+    the batch's state after its last draw, so that :meth:`resume` continues the chains.
+
+    Attributes:
+        sampler_state: The chains' :class:`~aml_ppl.inference.chain_state.ChEESState`.
+        sampler_options: The :class:`ChEESSampler` settings the chains ran with.
+    """
+
+    kind: ClassVar[str] = "chees_samples"
+
+    def __init__(
+        self, fitted: Fitted, *, samples: dict[str, torch.Tensor], stats: dict[str, torch.Tensor],
+        sampler_state: ChEESState, sampler_options: dict[str, Any],
+    ) -> None:
+        super().__init__(fitted, samples=samples, stats=stats)
+        self.sampler_state, self.sampler_options = sampler_state, sampler_options
+
+    def resume(self, num_samples: int) -> "ChEESPosterior":
+        r"""``num_samples`` more draws per chain, continuing the batch where it stopped with its
+        adapted step size, trajectory length and metric (no new warm-up) and its random stream:
+        a fit of :math:`n` draws resumed for :math:`k` holds, to the bit on the CPU, the draws
+        of one fit of :math:`n + k` with the same seed; also after ``save`` and ``load``. The
+        check at the end of a fit runs on all the draws.
+
+        Args:
+            num_samples: Draws to add per chain.
+
+        Returns:
+            A new posterior with the draws so far and the new ones, by chain.
+
+        Raises:
+            InputDataError: If ``num_samples`` is not a positive count.
+
+        Example:
+            >>> import torch, aml_ppl as aml
+            >>> X = torch.randn(30, 2, dtype=torch.float64); y = X.sum(-1)
+            >>> engine = aml.inference.ChEES(num_samples=20, warmup_steps=50, num_chains=8)
+            >>> post = aml.fit(aml.models.BayesianLinearRegression(), X, y, engine=engine, seed=0)
+            >>> post.resume(10).samples["beta"].shape
+            torch.Size([8, 30, 2])
+        """
+        num_samples = check_count("num_samples", num_samples)
+        sampler = ChEESSampler(self.model, **self.sampler_options)
+        with isolated_param_store():
+            samples, stats = sampler.resume(self.data_args, self.data_kwargs, self.sampler_state, num_samples)
+        samples = {name: value.detach() for name, value in samples.items()}
+        step_cap = ("n_steps", self.sampler_options["max_leapfrog_steps"])
+        fitted, samples, stats = self._continued(samples, stats, "ChEES-HMC", step_cap)
+        resumed = ChEESPosterior(fitted, samples=samples, stats=stats, sampler_state=sampler.state, sampler_options=self.sampler_options)
+        resumed.random_stream = self.random_stream
+        return resumed
+
+    def state(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        tensors, meta = super().state()
+        tensors.update({f"chees:{name}": value for name, value in self.sampler_state.tensors().items()})
+        return tensors, {**meta, "sampler_options": self.sampler_options}
+
+    @classmethod
+    def from_state(cls, fitted, tensors, meta, guide):
+        return cls(
+            fitted, samples=stored(tensors, "sample"), stats=stored(tensors, "stat"),
+            sampler_state=ChEESState.from_tensors(stored(tensors, "chees")), sampler_options=meta["sampler_options"],
+        )

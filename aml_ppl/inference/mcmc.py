@@ -40,7 +40,8 @@ class SamplePosterior(Posterior):
             (``diverging``, ``energy``, ``lp``, ``step_size``, ``tree_depth``,
             ``acceptance_rate``, ``n_steps``).
         chain_states: Each chain's :class:`~aml_ppl.inference.chain_state.HMCState` after its
-            last draw, from NUTS chains run apart (``None`` from ChEES or vectorised chains).
+            last draw, from NUTS chains run apart (``None`` from vectorised chains; ChEES's
+            posterior keeps its batch's state: :class:`~aml_ppl.inference.chees.ChEESPosterior`).
         kernel_options: The NUTS kernel's settings the chains ran with (``None`` likewise).
     """
 
@@ -75,13 +76,13 @@ class SamplePosterior(Posterior):
             A new posterior with the draws so far and the new ones, by chain.
 
         Raises:
-            InputDataError: If the posterior holds no chain states (ChEES, ``vectorized=True``,
-                or a file saved before chains kept them), or ``num_samples`` is not a positive count.
+            InputDataError: If the posterior holds no chain states (``vectorized=True``, or a
+                file saved before chains kept them), or ``num_samples`` is not a positive count.
         """
         if self.chain_states is None:
             raise InputDataError(
-                "`resume` needs each chain's state, which NUTS keeps for chains run apart; this posterior "
-                f"(engine {self.engine!r}) has none: ChEES and NUTS(vectorized=True) do not keep them."
+                "`resume` needs each chain's state, which NUTS keeps for chains run apart and ChEES for its "
+                f"batch; this posterior (engine {self.engine!r}) has none: NUTS(vectorized=True) does not keep them."
             )
         num_samples = check_count("num_samples", num_samples)
         settings = (self.kernel_options, num_samples, 0, progress_bar)
@@ -92,13 +93,20 @@ class SamplePosterior(Posterior):
             timeout=timeout, label="NUTS chain",
         )
         added = chains_posterior(self.fitted, results, self.kernel_options)
-        samples = {name: torch.cat([value, added.samples[name]], dim=1) for name, value in self.samples.items()}
-        stats = {name: torch.cat([value, added.stats[name]], dim=1) for name, value in self.stats.items()}
-        fitted = dataclasses.replace(self.fitted, history=stats["lp"].flatten())
-        warn_if_untrustworthy("NUTS", check_sampling(samples, stats, step_cap=("tree_depth", self.kernel_options["max_tree_depth"])))
+        fitted, samples, stats = self._continued(added.samples, added.stats, "NUTS", ("tree_depth", self.kernel_options["max_tree_depth"]))
         resumed = SamplePosterior(fitted, samples=samples, stats=stats, chain_states=added.chain_states, kernel_options=self.kernel_options)
         resumed.random_stream = self.random_stream
         return resumed
+
+    def _continued(
+        self, samples: dict[str, torch.Tensor], stats: dict[str, torch.Tensor], sampler: str, step_cap: tuple[str, int]
+    ) -> tuple[Fitted, dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        r"""The draws and statistics so far with ``samples`` and ``stats`` after them, by chain,
+        and the fit's record with their ``lp``; the end-of-fit check runs on all the draws."""
+        samples = {name: torch.cat([value, samples[name]], dim=1) for name, value in self.samples.items()}
+        stats = {name: torch.cat([value, stats[name]], dim=1) for name, value in self.stats.items()}
+        warn_if_untrustworthy(sampler, check_sampling(samples, stats, step_cap=step_cap))
+        return dataclasses.replace(self.fitted, history=stats["lp"].flatten()), samples, stats
 
     @property
     def diverging(self) -> torch.Tensor:

@@ -128,3 +128,29 @@ class WindowedMassMatrix(BlockMassMatrix):
         for candidate in self.candidates.values():
             candidate.reset()
         self.inverse_mass_matrix = inverse_mass_matrix
+
+
+class PooledCovariance:
+    r"""The covariance (or, untracked, each coordinate's variance) over every chain's draws in a
+    window, merged batch by batch (Chan, Golub & LeVeque's pairwise update), regularised towards
+    :math:`10^{-3} I` as Stan does: :math:`\frac{n}{n + 5}\hat\Sigma + 10^{-3}\frac{5}{n + 5} I`."""
+
+    def __init__(self, dense: bool) -> None:
+        self.dense, self.count, self.mean, self.squares = dense, 0, 0.0, 0.0
+
+    def update(self, batch: torch.Tensor) -> None:
+        size, mean = batch.shape[0], batch.mean(0)
+        total = self.count + size
+        delta, centred = mean - self.mean, batch - mean
+        scatter = centred.T @ centred if self.dense else (centred**2).sum(0)
+        between = torch.outer(delta, delta) if self.dense else delta**2
+        self.squares = self.squares + scatter + between * self.count * size / total
+        self.mean, self.count = self.mean + delta * size / total, total
+
+    def covariance(self, dense: bool) -> torch.Tensor:
+        r"""The regularised covariance (``dense``, where tracked) or the variances."""
+        n = self.count
+        shrunk = (n / (n + 5.0)) * self.squares / (n - 1)
+        if dense:
+            return shrunk + 1e-3 * 5.0 / (n + 5.0) * torch.eye(shrunk.shape[0], dtype=shrunk.dtype, device=shrunk.device)
+        return (shrunk.diagonal() if self.dense else shrunk) + 1e-3 * 5.0 / (n + 5.0)

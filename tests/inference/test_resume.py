@@ -56,6 +56,27 @@ def test_resumed_draws_equal_one_run(case, executor):
     assert first.samples[next(iter(first.samples))].shape[1] == 30  # the first posterior is left as it was
 
 
+def chees(num_samples: int) -> ChEES:
+    return ChEES(num_samples=num_samples, warmup_steps=60, num_chains=4)
+
+
+@short_runs
+@pytest.mark.parametrize("case", ["blr", "schools"])
+def test_resumed_chees_draws_equal_one_run(case, tmp_path):
+    r"""ChEES's batch continues from its state: 30 + 30 draws equal one run of 60 to the bit,
+    also after save and load; the first posterior is left as it was."""
+    model, args = CASES[case]
+    whole = aml.fit(model, *args, engine=chees(60), seed=0)
+    first = aml.fit(model, *args, engine=chees(30), seed=0)
+    assert_same_draws(whole, first.resume(30))
+    assert torch.equal(first.resume(30).history, whole.history)
+    first.save(tmp_path / "first.pt")
+    assert_same_draws(whole, aml.load(tmp_path / "first.pt", model=model).resume(30))
+    assert first.samples[next(iter(first.samples))].shape[1] == 30
+    with pytest.raises(InputDataError, match="num_samples"):
+        first.resume(0)
+
+
 @short_runs
 def test_resume_after_save_and_load(tmp_path):
     model, args = CASES["schools"]
@@ -166,8 +187,8 @@ def test_resume_without_chains_is_refused():
     model, args = CASES["blr"]
     with pytest.raises(InputDataError, match="'map'"):
         aml.fit(model, *args, engine=MAP(progress_bar=False), seed=0).resume(10)
-    chees = aml.fit(model, *args, engine=ChEES(num_samples=10, warmup_steps=20, num_chains=4), seed=0)
-    with pytest.raises(InputDataError, match="ChEES"):
-        chees.resume(10)
+    vectorised = aml.fit(model, *args, engine=NUTS(num_samples=10, warmup_steps=20, num_chains=2, vectorized=True), seed=0)
+    with pytest.raises(InputDataError, match="vectorized"):
+        vectorised.resume(10)
     with pytest.raises(InputDataError, match="num_samples"):
         aml.fit(model, *args, engine=nuts(10, executor=None), seed=0).resume(0)
