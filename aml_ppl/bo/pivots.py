@@ -118,7 +118,22 @@ def _chosen(chosen: list[Tensor], chol_columns: list[Tensor], like: Tensor) -> t
 def greedy_pivots(matrix: Tensor, limit: float, count: int) -> Tensor:
     r"""Up to ``count`` pivots of a greedy pivoted Cholesky factorisation of a small PSD ``matrix``
     (largest residual variance first, none at or below ``limit``): LAPACK's ``dpstrf``, whose
-    blocked loop costs a sixth of a Python one's on 300 pivots."""
+    blocked loop costs a sixth of a Python one's on 300 pivots.
+
+    Where every point may be taken, first the sufficient test that greedy takes them all: a
+    point's residual variance given any set of the others is at least the one given all of
+    them, :math:`1 / (K^{-1})_{ii}`, so where that exceeds ``limit`` for every point no greedy
+    step can stop early. One Cholesky factor and its inverse then decide, in the given order
+    (the set, not the order, is what conditioning on the pivots depends on): a warm start's
+    block, the last step's pivots, is mostly of this kind, and ``dpstrf``'s pivot search costs
+    several times the unpivoted factorisation."""
+    if count >= matrix.shape[0]:
+        cholesky, info = torch.linalg.cholesky_ex(matrix.detach())
+        if int(info) == 0:
+            identity = torch.eye(matrix.shape[0], dtype=matrix.dtype, device=matrix.device)
+            precision_diagonal = torch.linalg.solve_triangular(cholesky, identity, upper=False).square().sum(0)
+            if bool((precision_diagonal * limit < 1).all()):
+                return torch.arange(matrix.shape[0], device=matrix.device)
     _, pivots, rank, _ = lapack.dpstrf(matrix.detach().cpu().double().numpy(), tol=limit, lower=1)
     return torch.from_numpy(pivots[: min(rank, count)].astype(np.int64) - 1).to(matrix.device)
 

@@ -4,7 +4,7 @@ greedy pivoted Cholesky (notes AML §7.5: ITL conditions on the pivots of the ta
 import pytest
 import torch
 
-from aml_ppl.bo.pivots import blocked_pivots
+from aml_ppl.bo.pivots import blocked_pivots, greedy_pivots
 
 
 def plain_greedy_pivots(covariance, limit):
@@ -72,3 +72,19 @@ def test_a_first_block_larger_than_the_factors_room_is_taken_whole():
     pivots, factor = pivots_of(covariance, 1e-8, 1e-12, torch.arange(300), block=4)
     assert sorted(pivots.tolist()) == list(range(300))
     torch.testing.assert_close(factor @ factor.T, covariance[pivots][:, pivots], rtol=0, atol=1e-11)
+
+
+def test_greedy_pivots_take_a_block_whole_only_where_greedy_would():
+    """Offered a whole block: where every point's variance given all the others exceeds the
+    limit, all are taken (the plain greedy's set); with a near-copy of one point among them,
+    the plain greedy's pivots in its order (the near-copy left out)."""
+    generator = torch.Generator().manual_seed(3)
+    points = torch.rand(120, 2, dtype=torch.float64, generator=generator)
+    covariance = torch.exp(-0.5 * torch.cdist(points, points).square() / 0.05**2)
+    taken = greedy_pivots(covariance, 1e-8, 120)
+    assert sorted(taken.tolist()) == sorted(plain_greedy_pivots(covariance, 1e-8).tolist()) == list(range(120))
+    near_copy = torch.cat([points, points[:1] + 1e-6])
+    covariance = torch.exp(-0.5 * torch.cdist(near_copy, near_copy).square() / 0.05**2)
+    expected = plain_greedy_pivots(covariance, 1e-8)
+    assert expected.numel() == 120
+    assert torch.equal(greedy_pivots(covariance, 1e-8, 121), expected)
