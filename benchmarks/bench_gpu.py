@@ -80,9 +80,10 @@ def workloads(device: torch.device) -> dict[str, Callable[[], object]]:
     }
 
 
-def numpyro_vectorized(num_chains: int, dense_mass: bool) -> list[tuple[float, float]]:
+def numpyro_vectorized(num_chains: int, dense_mass: bool) -> list[tuple[float, float, float]]:
     """NumPyro's NUTS on the logistic regression, ``num_chains`` vectorised on JAX's default
-    device (the GPU), in a fresh process: [(seconds, min bulk ESS)] cold, then warm."""
+    device (the GPU), in a fresh process: [(seconds, min bulk ESS, gradient evaluations per
+    effective sample)] cold, then warm."""
     command = [sys.executable, __file__, "--numpyro-chains", str(num_chains)] + ["--dense"] * dense_mass
     environment = {**os.environ, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
     finished = subprocess.run(command, capture_output=True, text=True, env=environment, timeout=900)
