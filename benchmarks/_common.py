@@ -19,11 +19,15 @@ def machine_line() -> str:
     )
 
 
-def interleaved(runs: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
-    """Median wall time of each callable, run in turn `repeats` times (ours and the peer alternate)."""
+def interleaved(runs: dict[str, Callable[[], object]], repeats: int, settle: float = 0.0) -> dict[str, float]:
+    """Median wall time of each callable, run in turn `repeats` times (ours and the peer alternate).
+
+    `settle` seconds pass untimed before each run, so that threads the previous run left busy
+    (a BLAS or OpenMP pool still spinning after it returned) do not slow the next one."""
     times: dict[str, list[float]] = {name: [] for name in runs}
     for _ in range(repeats):
         for name, run in runs.items():
+            time.sleep(settle)
             start = time.perf_counter()
             run()
             times[name].append(time.perf_counter() - start)

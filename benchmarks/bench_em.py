@@ -1,7 +1,7 @@
 """EM seconds per iteration against scikit-learn's GaussianMixture, same start, full covariance.
 
 For each (n, d, k): the same k-means++ start for both, a fixed number of iterations
-(tol = 0; 10, or 5 at n = 10^6), timed interleaved in this process, median of ``--repeats``
+(tol = 0; 10, or 5 at n = 10^6), timed interleaved in this process (0.1 s untimed before each fit), median of ``--repeats``
 (one run at n = 10^6; on this shared machine some of our short runs take 2-3x longer at
 random); then the final mean log-likelihood of each. ``--threads`` sets both sides'
 threads (torch's, and the BLAS scikit-learn calls through threadpoolctl). Our achieved GFLOP/s is set against a measured float64 matmul peak. `--memory-table`
@@ -96,6 +96,10 @@ def em_flops(n: int, d: int, k: int) -> float:
     return 2 * 2 * n * features * k + n * features + 8 * n * k * d
 
 
+# Untimed pause before each timed fit: right after one library's fit, the other's two-thread
+# fit at n = 10^4, d = 10 ran 2.6-3x slower than alone (the first one's threads still busy).
+SETTLE_SECONDS = 0.1
+
 COLUMNS = ["n", "d", "k", "scikit-learn s/iter", "aml_ppl s/iter", "speed-up", "|ΔLL|/pt", "aml_ppl GFLOP/s", "% of matmul peak"]
 
 
@@ -122,7 +126,7 @@ def main(sizes: list[int], threads: int, repeats: int) -> list[list]:
                     timings = interleaved(
                         {"sklearn": lambda: fits.__setitem__("sklearn", run_sklearn(X, params, iterations)),
                          "ours": lambda: fits.__setitem__("ours", run_ours(X, params, iterations))},
-                        repeats=repeats if n < 1_000_000 else 1,
+                        repeats=repeats if n < 1_000_000 else 1, settle=SETTLE_SECONDS,
                     )
                 gap = abs(fits["ours"].score(X) - fits["sklearn"].score(X.numpy()))
                 ours_s, sklearn_s = timings["ours"] / iterations, timings["sklearn"] / iterations

@@ -32,6 +32,15 @@ def regression_data():
     return X, y
 
 
+@pytest.fixture
+def two_threads():
+    """Two torch intra-op threads for the test (the suite runs on one), one again after it."""
+    saved = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(saved)
+
+
 def pytest_collection_modifyitems(config, items):
     r"""The slow set's sampler runs have not yet been reviewed one by one for the end-of-fit
     check (issue 51: the default run's have, with a reason each), so there a

@@ -2,6 +2,7 @@ r"""Expectation-maximisation: closed-form steps where a model has them, generali
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import math
 import warnings
@@ -12,6 +13,7 @@ import torch
 from tqdm.auto import tqdm
 
 from aml_ppl._core.checks import changed_options
+from aml_ppl._core.threads import intra_op_threads
 from aml_ppl._data import check_count
 from aml_ppl.errors import AmlPplError, AmlPplWarning, InputDataError, ModelFittingError
 from aml_ppl.inference.base import Engine, Posterior, register_engine
@@ -20,6 +22,20 @@ from aml_ppl.inference.fitted import Fitted
 from aml_ppl.inference.io import register_posterior, stored
 from aml_ppl.inference.em_generic import fisher_replicates, generic_em, generic_incompatibility
 from aml_ppl.models.protocols import CheckedOnce, ClosedFormEM, DataSampling, Relabelable
+
+# Points times free parameters below which closed-form EM runs on one intra-op thread: about
+# the multiply-adds of one pass (a full-covariance mixture's E-step product has k d(d+3)/2
+# weights per point). Below it a second thread saved little even on idle cores, and every
+# parallel op waited for it when another process held a core (docs/design-notes.md,
+# "Mixtures' threads").
+ONE_THREAD_WORK = 1_000_000
+
+
+def _threads_for(model: ClosedFormEM, X: torch.Tensor) -> contextlib.AbstractContextManager:
+    r"""One intra-op thread for a fit whose passes are small (:data:`ONE_THREAD_WORK`), the
+    caller's threads otherwise."""
+    work = X.shape[0] * model.em_num_parameters(X.shape[1])
+    return intra_op_threads(1) if work < ONE_THREAD_WORK else contextlib.nullcontext()
 
 
 @register_posterior
@@ -163,6 +179,10 @@ class EM(Engine):
     Theorem 2.1 (AML §2) soft EM never lowers it (hard EM: the mean classification
     log-likelihood :math:`\max_z \log p(x_i, z)`, which it never lowers either).
 
+    A closed-form fit whose points times free parameters are below ``ONE_THREAD_WORK``
+    runs on one torch intra-op thread (the result is the same); the caller's thread count
+    is set back afterwards (``aml_ppl._core.threads.intra_op_threads``).
+
     Example:
         >>> import torch, aml_ppl as aml
         >>> X = torch.cat([torch.randn(50, 1) - 3, torch.randn(50, 1) + 3]).double()
@@ -251,7 +271,8 @@ class EM(Engine):
     def fit(self, model: Callable, *args: Any, **kwargs: Any) -> MixturePosterior:
         self.check_supports(model, args, kwargs)
         if isinstance(model, ClosedFormEM):
-            return self._fit_closed_form(model, args, kwargs)
+            with _threads_for(model, args[0]):
+                return self._fit_closed_form(model, args, kwargs)
         return self._fit_generic(model, args, kwargs)
 
     # -- closed form ----------------------------------------------------------------------
