@@ -21,7 +21,7 @@ from aml_ppl.inference.distributed import shard
 from tests.inference import distributed_worker as worker
 
 
-# The module-scoped fits are made once: all of its tests in one xdist process (`--dist loadgroup`).
+# The launch and the one-process fits are made once: all of its tests in one xdist process (`--dist loadgroup`).
 pytestmark = pytest.mark.xdist_group("distributed")
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -50,11 +50,18 @@ def launch(scenario: str, out: Path, timeout: float = 240, ranks_awaited: int = 
             process.wait()
 
 
-@pytest.fixture(scope="module")
+# pytest-xdist tears a module fixture down whenever a worker's queue does not yet hold the
+# module's next test, so the launch is kept here, once per process, as the contract keeps its fits.
+_LAUNCHES: dict[str, object] = {}
+
+
+@pytest.fixture
 def two_ranks(tmp_path_factory) -> list[dict]:
-    out = tmp_path_factory.mktemp("ranks")
-    assert launch("fits", out) == [0, 0]
-    return [torch.load(out / f"rank{rank}.pt", weights_only=False) for rank in range(2)]
+    if "fits" not in _LAUNCHES:
+        out = tmp_path_factory.mktemp("ranks")
+        assert launch("fits", out) == [0, 0]
+        _LAUNCHES["fits"] = [torch.load(out / f"rank{rank}.pt", weights_only=False) for rank in range(2)]
+    return _LAUNCHES["fits"]
 
 
 def assert_equal_tensors(left: dict, right: dict, atol: float) -> None:
@@ -63,9 +70,11 @@ def assert_equal_tensors(left: dict, right: dict, atol: float) -> None:
         torch.testing.assert_close(left[name], right[name], atol=atol, rtol=0, msg=lambda text: f"{name}: {text}")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def one_process_regression() -> dict:
-    return worker.fits(*worker.regression_data(), distributed=False)
+    if "one process" not in _LAUNCHES:
+        _LAUNCHES["one process"] = worker.fits(*worker.regression_data(), distributed=False)
+    return _LAUNCHES["one process"]
 
 
 @pytest.mark.parametrize("fit", ["svi", "delta"])
