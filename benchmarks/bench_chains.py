@@ -75,6 +75,32 @@ def logistic(X, y=None):
         pyro.sample("obs", dist.Bernoulli(logits=intercept + X @ weights), obs=y)
 
 
+def varying_intercepts(county, floor, num_counties, y=None):
+    """Gelman and Hill's radon model with varying intercepts (centred, as posteriordb's
+    ``radon_variable_intercept_centered``): county intercepts a_j ~ N(mu_a, sigma_a), one floor slope."""
+    mu_a = pyro.sample("mu_a", dist.Normal(floor.new_zeros(()), 10.0))
+    sigma_a = pyro.sample("sigma_a", dist.HalfNormal(floor.new_tensor(5.0)))
+    with pyro.plate("counties", num_counties):
+        a = pyro.sample("a", dist.Normal(mu_a, sigma_a))
+    b = pyro.sample("b", dist.Normal(floor.new_zeros(()), 10.0))
+    sigma_y = pyro.sample("sigma_y", dist.HalfNormal(floor.new_tensor(5.0)))
+    with pyro.plate("homes", len(floor)):
+        pyro.sample("obs", dist.Normal(a[county] + b * floor, sigma_y), obs=y)
+
+
+def radon_like(num_counties: int = 50, num_homes: int = 900) -> tuple:
+    """Radon-shaped data (919 homes in 85 counties in the original): homes spread unevenly over
+    ``num_counties`` (Dirichlet(1) shares, every county at least one home), a floor indicator,
+    log-radon ~ N(a_j + b floor, 0.7) with a_j ~ N(1.5, 0.3), b = -0.7."""
+    generator = torch.Generator().manual_seed(7)
+    shares = -torch.rand(num_counties, dtype=torch.float64, generator=generator).log()  # Exp(1): normalised, Dirichlet(1)
+    county = torch.cat([torch.arange(num_counties), torch.multinomial(shares, num_homes - num_counties, True, generator=generator)])
+    floor = (torch.rand(num_homes, dtype=torch.float64, generator=generator) < 0.2).to(torch.float64)
+    a = 1.5 + 0.3 * torch.randn(num_counties, dtype=torch.float64, generator=generator)
+    y = a[county] - 0.7 * floor + 0.7 * torch.randn(num_homes, dtype=torch.float64, generator=generator)
+    return county, floor, num_counties, y
+
+
 def breast_cancer() -> tuple[torch.Tensor, torch.Tensor]:
     from sklearn.datasets import load_breast_cancer
 
@@ -85,7 +111,7 @@ def breast_cancer() -> tuple[torch.Tensor, torch.Tensor]:
 
 def problems() -> dict:
     # The models by their importable name, not __main__'s, so that worker processes can load them.
-    from bench_chains import eight_schools, logistic, regression
+    from bench_chains import eight_schools, logistic, regression, varying_intercepts
 
     generator = torch.Generator().manual_seed(0)
     X = torch.randn(1000, 10, dtype=torch.float64, generator=generator)
@@ -94,6 +120,7 @@ def problems() -> dict:
         "eight schools (non-centred)": (eight_schools, (SIGMAS, EFFECTS)),
         "BLR n = 1000, d = 10": (regression, (X, y)),
         "logistic 569 x 30": (logistic, breast_cancer()),
+        "radon-like, 50 counties (centred)": (varying_intercepts, radon_like()),
     }
 
 
@@ -162,10 +189,21 @@ def numpyro_parallel(model, args, num_chains=2, chain_method="parallel", dense_m
         with numpyro.plate("data", X.shape[0]):
             numpyro.sample("obs", numpyro_dist.Bernoulli(logits=intercept + X @ weights), obs=y)
 
-    twin = {"eight_schools": eight_schools, "regression": regression, "logistic": logistic}[model.__name__]
+    def varying_intercepts(county, floor, num_counties, y=None):
+        mu_a = numpyro.sample("mu_a", numpyro_dist.Normal(0.0, 10.0))
+        sigma_a = numpyro.sample("sigma_a", numpyro_dist.HalfNormal(5.0))
+        with numpyro.plate("counties", num_counties):
+            a = numpyro.sample("a", numpyro_dist.Normal(mu_a, sigma_a))
+        b = numpyro.sample("b", numpyro_dist.Normal(0.0, 10.0))
+        sigma_y = numpyro.sample("sigma_y", numpyro_dist.HalfNormal(5.0))
+        with numpyro.plate("homes", len(floor)):
+            numpyro.sample("obs", numpyro_dist.Normal(a[county] + b * floor, sigma_y), obs=y)
+
+    twin = {"eight_schools": eight_schools, "regression": regression, "logistic": logistic,
+            "varying_intercepts": varying_intercepts}[model.__name__]
     mcmc = numpyro.infer.MCMC(numpyro.infer.NUTS(twin, dense_mass=dense_mass), num_warmup=500, num_samples=500, num_chains=num_chains,
                               chain_method=chain_method, progress_bar=False)
-    arrays = [a.numpy() for a in args]
+    arrays = [a.numpy() if isinstance(a, torch.Tensor) else a for a in args]
     runs = []
     for _ in range(2):
         start = time.perf_counter()
@@ -195,13 +233,16 @@ def main() -> None:
     parser.add_argument("--two-chains", action="store_true", help="only the rows of 2 chains in processes and Pyro's default")
     parser.add_argument("--seeds", type=int, default=1, help="run everything with seeds 0 .. N-1; report the medians")
     parser.add_argument("--json", default=None, help="write the summary table in benchmarks/results/ format")
+    parser.add_argument("--models", nargs="+", default=None, help="only the problems whose names start with these words")
     options = parser.parse_args()
     many_only, two_only, seeds = options.many_chains, options.two_chains, range(options.seeds)
     torch.set_num_threads(1)
     print(machine_line())
     import_lazily_loaded_modules()
     results = {}
-    for name, (model, args) in problems().items():
+    chosen = {name: problem for name, problem in problems().items()
+              if options.models is None or any(name.startswith(word) for word in options.models)}
+    for name, (model, args) in chosen.items():
         runs = {
             "aml_ppl, 2 processes": lambda seed: ours(model, args, "processes", seed=seed),
             "aml_ppl, 2 processes, diagonal": lambda seed: ours(model, args, "processes", full_mass=False, seed=seed),
@@ -228,7 +269,7 @@ def main() -> None:
         "NumPyro, 32 chains vectorized": ({"num_chains": 32, "chain_method": "vectorized"}, not two_only),
         "NumPyro, 32 vectorized, dense": ({"num_chains": 32, "chain_method": "vectorized", "dense_mass": True}, not two_only),
     }
-    for name, (model, args) in problems().items():
+    for name, (model, args) in chosen.items():
         for label, (settings, wanted) in numpyro_runs.items():
             for seed in seeds if wanted else ():
                 cold, warm = (finished(name, f"{label}, {when}", seed, run)
