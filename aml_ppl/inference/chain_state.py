@@ -131,6 +131,39 @@ class ChEESState:
 
 
 @dataclass
+class VectorisedNUTSState:
+    r"""Where vectorised NUTS chains stand after a draw, with everything their next draws
+    depend on (:class:`~aml_ppl.inference.vectorised_nuts.VectorisedNUTS`; the batch's
+    counterpart of :class:`HMCState`, its adaptation frozen).
+
+    Attributes:
+        position: The chains' unconstrained points ``C x D`` (the last draws).
+        potential: The potential energy :math:`U` at each (``C``).
+        gradient: :math:`\nabla U` at each (``C x D``).
+        step_size: Each chain's adapted leapfrog step size (``C``).
+        inverse_mass: Each chain's adapted diagonal inverse mass matrix (``C x D``).
+        streams: Each chain's SplitMix64 stream state (``C``, ``int64``:
+            :class:`~aml_ppl._core.streams.ChainStreams`).
+    """
+
+    position: torch.Tensor
+    potential: torch.Tensor
+    gradient: torch.Tensor
+    step_size: torch.Tensor
+    inverse_mass: torch.Tensor
+    streams: torch.Tensor
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        r"""The state as named tensors, for a file ``torch.load(weights_only=True)`` reads."""
+        return {name: getattr(self, name) for name in self.__dataclass_fields__}
+
+    @classmethod
+    def from_tensors(cls, named: dict[str, torch.Tensor]) -> "VectorisedNUTSState":
+        r"""The state :meth:`tensors` wrote."""
+        return cls(**{name: named[name] for name in cls.__dataclass_fields__})
+
+
+@dataclass
 class ChainProgress:
     r"""A chain part-way: its state and, for a checkpoint, the draws it has kept.
 

@@ -13,17 +13,17 @@ import numpy as np
 import pyro.infer
 import torch
 
-from aml_ppl._core.randomness import local_seed
 from aml_ppl._data import check_count, check_positive
 from aml_ppl.errors import InputDataError, JitFallbackWarning, VectorisedChainsWarning
 from aml_ppl.inference.base import Engine, Posterior, register_engine
-from aml_ppl.inference.chain_state import ChainProgress, Checkpointing, HMCState, describe_run
+from aml_ppl.inference.chain_state import ChainProgress, Checkpointing, HMCState, VectorisedNUTSState, describe_run
 from aml_ppl.inference.chains import chain_executor, default_chains, run_chains
 from aml_ppl.inference.context import isolated_param_store
 from aml_ppl.inference.fitted import Fitted
 from aml_ppl.inference.io import register_posterior, stored
 from aml_ppl.inference.mcmc_diagnostics import check_sampling, warn_if_untrustworthy
-from aml_ppl.inference.nuts_kernel import SAMPLE_STATS, MultinomialNUTS, chain_state, flatten, model_gradient, unflatten
+from aml_ppl.inference.nuts_chain import ChainPlan, sample_chain
+from aml_ppl.inference.nuts_kernel import SAMPLE_STATS, flatten, model_gradient
 from aml_ppl.inference.vectorised_nuts import BatchingError, VectorisedNUTS
 from aml_ppl.inference.structure import inspect_model
 from aml_ppl.inference.tracing import agree, frozen_value
@@ -40,9 +40,12 @@ class SamplePosterior(Posterior):
             (``diverging``, ``energy``, ``lp``, ``step_size``, ``tree_depth``,
             ``acceptance_rate``, ``n_steps``).
         chain_states: Each chain's :class:`~aml_ppl.inference.chain_state.HMCState` after its
-            last draw, from NUTS chains run apart (``None`` from vectorised chains; ChEES's
-            posterior keeps its batch's state: :class:`~aml_ppl.inference.chees.ChEESPosterior`).
-        kernel_options: The NUTS kernel's settings the chains ran with (``None`` likewise).
+            last draw, from NUTS chains run apart (``None`` otherwise; ChEES's posterior keeps
+            its batch's state: :class:`~aml_ppl.inference.chees.ChEESPosterior`).
+        kernel_options: The NUTS kernel's settings the chains ran with (``None`` where no
+            state was kept).
+        batch_state: Vectorised chains' :class:`~aml_ppl.inference.chain_state.VectorisedNUTSState`
+            after their last draw (``NUTS(vectorized=True)``; ``None`` otherwise).
     """
 
     kind: ClassVar[str] = "samples"
@@ -50,10 +53,11 @@ class SamplePosterior(Posterior):
     def __init__(
         self, fitted: Fitted, *, samples: dict[str, torch.Tensor], stats: dict[str, torch.Tensor],
         chain_states: list[HMCState] | None = None, kernel_options: dict[str, Any] | None = None,
+        batch_state: VectorisedNUTSState | None = None,
     ) -> None:
         self.samples = samples
         self.stats = stats
-        self.chain_states, self.kernel_options = chain_states, kernel_options
+        self.chain_states, self.kernel_options, self.batch_state = chain_states, kernel_options, batch_state
         super().__init__(fitted)
 
     def resume(
@@ -76,15 +80,17 @@ class SamplePosterior(Posterior):
             A new posterior with the draws so far and the new ones, by chain.
 
         Raises:
-            InputDataError: If the posterior holds no chain states (``vectorized=True``, or a
-                file saved before chains kept them), or ``num_samples`` is not a positive count.
+            InputDataError: If the posterior holds no chain states (a file saved before chains
+                kept them), or ``num_samples`` is not a positive count.
         """
+        num_samples = check_count("num_samples", num_samples)
+        if self.batch_state is not None:
+            return self._resumed_batch(num_samples)
         if self.chain_states is None:
             raise InputDataError(
-                "`resume` needs each chain's state, which NUTS keeps for chains run apart and ChEES for its "
-                f"batch; this posterior (engine {self.engine!r}) has none: NUTS(vectorized=True) does not keep them."
+                "`resume` needs each chain's state, which NUTS and ChEES keep; this posterior "
+                f"(engine {self.engine!r}) has none: it was saved before they kept them."
             )
-        num_samples = check_count("num_samples", num_samples)
         settings = (self.kernel_options, num_samples, 0, progress_bar)
         plan = ChainPlan(seeds=[0] * len(self.chain_states), starts=[ChainProgress(state) for state in self.chain_states])
         results = run_chains(
@@ -95,6 +101,21 @@ class SamplePosterior(Posterior):
         added = chains_posterior(self.fitted, results, self.kernel_options)
         fitted, samples, stats = self._continued(added.samples, added.stats, "NUTS", ("tree_depth", self.kernel_options["max_tree_depth"]))
         resumed = SamplePosterior(fitted, samples=samples, stats=stats, chain_states=added.chain_states, kernel_options=self.kernel_options)
+        resumed.random_stream = self.random_stream
+        return resumed
+
+    def _resumed_batch(self, num_samples: int) -> "SamplePosterior":
+        r""":meth:`resume` of vectorised chains: the batch continued in this process."""
+        state, options = self.batch_state, self.kernel_options
+        sampler = VectorisedNUTS(
+            self.model, len(state.position), max_tree_depth=options["max_tree_depth"], jit=options["jit_compile"],
+            seeds=[0] * len(state.position),  # the streams continue from the state
+        )
+        with isolated_param_store():
+            samples, stats = sampler.resume(self.data_args, self.data_kwargs, state, num_samples)
+        added = chains_posterior(self.fitted, by_chain(samples, stats), options)
+        fitted, samples, stats = self._continued(added.samples, added.stats, "NUTS", ("tree_depth", options["max_tree_depth"]))
+        resumed = SamplePosterior(fitted, samples=samples, stats=stats, kernel_options=options, batch_state=sampler.state)
         resumed.random_stream = self.random_stream
         return resumed
 
@@ -134,17 +155,19 @@ class SamplePosterior(Posterior):
         tensors.update({f"stat:{name}": value for name, value in self.stats.items()})
         for index, chain in enumerate(self.chain_states or []):
             tensors.update({f"chain{index}:{name}": value for name, value in chain.tensors().items()})
-        return tensors, {} if self.chain_states is None else {"kernel_options": self.kernel_options}
+        if self.batch_state is not None:
+            tensors.update({f"batch:{name}": value for name, value in self.batch_state.tensors().items()})
+        return tensors, {} if self.kernel_options is None else {"kernel_options": self.kernel_options}
 
     @classmethod
     def from_state(cls, fitted, tensors, meta, guide):
-        chain_states = None
-        if "kernel_options" in meta:
+        chain_states, batch = None, stored(tensors, "batch")
+        if "kernel_options" in meta and not batch:
             chains = len(next(iter(stored(tensors, "sample").values())))
             chain_states = [HMCState.from_tensors(stored(tensors, f"chain{index}")) for index in range(chains)]
         return cls(
-            fitted, samples=stored(tensors, "sample"), stats=stored(tensors, "stat"),
-            chain_states=chain_states, kernel_options=meta.get("kernel_options"),
+            fitted, samples=stored(tensors, "sample"), stats=stored(tensors, "stat"), chain_states=chain_states,
+            kernel_options=meta.get("kernel_options"), batch_state=VectorisedNUTSState.from_tensors(batch) if batch else None,
         )
 
 
@@ -282,7 +305,7 @@ class NUTS(Engine):
         seeds = torch.randint(2**31 - 1, (self.num_chains,)).tolist()
         kernel_options = {**self.kernel_options, "jit_compile": self._use_jit(model, args, kwargs)}
         settings = (kernel_options, self.num_samples, self.warmup_steps, self.progress_bar)
-        results = self._vectorised(model, args, kwargs, kernel_options["jit_compile"], seeds) if self.vectorized else None
+        results, batch_state = self._vectorised(model, args, kwargs, kernel_options["jit_compile"], seeds) if self.vectorized else (None, None)
         if results is None:
             plan = ChainPlan(seeds, [None] * self.num_chains)
             if self.checkpoint is not None:
@@ -293,14 +316,17 @@ class NUTS(Engine):
             executor = chain_executor(self.executor, self.num_chains, model)
             results = run_chains(chain, list(range(self.num_chains)), executor, timeout=self.timeout, label="NUTS chain")
         fitted = Fitted(model, args, kwargs, engine=self.name, objective="lp", history=[])
-        posterior = chains_posterior(fitted, results, kernel_options)
+        posterior = chains_posterior(fitted, results, kernel_options, batch_state)
         warn_if_untrustworthy("NUTS", check_sampling(posterior.samples, posterior.stats, step_cap=("tree_depth", self.kernel_options["max_tree_depth"])))
         return posterior
 
-    def _vectorised(self, model: Callable, args: tuple, kwargs: dict, jit: bool, seeds: list[int]) -> list | None:
+    def _vectorised(
+        self, model: Callable, args: tuple, kwargs: dict, jit: bool, seeds: list[int]
+    ) -> tuple[list | None, VectorisedNUTSState | None]:
         r"""Every chain in one batch (:class:`~aml_ppl.inference.vectorised_nuts.VectorisedNUTS`):
-        each chain's draws and records, as the chains run apart give them; ``None``, with a
-        warning, where the model's potential cannot be evaluated for all chains at once."""
+        each chain's draws and records, as the chains run apart give them, and the batch's
+        state; ``(None, None)``, with a warning, where the model's potential cannot be
+        evaluated for all chains at once."""
         sampler = VectorisedNUTS(
             model, self.num_chains, target_accept_prob=self.kernel_options["target_accept_prob"],
             max_tree_depth=self.kernel_options["max_tree_depth"], jit=jit, seeds=seeds,
@@ -310,11 +336,8 @@ class NUTS(Engine):
                 samples, stats = sampler.run(args, kwargs, self.num_samples, self.warmup_steps)
         except BatchingError as error:
             warnings.warn(f"NUTS runs the chains apart: {error}.", VectorisedChainsWarning, stacklevel=4)
-            return None
-        return [
-            ({name: value[chain] for name, value in samples.items()}, {name: stats[name][chain].tolist() for name in SAMPLE_STATS}, None)
-            for chain in range(self.num_chains)
-        ]
+            return None, None
+        return by_chain(samples, stats), sampler.state
 
     def _use_jit(self, model: Callable, args: tuple, kwargs: dict) -> bool:
         if self.jit_compile is not None:
@@ -382,9 +405,21 @@ def jit_problem(model: Callable, args: tuple, kwargs: dict, num_points: int = 4)
     return frozen_value(caught)
 
 
-def chains_posterior(fitted: Fitted, results: list, kernel_options: dict[str, Any]) -> SamplePosterior:
+def by_chain(samples: dict[str, torch.Tensor], stats: dict[str, torch.Tensor]) -> list:
+    r"""A batch's draws and statistics (``C x n``) as the results of chains run apart
+    (:func:`sample_chain`'s, without a state)."""
+    return [
+        ({name: value[chain] for name, value in samples.items()}, {name: stats[name][chain].tolist() for name in SAMPLE_STATS}, None)
+        for chain in range(len(stats["lp"]))
+    ]
+
+
+def chains_posterior(
+    fitted: Fitted, results: list, kernel_options: dict[str, Any], batch_state: VectorisedNUTSState | None = None
+) -> SamplePosterior:
     r"""The posterior of the chains' ``results`` (each chain's draws, per-draw statistics and
-    final state, as :func:`sample_chain` returns them), its ``history`` their ``lp``."""
+    final state, as :func:`sample_chain` returns them; a vectorised batch's ``batch_state``),
+    its ``history`` their ``lp``."""
     chains, records, states = zip(*results)
     samples = {name: torch.stack([chain[name] for chain in chains]) for name in chains[0]}
     stats = {
@@ -394,78 +429,6 @@ def chains_posterior(fitted: Fitted, results: list, kernel_options: dict[str, An
     resumable = None not in states
     return SamplePosterior(
         dataclasses.replace(fitted, history=stats["lp"].flatten()), samples=samples, stats=stats,
-        chain_states=list(states) if resumable else None, kernel_options=kernel_options if resumable else None,
+        chain_states=list(states) if resumable else None,
+        kernel_options=kernel_options if resumable or batch_state is not None else None, batch_state=batch_state,
     )
-
-
-@dataclasses.dataclass(frozen=True)
-class ChainPlan:
-    r"""How each chain of a run starts.
-
-    Attributes:
-        seeds: Each chain's seed (a chain that continues runs from its saved streams instead).
-        starts: Each chain's progress to continue from, or ``None`` to start with a warm-up.
-        checkpointing: Where the chains write checkpoints, if anywhere.
-    """
-
-    seeds: list[int]
-    starts: list[ChainProgress | None]
-    checkpointing: Checkpointing | None = None
-
-
-def sample_chain(
-    model: Callable, args: tuple, kwargs: dict, settings: tuple, plan: ChainPlan, index: int, threads: int | None = None
-) -> tuple[dict[str, torch.Tensor], dict[str, list[float]], HMCState]:
-    r"""Chain ``index`` of ``plan``: its kept draws, per-draw statistics and final state. It
-    warms up from its seed, or continues the progress it starts from (the draws that progress
-    holds come first). Runs in this process or in a worker (``threads`` then caps the
-    worker's torch threads)."""
-    kernel_options, num_samples, warmup_steps, progress_bar = settings
-    if threads is not None:
-        torch.set_num_threads(threads)
-    start = plan.starts[index]
-    done = ChainProgress(None) if start is None else start
-    with local_seed(plan.seeds[index]), isolated_param_store():
-        kernel = MultinomialNUTS(model, **kernel_options)
-        kernel.resume_from = None if start is None else start.state
-        loop = _DrawLoop(index, num_samples - len(done.positions), done, plan.checkpointing)
-        if loop.remaining:
-            mcmc = pyro.infer.MCMC(
-                kernel, num_samples=loop.remaining, warmup_steps=warmup_steps if start is None else 0,
-                disable_progbar=not progress_bar, hook_fn=loop,
-            )
-            mcmc.run(*args, **kwargs)
-        else:  # the checkpoint holds every draw
-            kernel.setup(0, *args, **kwargs)
-            loop.state = start.state
-        positions = torch.stack([*done.positions, *kernel.positions])
-        samples = {
-            name: kernel.transforms[name].inv(value) if name in kernel.transforms else value
-            for name, value in unflatten(positions, kernel.dynamics.shapes).items()
-        }
-        return samples, loop.records(kernel), loop.state
-
-
-class _DrawLoop:
-    r"""Pyro's ``MCMC`` hook for one chain: after each kept draw, the chain's state when it is
-    the last draw, and a checkpoint every ``checkpointing.every`` draws and at the last."""
-
-    def __init__(self, index: int, remaining: int, done: ChainProgress, checkpointing: Checkpointing | None) -> None:
-        self.index, self.remaining, self.done, self.checkpointing = index, remaining, done, checkpointing
-        self.state: HMCState | None = None
-
-    def records(self, kernel: MultinomialNUTS) -> dict[str, list[float]]:
-        return {name: [*self.done.records.get(name, []), *kernel.records[name]] for name in SAMPLE_STATS}
-
-    def __call__(self, kernel: MultinomialNUTS, params: dict, stage: str, step: int) -> None:
-        if not stage.startswith("Sample"):
-            return
-        last = step + 1 == self.remaining
-        kept = len(self.done.positions) + step + 1
-        due = self.checkpointing is not None and (last or kept % self.checkpointing.every == 0)
-        if last or due:
-            state = chain_state(kernel)
-            self.state = state if last else None
-        if due:
-            progress = ChainProgress(state, [*self.done.positions, *kernel.positions], self.records(kernel))
-            self.checkpointing.write(self.index, progress)

@@ -31,6 +31,7 @@ from pyro.ops.welford import WelfordCovariance
 
 from aml_ppl._core.streams import ChainStreams
 from aml_ppl.errors import ModelFittingError
+from aml_ppl.inference.chain_state import VectorisedNUTSState
 from aml_ppl.inference.compiled import compiled_gradient, compiled_mapped_gradient, plain_gradient
 from aml_ppl.inference.density import log_joint
 from aml_ppl.inference.nuts_kernel import MAX_ENERGY_ERROR, MAX_STEP_SIZE, MIN_STEP_SIZE, SAMPLE_STATS
@@ -296,24 +297,17 @@ class VectorisedNUTS:
         self, args: tuple, kwargs: dict, num_samples: int, warmup_steps: int
     ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         r"""Warm up and sample. Returns the constrained draws (site to ``C x num_samples x ...``)
-        and the per-draw statistics (name to ``C x num_samples``)."""
+        and the per-draw statistics (name to ``C x num_samples``); :attr:`state` is then the
+        batch's :class:`~aml_ppl.inference.chain_state.VectorisedNUTSState` after its last draw."""
         self.potential = ChainPotential(self.model, args, kwargs, self.num_chains, jit=self.jit)
         self.streams = ChainStreams(self.seeds, self.potential.start.device)
         current = initial_points(self.potential, self.streams)
-        z = current.z
-        self.inverse_mass = torch.ones_like(z)
-        step_size = self._reasonable_step_size(current, torch.ones_like(current.potential))
+        self.inverse_mass = torch.ones_like(current.z)
+        step_size = reasonable_step_sizes(self._momenta(current), torch.ones_like(current.potential), self._hamiltonian, self._leapfrog)
         averaging, variances = DualAveraging(prox_center=(10 * step_size).log()), WelfordCovariance(diagonal=True)
         windows = warmup_windows(warmup_steps)
-        kept: list[torch.Tensor] = []
-        stats: dict[str, list[torch.Tensor]] = {name: [] for name in SAMPLE_STATS}
-        for iteration in range(warmup_steps + num_samples):
+        for iteration in range(warmup_steps):
             current, record = self._transition(current, step_size)
-            if iteration >= warmup_steps:
-                kept.append(current.z)
-                for name, value in record.items():
-                    stats[name].append(value)
-                continue
             averaging.step(self.target_accept_prob - record["acceptance_rate"])
             step_size = averaging.get_state()[0].exp()
             window = next(index for index, (first, last) in enumerate(windows) if first <= iteration <= last)
@@ -322,10 +316,41 @@ class VectorisedNUTS:
             if iteration == windows[window][1] and 0 < window < len(windows) - 1:
                 self.inverse_mass = variances.get_covariance(regularize=True)
                 variances.reset()
-                step_size = self._reasonable_step_size(current, step_size)
+                step_size = reasonable_step_sizes(self._momenta(current), step_size, self._hamiltonian, self._leapfrog)
                 averaging = DualAveraging(prox_center=(10 * step_size).log())
             if iteration == warmup_steps - 1:
                 step_size = averaging.get_state()[1].exp()
+        return self._sample(current, step_size, num_samples)
+
+    def resume(
+        self, args: tuple, kwargs: dict, state: VectorisedNUTSState, num_samples: int
+    ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        r"""``num_samples`` more draws from ``state`` (a batch of this sampler's chains after
+        its warm-up), with its step sizes, metric and streams: the draws that one run of
+        :meth:`run` would have made after those it had made. Returns as :meth:`run` does."""
+        self.potential = ChainPotential(self.model, args, kwargs, self.num_chains, jit=self.jit)
+        self.streams = ChainStreams(self.seeds, state.position.device)
+        self.streams.state = state.streams.clone()
+        self.inverse_mass = state.inverse_mass
+        current = _Points(state.position, torch.zeros_like(state.position), state.potential, state.gradient)
+        return self._sample(current, state.step_size, num_samples)
+
+    def _sample(
+        self, current: _Points, step_size: torch.Tensor, num_samples: int
+    ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        r"""``num_samples`` kept transitions from ``current`` with the adapted ``step_size``."""
+        kept: list[torch.Tensor] = []
+        stats: dict[str, list[torch.Tensor]] = {name: [] for name in SAMPLE_STATS}
+        for _ in range(num_samples):
+            current, record = self._transition(current, step_size)
+            kept.append(current.z)
+            for name, value in record.items():
+                stats[name].append(value)
+        self.state = VectorisedNUTSState(
+            position=current.z, potential=current.potential, gradient=current.grad, step_size=step_size,
+            inverse_mass=self.inverse_mass, streams=self.streams.state.clone(),
+        )
+        z = current.z
         flat = torch.stack(kept, 1) if kept else z.new_zeros(self.num_chains, 0, z.shape[1])
         samples = {
             name: self.potential.transforms[name].inv(value) for name, value in self.potential.sites(flat).items()
@@ -433,20 +458,24 @@ class VectorisedNUTS:
     def _hamiltonian(self, points: _Points) -> torch.Tensor:
         return points.potential + 0.5 * (self.inverse_mass * points.r * points.r).sum(-1)
 
-    def _reasonable_step_size(self, current: _Points, step_size: torch.Tensor) -> torch.Tensor:
-        r"""Hoffman and Gelman's heuristic, per chain: double or halve until one leapfrog
-        step's acceptance probability crosses 0.8."""
-        start = self._momenta(current)
-        energy = self._hamiltonian(start)
 
-        def accepts(size: torch.Tensor) -> torch.Tensor:
-            error = energy - self._hamiltonian(self._leapfrog(start, size))
-            return torch.where(torch.isfinite(error), error, torch.full_like(error, -math.inf)) > math.log(0.8)
+def reasonable_step_sizes(
+    start: _Points, step_size: torch.Tensor, hamiltonian: Callable[[_Points], torch.Tensor],
+    leapfrog: Callable[[_Points, torch.Tensor], _Points],
+) -> torch.Tensor:
+    r"""Hoffman and Gelman's heuristic (2014, Algorithm 4), per chain, from ``start`` (points
+    with fresh momenta): double or halve ``step_size`` until one leapfrog step's acceptance
+    probability crosses 0.8 (NumPyro's ``find_reasonable_step_size`` has this shape: over functions)."""
+    energy = hamiltonian(start)
 
-        direction = torch.where(accepts(step_size), 2.0, 0.5)
-        searching = torch.ones_like(step_size, dtype=torch.bool)
-        while bool(searching.any()):
-            step_size = torch.where(searching, step_size * direction, step_size)
-            crossed = accepts(step_size) != (direction > 1)
-            searching = searching & ~crossed & (step_size > MIN_STEP_SIZE) & (step_size < MAX_STEP_SIZE)
-        return step_size.clamp(MIN_STEP_SIZE, MAX_STEP_SIZE)
+    def accepts(size: torch.Tensor) -> torch.Tensor:
+        error = energy - hamiltonian(leapfrog(start, size))
+        return torch.where(torch.isfinite(error), error, torch.full_like(error, -math.inf)) > math.log(0.8)
+
+    direction = torch.where(accepts(step_size), 2.0, 0.5)
+    searching = torch.ones_like(step_size, dtype=torch.bool)
+    while bool(searching.any()):
+        step_size = torch.where(searching, step_size * direction, step_size)
+        crossed = accepts(step_size) != (direction > 1)
+        searching = searching & ~crossed & (step_size > MIN_STEP_SIZE) & (step_size < MAX_STEP_SIZE)
+    return step_size.clamp(MIN_STEP_SIZE, MAX_STEP_SIZE)

@@ -1,0 +1,90 @@
+r"""One NUTS chain run where :func:`~aml_ppl.inference.chains.run_chains` puts it (this process
+or a worker): its warm-up from a seed, or its continuation from a state (a posterior's
+:meth:`~aml_ppl.inference.mcmc.SamplePosterior.resume`, a checkpoint), through Pyro's ``MCMC``
+driver with :class:`~aml_ppl.inference.nuts_kernel.MultinomialNUTS`."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+import pyro.infer
+import torch
+
+from aml_ppl._core.randomness import local_seed
+from aml_ppl.inference.chain_state import ChainProgress, Checkpointing, HMCState
+from aml_ppl.inference.context import isolated_param_store
+from aml_ppl.inference.nuts_kernel import SAMPLE_STATS, MultinomialNUTS, chain_state, unflatten
+
+
+@dataclasses.dataclass(frozen=True)
+class ChainPlan:
+    r"""How each chain of a run starts.
+
+    Attributes:
+        seeds: Each chain's seed (a chain that continues runs from its saved streams instead).
+        starts: Each chain's progress to continue from, or ``None`` to start with a warm-up.
+        checkpointing: Where the chains write checkpoints, if anywhere.
+    """
+
+    seeds: list[int]
+    starts: list[ChainProgress | None]
+    checkpointing: Checkpointing | None = None
+
+
+def sample_chain(
+    model: Callable, args: tuple, kwargs: dict, settings: tuple, plan: ChainPlan, index: int, threads: int | None = None
+) -> tuple[dict[str, torch.Tensor], dict[str, list[float]], HMCState]:
+    r"""Chain ``index`` of ``plan``: its kept draws, per-draw statistics and final state. It
+    warms up from its seed, or continues the progress it starts from (the draws that progress
+    holds come first). Runs in this process or in a worker (``threads`` then caps the
+    worker's torch threads)."""
+    kernel_options, num_samples, warmup_steps, progress_bar = settings
+    if threads is not None:
+        torch.set_num_threads(threads)
+    start = plan.starts[index]
+    done = ChainProgress(None) if start is None else start
+    with local_seed(plan.seeds[index]), isolated_param_store():
+        kernel = MultinomialNUTS(model, **kernel_options)
+        kernel.resume_from = None if start is None else start.state
+        loop = _DrawLoop(index, num_samples - len(done.positions), done, plan.checkpointing)
+        if loop.remaining:
+            mcmc = pyro.infer.MCMC(
+                kernel, num_samples=loop.remaining, warmup_steps=warmup_steps if start is None else 0,
+                disable_progbar=not progress_bar, hook_fn=loop,
+            )
+            mcmc.run(*args, **kwargs)
+        else:  # the checkpoint holds every draw
+            kernel.setup(0, *args, **kwargs)
+            loop.state = start.state
+        positions = torch.stack([*done.positions, *kernel.positions])
+        samples = {
+            name: kernel.transforms[name].inv(value) if name in kernel.transforms else value
+            for name, value in unflatten(positions, kernel.dynamics.shapes).items()
+        }
+        return samples, loop.records(kernel), loop.state
+
+
+class _DrawLoop:
+    r"""Pyro's ``MCMC`` hook for one chain: after each kept draw, the chain's state when it is
+    the last draw, and a checkpoint every ``checkpointing.every`` draws and at the last."""
+
+    def __init__(self, index: int, remaining: int, done: ChainProgress, checkpointing: Checkpointing | None) -> None:
+        self.index, self.remaining, self.done, self.checkpointing = index, remaining, done, checkpointing
+        self.state: HMCState | None = None
+
+    def records(self, kernel: MultinomialNUTS) -> dict[str, list[float]]:
+        return {name: [*self.done.records.get(name, []), *kernel.records[name]] for name in SAMPLE_STATS}
+
+    def __call__(self, kernel: MultinomialNUTS, params: dict, stage: str, step: int) -> None:
+        if not stage.startswith("Sample"):
+            return
+        last = step + 1 == self.remaining
+        kept = len(self.done.positions) + step + 1
+        due = self.checkpointing is not None and (last or kept % self.checkpointing.every == 0)
+        if last or due:
+            state = chain_state(kernel)
+            self.state = state if last else None
+        if due:
+            progress = ChainProgress(state, [*self.done.positions, *kernel.positions], self.records(kernel))
+            self.checkpointing.write(self.index, progress)
