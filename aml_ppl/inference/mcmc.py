@@ -18,6 +18,7 @@ from aml_ppl.errors import InputDataError, JitFallbackWarning, VectorisedChainsW
 from aml_ppl.inference.base import Engine, Posterior, register_engine
 from aml_ppl.inference.chain_state import ChainProgress, Checkpointing, HMCState, VectorisedNUTSState, describe_run
 from aml_ppl.inference.chains import chain_executor, default_chains, run_chains
+from aml_ppl.inference.compiled import Gradient
 from aml_ppl.inference.context import isolated_param_store
 from aml_ppl.inference.fitted import Fitted
 from aml_ppl.inference.io import register_posterior, stored
@@ -303,17 +304,20 @@ class NUTS(Engine):
         self.check_supports(model, args, kwargs)
         # Chain seeds from the run's seeded generator: the same draws wherever a chain runs.
         seeds = torch.randint(2**31 - 1, (self.num_chains,)).tolist()
-        kernel_options = {**self.kernel_options, "jit_compile": self._use_jit(model, args, kwargs)}
+        jit, compiled = self._use_jit(model, args, kwargs)
+        kernel_options = {**self.kernel_options, "jit_compile": jit}
         settings = (kernel_options, self.num_samples, self.warmup_steps, self.progress_bar)
-        results, batch_state = self._vectorised(model, args, kwargs, kernel_options["jit_compile"], seeds) if self.vectorized else (None, None)
+        results, batch_state = self._vectorised(model, args, kwargs, jit, seeds) if self.vectorized else (None, None)
         if results is None:
-            plan = ChainPlan(seeds, [None] * self.num_chains)
+            executor = chain_executor(self.executor, self.num_chains, model)
+            # The checked graph goes to chains in this process or forked from it (not pickled).
+            plan = ChainPlan(seeds, [None] * self.num_chains, compiled=compiled if executor in (None, "fork") else None)
             if self.checkpoint is not None:
                 run = describe_run(model, args, kwargs, {**kernel_options, "warmup_steps": self.warmup_steps}, seeds)
                 checkpointing = Checkpointing(self.checkpoint, self.checkpoint_every, run)
-                plan = ChainPlan(seeds, [checkpointing.read(index, self.num_samples) for index in range(self.num_chains)], checkpointing)
+                starts = [checkpointing.read(index, self.num_samples) for index in range(self.num_chains)]
+                plan = dataclasses.replace(plan, starts=starts, checkpointing=checkpointing)
             chain = functools.partial(sample_chain, model, args, kwargs, settings, plan)
-            executor = chain_executor(self.executor, self.num_chains, model)
             results = run_chains(chain, list(range(self.num_chains)), executor, timeout=self.timeout, label="NUTS chain")
         fitted = Fitted(model, args, kwargs, engine=self.name, objective="lp", history=[])
         posterior = chains_posterior(fitted, results, kernel_options, batch_state)
@@ -339,12 +343,14 @@ class NUTS(Engine):
             return None, None
         return by_chain(samples, stats), sampler.state
 
-    def _use_jit(self, model: Callable, args: tuple, kwargs: dict) -> bool:
+    def _use_jit(self, model: Callable, args: tuple, kwargs: dict) -> tuple[bool, Gradient | None]:
+        r"""Whether the chains compile the potential, and the graph :func:`checked_gradient`
+        compiled and checked, where it did."""
         if self.jit_compile is not None:
-            return self.jit_compile
+            return self.jit_compile, None
         if not getattr(model, "jit_traceable", True):
-            return False
-        problem = jit_problem(model, args, kwargs)
+            return False, None
+        compiled, problem = checked_gradient(model, args, kwargs)
         if problem is not None:
             warnings.warn(
                 f"NUTS runs without the JIT: the model does not trace faithfully ({problem}). "
@@ -352,7 +358,7 @@ class NUTS(Engine):
                 JitFallbackWarning,
                 stacklevel=4,
             )
-        return problem is None
+        return problem is None, compiled
 
 def sampler_incompatibility(sampler: str, model: Callable, args: tuple, kwargs: dict) -> str | None:
     r"""Why a gradient-based sampler (NUTS, ChEES-HMC) cannot run ``model``: it samples
@@ -377,7 +383,15 @@ def sampler_incompatibility(sampler: str, model: Callable, args: tuple, kwargs: 
 def jit_problem(model: Callable, args: tuple, kwargs: dict, num_points: int = 4) -> str | None:
     r"""Why the compiled potential energy and gradient of ``model``
     (:func:`~aml_ppl.inference.nuts_kernel.model_gradient` with ``jit=True``) cannot be
-    trusted, or ``None``.
+    trusted, or ``None`` (:func:`checked_gradient`'s reason)."""
+    return checked_gradient(model, args, kwargs, num_points)[1]
+
+
+def checked_gradient(model: Callable, args: tuple, kwargs: dict, num_points: int = 4) -> tuple[Gradient | None, str | None]:
+    r"""``model``'s potential energy and gradient compiled into one graph
+    (:func:`~aml_ppl.inference.nuts_kernel.model_gradient` with ``jit=True``) and checked:
+    ``(graph, None)``, or ``(None, why it cannot be trusted)``; ``(None, None)`` where only
+    Pyro's own JIT traced it (that potential is not shared between chains).
 
     A trace records one run; a branch on a latent value, or a tensor turned into a Python
     number, is frozen into it (``make_fx`` refuses it, and Pyro's JIT trace warns). The
@@ -397,12 +411,13 @@ def jit_problem(model: Callable, args: tuple, kwargs: dict, num_points: int = 4)
             for scale in [0.0, *torch.linspace(0.5, 2.0, num_points - 1).tolist()]:
                 point = z + scale * torch.randn_like(z)
                 if not all(map(agree, compiled.gradient(point), plain.gradient(point))):
-                    return "the traced potential differs from the model's away from the point it was traced at"
+                    return None, "the traced potential differs from the model's away from the point it was traced at"
     except Exception as error:  # tracing fails in many ways
-        return f"{type(error).__name__}: {str(error).splitlines()[0][:200] if str(error) else ''}"
+        return None, f"{type(error).__name__}: {str(error).splitlines()[0][:200] if str(error) else ''}"
     finally:
         pyro.util.set_rng_state(state)
-    return frozen_value(caught)
+    problem = frozen_value(caught)
+    return (compiled.gradient if problem is None and compiled.how == "compiled" else None), problem
 
 
 def by_chain(samples: dict[str, torch.Tensor], stats: dict[str, torch.Tensor]) -> list:

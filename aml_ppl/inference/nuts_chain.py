@@ -13,6 +13,7 @@ import torch
 
 from aml_ppl._core.randomness import local_seed
 from aml_ppl.inference.chain_state import ChainProgress, Checkpointing, HMCState
+from aml_ppl.inference.compiled import Gradient
 from aml_ppl.inference.context import isolated_param_store
 from aml_ppl.inference.nuts_kernel import SAMPLE_STATS, MultinomialNUTS, chain_state, unflatten
 
@@ -25,11 +26,14 @@ class ChainPlan:
         seeds: Each chain's seed (a chain that continues runs from its saved streams instead).
         starts: Each chain's progress to continue from, or ``None`` to start with a warm-up.
         checkpointing: Where the chains write checkpoints, if anywhere.
+        compiled: The compiled potential and gradient the chains share, where they run in this
+            process or in processes forked from it (else each chain compiles its own).
     """
 
     seeds: list[int]
     starts: list[ChainProgress | None]
     checkpointing: Checkpointing | None = None
+    compiled: Gradient | None = None
 
 
 def sample_chain(
@@ -45,7 +49,7 @@ def sample_chain(
     start = plan.starts[index]
     done = ChainProgress(None) if start is None else start
     with local_seed(plan.seeds[index]), isolated_param_store():
-        kernel = MultinomialNUTS(model, **kernel_options)
+        kernel = MultinomialNUTS(model, **kernel_options, compiled=plan.compiled)
         kernel.resume_from = None if start is None else start.state
         loop = _DrawLoop(index, num_samples - len(done.positions), done, plan.checkpointing)
         if loop.remaining:

@@ -121,6 +121,7 @@ class MultinomialNUTS(MCMCKernel):
         max_tree_depth: int = 10,
         full_mass: bool | None = None,
         jit_compile: bool = False,
+        compiled: Gradient | None = None,
     ) -> None:
         r"""
         Args:
@@ -135,8 +136,12 @@ class MultinomialNUTS(MCMCKernel):
                 default.
             jit_compile: Evaluate the potential and its gradient as one compiled graph
                 (:func:`~aml_ppl.inference.compiled.compiled_gradient`), else by autograd through the model.
+            compiled: That graph, already compiled for this model and data (by
+                :func:`~aml_ppl.inference.mcmc.jit_problem`'s check in this process, or in the
+                process this one was forked from), to use instead of compiling it again.
         """
         self.model = model
+        self.compiled = compiled
         self.max_tree_depth = max_tree_depth
         self.full_mass = full_mass
         self.jit_compile = jit_compile
@@ -156,7 +161,7 @@ class MultinomialNUTS(MCMCKernel):
     def setup(self, warmup_steps: int, *args: Any, **kwargs: Any) -> None:
         if self.resume_from is not None:
             return continue_chain(self, self.resume_from, args, kwargs)
-        built = model_gradient(self.model, args, kwargs, jit=self.jit_compile, initial_params=self._initial_params)
+        built = model_gradient(self.model, args, kwargs, jit=self.jit_compile, initial_params=self._initial_params, compiled=self.compiled)
         start, shapes, self.transforms = built.start, built.shapes, built.transforms
         z = flatten(start, shapes)
         self.dynamics = Hamiltonian(built.gradient, shapes, self.adapter)
@@ -296,14 +301,16 @@ class ModelGradient:
 
 def model_gradient(
     model: Callable, args: tuple, kwargs: dict, *, jit: bool, initial_params: dict[str, torch.Tensor] | None = None,
-    quiet: bool = True,
+    quiet: bool = True, compiled: Gradient | None = None,
 ) -> ModelGradient:
     r"""``model``'s potential energy from :func:`pyro.infer.mcmc.util.initialize_model`
     (enumerated discrete sites summed out; the start ``initial_params``, else Pyro's
     ``init_to_uniform``) and its gradient: with ``jit``, compiled with its gradient into one
     graph, or where ``torch.func`` cannot trace the model (an enumeration's contraction runs
     a custom ``autograd.Function``) Pyro's JIT-traced potential under autograd, whose
-    warnings ``quiet`` silences; else autograd through the model."""
+    warnings ``quiet`` silences; else autograd through the model. A ``compiled`` graph of the
+    same model and data is used as it is (the graph holds for any point: it is traced with
+    the point as its input, and checked at several by :func:`~aml_ppl.inference.mcmc.jit_problem`)."""
     start, potential_fn, transforms, _ = initialize_model(model, args, kwargs, initial_params=initial_params)
     shapes = {name: value.shape for name, value in sorted(start.items())}
 
@@ -312,6 +319,8 @@ def model_gradient(
 
     if not jit:
         return ModelGradient(start, shapes, transforms, plain_gradient(on_flat(potential_fn)), "autograd")
+    if compiled is not None:
+        return ModelGradient(start, shapes, transforms, compiled, "compiled")
     try:
         return ModelGradient(start, shapes, transforms, compiled_gradient(on_flat(potential_fn), flatten(start, shapes)), "compiled")
     except Exception:  # torch.func and make_fx refuse in many ways; Pyro's trace may still hold
