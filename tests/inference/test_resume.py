@@ -57,7 +57,7 @@ def test_resumed_draws_equal_one_run(case, executor):
 
 
 def vectorised(num_samples: int) -> NUTS:
-    return NUTS(num_samples=num_samples, warmup_steps=50, num_chains=4, vectorized=True, progress_bar=False)
+    return NUTS(num_samples=num_samples, warmup_steps=50, num_chains=2, vectorized=True, progress_bar=False)
 
 
 @short_runs
