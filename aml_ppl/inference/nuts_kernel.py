@@ -288,8 +288,8 @@ class ModelGradient:
         shapes: Site name to its shape, in the flat vector's order.
         transforms: Site name to its transform to the unconstrained space.
         gradient: The flat vector's potential energy and its gradient.
-        how: ``"compiled"`` (one graph: :func:`~aml_ppl.inference.compiled.compiled_gradient`),
-            ``"pyro jit"`` (Pyro's JIT-traced potential under autograd) or ``"autograd"``.
+        how: ``"compiled"`` (one graph: :func:`~aml_ppl.inference.compiled.compiled_gradient`)
+            or ``"autograd"``.
     """
 
     start: dict[str, torch.Tensor]
@@ -301,31 +301,33 @@ class ModelGradient:
 
 def model_gradient(
     model: Callable, args: tuple, kwargs: dict, *, jit: bool, initial_params: dict[str, torch.Tensor] | None = None,
-    quiet: bool = True, compiled: Gradient | None = None,
+    fallback: bool = True, compiled: Gradient | None = None,
 ) -> ModelGradient:
     r"""``model``'s potential energy from :func:`pyro.infer.mcmc.util.initialize_model`
     (enumerated discrete sites summed out; the start ``initial_params``, else Pyro's
     ``init_to_uniform``) and its gradient: with ``jit``, compiled with its gradient into one
-    graph, or where ``torch.func`` cannot trace the model (an enumeration's contraction runs
-    a custom ``autograd.Function``) Pyro's JIT-traced potential under autograd, whose
-    warnings ``quiet`` silences; else autograd through the model. A ``compiled`` graph of the
-    same model and data is used as it is (the graph holds for any point: it is traced with
-    the point as its input, and checked at several by :func:`~aml_ppl.inference.mcmc.jit_problem`)."""
+    graph, or where that fails (a value read into Python) and ``fallback``, autograd through
+    the model (without ``fallback`` the error is raised); else autograd through the model. A
+    ``compiled`` graph of the same model and data is used as it is (the graph holds for any
+    point: it is traced with the point as its input, and checked at several by
+    :func:`~aml_ppl.inference.mcmc.checked_gradient`)."""
     start, potential_fn, transforms, _ = initialize_model(model, args, kwargs, initial_params=initial_params)
     shapes = {name: value.shape for name, value in sorted(start.items())}
 
     def on_flat(potential: Callable) -> Callable[[torch.Tensor], torch.Tensor]:
         return lambda z: potential(unflatten(z, shapes))
 
+    plain = ModelGradient(start, shapes, transforms, plain_gradient(on_flat(potential_fn)), "autograd")
     if not jit:
-        return ModelGradient(start, shapes, transforms, plain_gradient(on_flat(potential_fn)), "autograd")
+        return plain
     if compiled is not None:
         return ModelGradient(start, shapes, transforms, compiled, "compiled")
     try:
         return ModelGradient(start, shapes, transforms, compiled_gradient(on_flat(potential_fn), flatten(start, shapes)), "compiled")
-    except Exception:  # torch.func and make_fx refuse in many ways; Pyro's trace may still hold
-        traced = initialize_model(model, args, kwargs, initial_params=start, jit_compile=True, skip_jit_warnings=quiet)[1]
-        return ModelGradient(start, shapes, transforms, plain_gradient(on_flat(traced)), "pyro jit")
+    except Exception:  # make_fx refuses in many ways: the plain evaluation remains
+        if not fallback:
+            raise
+        return plain
 
 
 class Hamiltonian:

@@ -100,9 +100,8 @@ class ChainPotential:
     plate is mapped over the chains with ``torch.func.vmap`` of Pyro's potential instead
     (``how = "vmap"``, validation off). Either way the potential and its gradient are compiled
     into one graph where asked and where the graph agrees (``", compiled"``:
-    :func:`~aml_ppl.inference.compiled.compiled_gradient`), else, for a model ``torch.func``
-    cannot trace (an enumeration's contraction), the plate's potential is traced by the
-    PyTorch JIT (``"plate, jit"``).
+    :func:`~aml_ppl.inference.compiled.compiled_gradient`; an enumeration's contraction is
+    differentiated by autograd within the trace), else evaluated plainly.
     """
 
     def __init__(self, model: Callable, args: tuple, kwargs: dict, num_chains: int, jit: bool = True) -> None:
@@ -126,28 +125,22 @@ class ChainPotential:
             self._compile()
 
     def _compile(self) -> None:
-        r"""The potential and its gradient as one graph where it agrees with the plain
-        evaluation; where ``torch.func`` cannot trace the model (an enumeration's contraction),
-        the plate's potential traced by the PyTorch JIT under autograd, where that agrees."""
+        r"""The potential and its gradient as one graph where it traces and agrees with the
+        plain evaluation; else the plain evaluation stays."""
         plain = self.evaluate
-        if self.how == "plate":
-            builds = {
-                "compiled": lambda: compiled_gradient(self.plate_potential, self.start),
-                "jit": lambda: plain_gradient(torch.jit.trace(self.plate_potential, self.start, check_trace=False)),
-            }
-        else:
-            builds = {"compiled": lambda: compiled_mapped_gradient(self.flat_potential, self.start)}
-        for how, build in builds.items():
-            try:
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore")
-                    self.evaluate = build()
-            except Exception:  # tracing fails in many ways
-                continue
-            if not self._differs():
-                self.how += f", {how}"
-                return
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                if self.how == "plate":
+                    self.evaluate = compiled_gradient(self.plate_potential, self.start)
+                else:
+                    self.evaluate = compiled_mapped_gradient(self.flat_potential, self.start)
+        except Exception:  # tracing fails in many ways
+            return
+        if self._differs():
             self.evaluate = plain
+        else:
+            self.how += ", compiled"
 
     def sites(self, z: torch.Tensor) -> dict[str, torch.Tensor]:
         r"""The flat unconstrained points ``... x D`` as site name to ``... x shape``."""
