@@ -51,12 +51,11 @@ from aml_ppl.inference.chain_state import HMCState
 from aml_ppl.inference.compiled import Gradient, compiled_gradient, plain_gradient
 from aml_ppl.inference.mcmc_diagnostics import STUCK_DIVERGENT
 from aml_ppl.inference.metric import WindowedMassMatrix
+from aml_ppl.inference.step_size import one_step_accepted, reasonable_step_sizes
 from aml_ppl.inference.nuts_tree import MAX_ENERGY_ERROR, Trajectory, _State, _Tree  # noqa: F401 (MAX_ENERGY_ERROR: the samplers' import)
 
 # ArviZ's names for the per-draw statistics a chain records.
 SAMPLE_STATS = ("diverging", "energy", "lp", "step_size", "tree_depth", "acceptance_rate", "n_steps")
-# Where the step-size search gives up (Pyro's bounds).
-MIN_STEP_SIZE, MAX_STEP_SIZE = 1e-10, 1e10
 # The warm-up's last transitions run at the final step size, adapting nothing: this many at
 # most, and a tenth of the warm-up at most (see the module's description, "The warm-up's end").
 SETTLE_STEPS = 20
@@ -391,22 +390,15 @@ class Hamiltonian:
         )
 
     def reasonable_step_size(self, params: dict[str, torch.Tensor]) -> float:
-        r"""Hoffman and Gelman's heuristic (2014, Algorithm 4): double or halve the step size
-        until one leapfrog step's acceptance probability crosses 0.8."""
-        step_size = self.adapter.step_size
+        r"""Hoffman and Gelman's heuristic (:func:`~aml_ppl.inference.step_size.reasonable_step_sizes`)
+        from the adapter's step size: one leapfrog step accepted with probability above 0.8."""
         start = self.with_fresh_momentum(self.state(params[BLOCK[0]], torch.zeros_like(params[BLOCK[0]])))
         energy = self.energy(start)
 
-        def log_accept(size: float) -> float:
-            error = energy - self.energy(self.leapfrog(start, size))
-            return error if math.isfinite(error) else -math.inf
+        def accepts(size: torch.Tensor) -> torch.Tensor:
+            return one_step_accepted(torch.tensor(energy - self.energy(self.leapfrog(start, float(size)))))
 
-        direction = 1 if log_accept(step_size) > math.log(0.8) else -1
-        while MIN_STEP_SIZE < step_size < MAX_STEP_SIZE:  # a flat or broken potential ends the search
-            step_size *= 2.0**direction
-            if (log_accept(step_size) > math.log(0.8)) != (direction == 1):
-                break
-        return min(max(step_size, MIN_STEP_SIZE), MAX_STEP_SIZE)
+        return float(reasonable_step_sizes(accepts, torch.tensor(float(self.adapter.step_size), dtype=torch.float64)))
 
     def flatten(self, values: dict[str, torch.Tensor]) -> torch.Tensor:
         return flatten(values, self.shapes)
