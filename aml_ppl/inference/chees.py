@@ -61,7 +61,8 @@ from aml_ppl.inference.io import register_posterior, stored
 from aml_ppl.inference.mcmc import SamplePosterior, sampler_incompatibility
 from aml_ppl.inference.mcmc_diagnostics import check_sampling, warn_if_untrustworthy
 from aml_ppl.inference.metric import DENSE_AT_MOST, PooledCovariance
-from aml_ppl.inference.nuts_kernel import MAX_ENERGY_ERROR, MAX_STEP_SIZE, MIN_STEP_SIZE
+from aml_ppl.inference.nuts_kernel import MAX_ENERGY_ERROR
+from aml_ppl.inference.step_size import MAX_STEP_SIZE, MIN_STEP_SIZE, reasonable_step_sizes
 from aml_ppl.inference.vectorised_nuts import (
     BatchingError, ChainPotential, _Points, _where, chain_seeds, initial_points, warmup_windows,
 )
@@ -252,19 +253,15 @@ class ChEESSampler:
         return float((weights * per_chain).sum() / weights.sum())
 
     def _search_step_size(self, current: _Points, step_size: float) -> float:
-        r"""Hoffman and Gelman's heuristic on the chains together: double or halve the step until
-        the harmonic mean of one leapfrog step's acceptance probabilities crosses 1/2."""
+        r"""Hoffman and Gelman's heuristic (:func:`~aml_ppl.inference.step_size.reasonable_step_sizes`)
+        on the chains together: one leapfrog step's acceptance probabilities, their harmonic
+        mean above 1/2."""
 
-        def accepts(size: float) -> bool:
-            _, _, acceptance, diverging = self._propose(current, size, 1)
-            return _harmonic_mean(acceptance, diverging) > 0.5
+        def accepts(size: torch.Tensor) -> torch.Tensor:
+            _, _, acceptance, diverging = self._propose(current, float(size), 1)
+            return torch.tensor(_harmonic_mean(acceptance, diverging) > 0.5)
 
-        factor = 2.0 if accepts(step_size) else 0.5
-        while MIN_STEP_SIZE < step_size * factor < MAX_STEP_SIZE:
-            if accepts(step_size * factor) != (factor > 1):
-                return step_size * factor if factor < 1 else step_size
-            step_size *= factor
-        return step_size
+        return float(reasonable_step_sizes(accepts, torch.tensor(step_size, dtype=torch.float64)))
 
     def _results(
         self, kept: list[torch.Tensor], records: list[tuple], like: torch.Tensor

@@ -3,14 +3,17 @@ r"""A potential energy's value and gradient compiled into one graph of tensor op
 Hamiltonian Monte Carlo spends its time evaluating :math:`U(z)` and :math:`\nabla U(z)`
 (at every leapfrog step: Neal 2011, *MCMC using Hamiltonian dynamics*, §5.2.3.3). Through
 Pyro each evaluation runs the model's Python under Pyro's handlers and then autograd's
-engine; PyTorch's JIT trace of the potential (Pyro's ``jit_compile``) removes the first
-cost, not the second. Here ``torch.func.grad`` of the potential is traced once by
-``make_fx`` into one graph holding the forward and the backward operations, which the
-PyTorch JIT then freezes, after simplifying it (:mod:`aml_ppl.inference.graph_simplify`: constants folded,
-identities, repeats and dead code dropped), so that an evaluation is one call with no Python
-of the model's and no autograd graph. ``torch.compile`` of the same graph is faster per call
-but takes seconds to build in each process, more than it saves in a NUTS run of a thousand
-transitions (the timings: docs/design-notes.md, "The compiled potential").
+engine; a trace of the potential alone (Pyro's ``jit_compile``) removes the first cost, not
+the second. Here ``torch.func.grad`` of the potential is traced once by
+``make_fx`` into one graph holding the forward and the backward operations, simplified
+(:mod:`aml_ppl.inference.graph_simplify`: constants folded, identities, repeats and dead code
+dropped) and frozen (:func:`_executable`), so that an evaluation runs no Python of the
+model's and builds no autograd graph. A model whose ``autograd.Function`` ``torch.func``
+cannot run (Pyro's contraction of enumerated sites) is differentiated by
+``torch.autograd.grad`` within the trace instead.
+``torch.compile`` of the same graph is faster per call but takes seconds to build in each
+process, more than it saves in a NUTS run of a thousand transitions (the timings:
+docs/design-notes.md, "The compiled potential").
 
 Each ATen operation costs about a microsecond here whatever its size, so the trace takes the
 Bernoulli's log-probability in the form with the fewest: PyTorch's
@@ -43,6 +46,7 @@ from torch._guards import TracingContext, tracing
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 
+from aml_ppl.inference.graph_function import as_function
 from aml_ppl.inference.graph_simplify import simplify
 
 Gradient = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
@@ -89,7 +93,7 @@ def compiled_gradient(potential: Callable[[torch.Tensor], torch.Tensor], example
         (tensor(7.), tensor([1., 2., 3.]))
     """
 
-    return _frozen(gradient_graph(potential, example), example)
+    return _executable(gradient_graph(potential, example), example)
 
 
 def compiled_mapped_gradient(potential: Callable[[torch.Tensor], torch.Tensor], examples: torch.Tensor) -> Gradient:
@@ -108,21 +112,36 @@ def compiled_mapped_gradient(potential: Callable[[torch.Tensor], torch.Tensor], 
     single = gradient_graph(potential, examples[0])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return _frozen(simplify(_traced(torch.func.vmap(single), examples)), examples)
+        return _executable(simplify(_traced(torch.func.vmap(single), examples)), examples)
 
 
-def _frozen(graph: Callable, example: torch.Tensor) -> Gradient:
-    r"""``graph`` (``z -> (gradient, value)``) traced and frozen by the PyTorch JIT at ``example``."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        # The module's forward itself: no nn.Module call machinery (hooks) at every evaluation.
-        forward = torch.jit.freeze(torch.jit.trace(graph, (example.detach(),), check_trace=False).eval()).forward
+def _executable(graph: torch.fx.GraphModule, example: torch.Tensor) -> Gradient:
+    r"""``graph`` (``z -> (gradient, value)``) as one function: frozen by TorchScript where torch
+    still has it, else written out as Python (:func:`~aml_ppl.inference.graph_function.as_function`).
+
+    TorchScript is deprecated and used here only for this last step, because its interpreter
+    spends less per operation than Python's calls of the same ATen operations, which on the
+    small models HMC serves is most of an evaluation (the measurements: docs/design-notes.md,
+    "The compiled potential").
+    """
+    try:
+        forward = _frozen(graph, example)
+    except Exception:  # a torch without TorchScript, or a graph it cannot take
+        forward = as_function(graph, example.detach())
 
     def evaluate(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         grad, value = forward(z.detach())  # no autograd graph: nothing in it requires a gradient
         return value, grad
 
     return evaluate
+
+
+def _frozen(graph: torch.fx.GraphModule, example: torch.Tensor) -> Callable:
+    r"""``graph`` traced and frozen by TorchScript at ``example``: its module's ``forward``
+    itself (no ``nn.Module`` call machinery at every evaluation)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return torch.jit.freeze(torch.jit.trace(graph, (example.detach(),), check_trace=False).eval()).forward
 
 
 def gradient_graph(potential: Callable[[torch.Tensor], torch.Tensor], example: torch.Tensor) -> torch.fx.GraphModule:
@@ -138,8 +157,28 @@ def gradient_graph(potential: Callable[[torch.Tensor], torch.Tensor], example: t
 
     with pyro.validation_enabled(False), warnings.catch_warnings(), few_operation_log_probs():
         warnings.simplefilter("ignore")
-        graph = _traced(torch.func.grad(summed, has_aux=True), example)
+        try:
+            graph = _traced(torch.func.grad(summed, has_aux=True), example)
+        except RuntimeError as error:  # an autograd.Function torch.func cannot run (Pyro's enumeration)
+            if "setup_context" not in str(error):
+                raise
+            graph = _traced(_autograd_gradient(summed), example)
     return simplify(graph)
+
+
+def _autograd_gradient(summed: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]) -> Callable:
+    r"""``z -> (gradient, values)`` by ``torch.autograd.grad``, for a potential whose
+    ``autograd.Function`` (Pyro's contraction of enumerated sites) defines no ``setup_context``,
+    which ``torch.func.grad`` requires; ``make_fx`` records the backward operations the
+    autograd engine runs as it records the forward's."""
+
+    def gradient(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        z = z.detach().requires_grad_()
+        total, values = summed(z)
+        (grad,) = torch.autograd.grad(total, z)
+        return grad, values.detach()
+
+    return gradient
 
 
 def _traced(function: Callable, example: torch.Tensor) -> torch.fx.GraphModule:

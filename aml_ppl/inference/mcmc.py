@@ -27,7 +27,7 @@ from aml_ppl.inference.nuts_chain import ChainPlan, sample_chain
 from aml_ppl.inference.nuts_kernel import SAMPLE_STATS, flatten, model_gradient
 from aml_ppl.inference.vectorised_nuts import BatchingError, VectorisedNUTS
 from aml_ppl.inference.structure import inspect_model
-from aml_ppl.inference.tracing import agree, frozen_value
+from aml_ppl.inference.tracing import agree, untraceable
 
 
 
@@ -390,22 +390,21 @@ def jit_problem(model: Callable, args: tuple, kwargs: dict, num_points: int = 4)
 def checked_gradient(model: Callable, args: tuple, kwargs: dict, num_points: int = 4) -> tuple[Gradient | None, str | None]:
     r"""``model``'s potential energy and gradient compiled into one graph
     (:func:`~aml_ppl.inference.nuts_kernel.model_gradient` with ``jit=True``) and checked:
-    ``(graph, None)``, or ``(None, why it cannot be trusted)``; ``(None, None)`` where only
-    Pyro's own JIT traced it (that potential is not shared between chains).
+    ``(graph, None)``, or ``(None, why it cannot be trusted)``.
 
     A trace records one run; a branch on a latent value, or a tensor turned into a Python
-    number, is frozen into it (``make_fx`` refuses it, and Pyro's JIT trace warns). The
-    gradient is compiled at Pyro's initial point and refused when compiling fails, when torch
-    warns that the model's own code turned a tensor into a Python value, or when the value or
+    number, would be frozen into it, and ``make_fx`` refuses it
+    (:func:`~aml_ppl.inference.tracing.untraceable` names the model's line). The gradient is
+    compiled at Pyro's initial point and refused when compiling fails, or when the value or
     gradient differs from autograd's through the model at the initial point and
     ``num_points - 1`` points around it (unconstrained offsets of scale 0.5 to 2). The random
     state is left as it was.
     """
     state = pyro.util.get_rng_state()
     try:
-        with isolated_param_store(), warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            compiled = model_gradient(model, args, kwargs, jit=True, quiet=False)
+        with isolated_param_store(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            compiled = model_gradient(model, args, kwargs, jit=True, fallback=False)
             plain = model_gradient(model, args, kwargs, jit=False, initial_params=compiled.start)
             z = flatten(compiled.start, compiled.shapes)
             for scale in [0.0, *torch.linspace(0.5, 2.0, num_points - 1).tolist()]:
@@ -413,11 +412,10 @@ def checked_gradient(model: Callable, args: tuple, kwargs: dict, num_points: int
                 if not all(map(agree, compiled.gradient(point), plain.gradient(point))):
                     return None, "the traced potential differs from the model's away from the point it was traced at"
     except Exception as error:  # tracing fails in many ways
-        return None, f"{type(error).__name__}: {str(error).splitlines()[0][:200] if str(error) else ''}"
+        return None, untraceable(error)
     finally:
         pyro.util.set_rng_state(state)
-    problem = frozen_value(caught)
-    return (compiled.gradient if problem is None and compiled.how == "compiled" else None), problem
+    return compiled.gradient, None
 
 
 def by_chain(samples: dict[str, torch.Tensor], stats: dict[str, torch.Tensor]) -> list:

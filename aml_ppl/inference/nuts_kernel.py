@@ -51,12 +51,11 @@ from aml_ppl.inference.chain_state import HMCState
 from aml_ppl.inference.compiled import Gradient, compiled_gradient, plain_gradient
 from aml_ppl.inference.mcmc_diagnostics import STUCK_DIVERGENT
 from aml_ppl.inference.metric import WindowedMassMatrix
+from aml_ppl.inference.step_size import one_step_accepted, reasonable_step_sizes
 from aml_ppl.inference.nuts_tree import MAX_ENERGY_ERROR, Trajectory, _State, _Tree  # noqa: F401 (MAX_ENERGY_ERROR: the samplers' import)
 
 # ArviZ's names for the per-draw statistics a chain records.
 SAMPLE_STATS = ("diverging", "energy", "lp", "step_size", "tree_depth", "acceptance_rate", "n_steps")
-# Where the step-size search gives up (Pyro's bounds).
-MIN_STEP_SIZE, MAX_STEP_SIZE = 1e-10, 1e10
 # The warm-up's last transitions run at the final step size, adapting nothing: this many at
 # most, and a tenth of the warm-up at most (see the module's description, "The warm-up's end").
 SETTLE_STEPS = 20
@@ -288,8 +287,8 @@ class ModelGradient:
         shapes: Site name to its shape, in the flat vector's order.
         transforms: Site name to its transform to the unconstrained space.
         gradient: The flat vector's potential energy and its gradient.
-        how: ``"compiled"`` (one graph: :func:`~aml_ppl.inference.compiled.compiled_gradient`),
-            ``"pyro jit"`` (Pyro's JIT-traced potential under autograd) or ``"autograd"``.
+        how: ``"compiled"`` (one graph: :func:`~aml_ppl.inference.compiled.compiled_gradient`)
+            or ``"autograd"``.
     """
 
     start: dict[str, torch.Tensor]
@@ -301,31 +300,33 @@ class ModelGradient:
 
 def model_gradient(
     model: Callable, args: tuple, kwargs: dict, *, jit: bool, initial_params: dict[str, torch.Tensor] | None = None,
-    quiet: bool = True, compiled: Gradient | None = None,
+    fallback: bool = True, compiled: Gradient | None = None,
 ) -> ModelGradient:
     r"""``model``'s potential energy from :func:`pyro.infer.mcmc.util.initialize_model`
     (enumerated discrete sites summed out; the start ``initial_params``, else Pyro's
     ``init_to_uniform``) and its gradient: with ``jit``, compiled with its gradient into one
-    graph, or where ``torch.func`` cannot trace the model (an enumeration's contraction runs
-    a custom ``autograd.Function``) Pyro's JIT-traced potential under autograd, whose
-    warnings ``quiet`` silences; else autograd through the model. A ``compiled`` graph of the
-    same model and data is used as it is (the graph holds for any point: it is traced with
-    the point as its input, and checked at several by :func:`~aml_ppl.inference.mcmc.jit_problem`)."""
+    graph, or where that fails (a value read into Python) and ``fallback``, autograd through
+    the model (without ``fallback`` the error is raised); else autograd through the model. A
+    ``compiled`` graph of the same model and data is used as it is (the graph holds for any
+    point: it is traced with the point as its input, and checked at several by
+    :func:`~aml_ppl.inference.mcmc.checked_gradient`)."""
     start, potential_fn, transforms, _ = initialize_model(model, args, kwargs, initial_params=initial_params)
     shapes = {name: value.shape for name, value in sorted(start.items())}
 
     def on_flat(potential: Callable) -> Callable[[torch.Tensor], torch.Tensor]:
         return lambda z: potential(unflatten(z, shapes))
 
+    plain = ModelGradient(start, shapes, transforms, plain_gradient(on_flat(potential_fn)), "autograd")
     if not jit:
-        return ModelGradient(start, shapes, transforms, plain_gradient(on_flat(potential_fn)), "autograd")
+        return plain
     if compiled is not None:
         return ModelGradient(start, shapes, transforms, compiled, "compiled")
     try:
         return ModelGradient(start, shapes, transforms, compiled_gradient(on_flat(potential_fn), flatten(start, shapes)), "compiled")
-    except Exception:  # torch.func and make_fx refuse in many ways; Pyro's trace may still hold
-        traced = initialize_model(model, args, kwargs, initial_params=start, jit_compile=True, skip_jit_warnings=quiet)[1]
-        return ModelGradient(start, shapes, transforms, plain_gradient(on_flat(traced)), "pyro jit")
+    except Exception:  # make_fx refuses in many ways: the plain evaluation remains
+        if not fallback:
+            raise
+        return plain
 
 
 class Hamiltonian:
@@ -389,22 +390,15 @@ class Hamiltonian:
         )
 
     def reasonable_step_size(self, params: dict[str, torch.Tensor]) -> float:
-        r"""Hoffman and Gelman's heuristic (2014, Algorithm 4): double or halve the step size
-        until one leapfrog step's acceptance probability crosses 0.8."""
-        step_size = self.adapter.step_size
+        r"""Hoffman and Gelman's heuristic (:func:`~aml_ppl.inference.step_size.reasonable_step_sizes`)
+        from the adapter's step size: one leapfrog step accepted with probability above 0.8."""
         start = self.with_fresh_momentum(self.state(params[BLOCK[0]], torch.zeros_like(params[BLOCK[0]])))
         energy = self.energy(start)
 
-        def log_accept(size: float) -> float:
-            error = energy - self.energy(self.leapfrog(start, size))
-            return error if math.isfinite(error) else -math.inf
+        def accepts(size: torch.Tensor) -> torch.Tensor:
+            return one_step_accepted(torch.tensor(energy - self.energy(self.leapfrog(start, float(size)))))
 
-        direction = 1 if log_accept(step_size) > math.log(0.8) else -1
-        while MIN_STEP_SIZE < step_size < MAX_STEP_SIZE:  # a flat or broken potential ends the search
-            step_size *= 2.0**direction
-            if (log_accept(step_size) > math.log(0.8)) != (direction == 1):
-                break
-        return min(max(step_size, MIN_STEP_SIZE), MAX_STEP_SIZE)
+        return float(reasonable_step_sizes(accepts, torch.tensor(float(self.adapter.step_size), dtype=torch.float64)))
 
     def flatten(self, values: dict[str, torch.Tensor]) -> torch.Tensor:
         return flatten(values, self.shapes)

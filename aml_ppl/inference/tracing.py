@@ -1,35 +1,43 @@
-r"""A Pyro program compiled by ``torch.jit.trace``, and the checks that the trace is faithful.
+r"""A Pyro program traced into a graph of tensor operations by ``make_fx``, and the checks
+that the trace is faithful.
 
-A trace records one run: a branch on a tensor's value, or a tensor turned into a Python
-number, is frozen into it. A trace is used here only where torch did not warn that the
-program's own code froze a value (:func:`frozen_value`) and where it gives the plain run's
-values at further points to floating-point error (:func:`agree`).
+A trace records one run: a tensor turned into a Python value (a branch on a latent value)
+would freeze that run's value into it, and ``make_fx`` refuses it instead, naming the
+program's line (:func:`untraceable`). A trace is used here only where it gives the plain
+run's values at further points to floating-point error (:func:`agree`).
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import traceback
 import warnings
 from typing import Callable
 
 import pyro
 import torch
+from torch.fx.experimental.proxy_tensor import make_fx
 
-# Where a JIT trace freezes a tensor into a Python value, torch warns; in torch's and Pyro's
-# own code (and ours) these are checks of arguments, in a user's model control flow.
+from aml_ppl.inference.graph_function import as_function
+
+# Frames of torch's, Pyro's and aml_ppl's own code: the program's line is the innermost other.
 _TRUSTED_SOURCES = tuple(os.path.dirname(module.__file__) for module in (torch, pyro, sys.modules["aml_ppl"]))
+# What torch says where a traced tensor's value is read into Python.
+_VALUE_READ = "trying to get value out of a tracing tensor"
 
 
-def frozen_value(caught: list[warnings.WarningMessage]) -> str | None:
-    r"""Where, among the ``caught`` warnings of a trace, torch said that the program's own code
-    (not torch's, Pyro's or aml_ppl's) turned a traced tensor into a Python value, as
-    ``"file.py, line N: what"``; ``None`` if nowhere."""
-    for warning in caught:
-        frozen = issubclass(warning.category, torch.jit.TracerWarning) and "to a Python" in str(warning.message)
-        if frozen and not warning.filename.startswith(_TRUSTED_SOURCES):
-            return f"{os.path.basename(warning.filename)}, line {warning.lineno}: {str(warning.message).split('.')[0]}"
-    return None
+def untraceable(error: BaseException) -> str:
+    r"""Why a program could not be traced, from the ``error`` the trace raised: where the
+    program's own code (not torch's, Pyro's or aml_ppl's) read a tensor's value into Python,
+    as ``"file.py, line N: reads a traced tensor's value into Python"``, else the error's
+    type and first line."""
+    frames = [frame for frame in traceback.extract_tb(error.__traceback__) if not frame.filename.startswith(_TRUSTED_SOURCES)]
+    if _VALUE_READ in str(error) and frames:
+        frame = frames[-1]
+        return f"{os.path.basename(frame.filename)}, line {frame.lineno}: reads a traced tensor's value into Python (a branch on a value)"
+    first_line = str(error).splitlines()[0][:200] if str(error) else ""
+    return f"{type(error).__name__}: {first_line}"
 
 
 def agree(traced: torch.Tensor, plain: torch.Tensor) -> bool:
@@ -61,8 +69,9 @@ def per_draw(
 
     For a model that cannot take all draws on one plate, each run pays Python's work per site
     again: Pyro's handlers, an enumeration's contraction. From ``compile_from`` draws on, ``run``
-    is traced at the first draw and the trace runs the others, if it froze no value
-    of the program's own and agrees with ``run`` at the second and the last draw; else every
+    is traced by ``make_fx`` at the first draw (validation off: its checks read values) and the
+    trace (:func:`~aml_ppl.inference.graph_function.as_function`) runs the others, if ``make_fx``
+    traced it and the trace agrees with ``run`` at the second and the last draw; else every
     draw runs plainly, with the same result.
     """
     rows = [{name: value[index] for name, value in draws.items()} for index in range(num_draws)]
@@ -77,16 +86,16 @@ def per_draw(
         return tuple(result[name] for name in outputs)
 
     try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            traced = torch.jit.trace(flat, tuple(rows[0].values()), check_trace=False)
+        with pyro.validation_enabled(False), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            traced = as_function(make_fx(flat)(*rows[0].values()), *rows[0].values())
         checked = {index: run(rows[index]) for index in (1, num_draws - 1)}  # kept: the result's rows there
-        trusted = frozen_value(caught) is None and all(
+        trusted = all(
             agree(compiled, checked[index][name])
             for index in checked
             for name, compiled in zip(outputs, traced(*rows[index].values()))
         )
-    except Exception:  # tracing fails in many ways; the plain runs remain
+    except Exception:  # tracing fails in many ways (make_fx refuses a value read into Python); the plain runs remain
         checked, trusted = {}, False
     each = run if not trusted else lambda row: dict(zip(outputs, traced(*row.values())))
     return _concatenated([first, *(checked.get(index) or each(row) for index, row in enumerate(rows[1:], 1))])

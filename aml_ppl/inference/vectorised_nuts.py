@@ -34,7 +34,8 @@ from aml_ppl.errors import ModelFittingError
 from aml_ppl.inference.chain_state import VectorisedNUTSState
 from aml_ppl.inference.compiled import compiled_gradient, compiled_mapped_gradient, plain_gradient
 from aml_ppl.inference.density import log_joint
-from aml_ppl.inference.nuts_kernel import MAX_ENERGY_ERROR, MAX_STEP_SIZE, MIN_STEP_SIZE, SAMPLE_STATS
+from aml_ppl.inference.nuts_kernel import MAX_ENERGY_ERROR, SAMPLE_STATS
+from aml_ppl.inference.step_size import one_step_accepted, reasonable_step_sizes
 from aml_ppl.inference.structure import inspect_model
 
 # What a model raises at a point far out in a trajectory, where the chain diverges.
@@ -100,9 +101,8 @@ class ChainPotential:
     plate is mapped over the chains with ``torch.func.vmap`` of Pyro's potential instead
     (``how = "vmap"``, validation off). Either way the potential and its gradient are compiled
     into one graph where asked and where the graph agrees (``", compiled"``:
-    :func:`~aml_ppl.inference.compiled.compiled_gradient`), else, for a model ``torch.func``
-    cannot trace (an enumeration's contraction), the plate's potential is traced by the
-    PyTorch JIT (``"plate, jit"``).
+    :func:`~aml_ppl.inference.compiled.compiled_gradient`; an enumeration's contraction is
+    differentiated by autograd within the trace), else evaluated plainly.
     """
 
     def __init__(self, model: Callable, args: tuple, kwargs: dict, num_chains: int, jit: bool = True) -> None:
@@ -126,28 +126,22 @@ class ChainPotential:
             self._compile()
 
     def _compile(self) -> None:
-        r"""The potential and its gradient as one graph where it agrees with the plain
-        evaluation; where ``torch.func`` cannot trace the model (an enumeration's contraction),
-        the plate's potential traced by the PyTorch JIT under autograd, where that agrees."""
+        r"""The potential and its gradient as one graph where it traces and agrees with the
+        plain evaluation; else the plain evaluation stays."""
         plain = self.evaluate
-        if self.how == "plate":
-            builds = {
-                "compiled": lambda: compiled_gradient(self.plate_potential, self.start),
-                "jit": lambda: plain_gradient(torch.jit.trace(self.plate_potential, self.start, check_trace=False)),
-            }
-        else:
-            builds = {"compiled": lambda: compiled_mapped_gradient(self.flat_potential, self.start)}
-        for how, build in builds.items():
-            try:
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore")
-                    self.evaluate = build()
-            except Exception:  # tracing fails in many ways
-                continue
-            if not self._differs():
-                self.how += f", {how}"
-                return
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                if self.how == "plate":
+                    self.evaluate = compiled_gradient(self.plate_potential, self.start)
+                else:
+                    self.evaluate = compiled_mapped_gradient(self.flat_potential, self.start)
+        except Exception:  # tracing fails in many ways
+            return
+        if self._differs():
             self.evaluate = plain
+        else:
+            self.how += ", compiled"
 
     def sites(self, z: torch.Tensor) -> dict[str, torch.Tensor]:
         r"""The flat unconstrained points ``... x D`` as site name to ``... x shape``."""
@@ -287,11 +281,8 @@ class VectorisedNUTS:
         seeds: Sequence[int] | None = None,
     ) -> None:
         self.seeds = chain_seeds(seeds, num_chains)
-        self.model = model
-        self.jit = jit
-        self.num_chains = num_chains
-        self.target_accept_prob = target_accept_prob
-        self.max_tree_depth = max_tree_depth
+        self.model, self.num_chains, self.jit = model, num_chains, jit
+        self.target_accept_prob, self.max_tree_depth = target_accept_prob, max_tree_depth
 
     def run(
         self, args: tuple, kwargs: dict, num_samples: int, warmup_steps: int
@@ -303,7 +294,7 @@ class VectorisedNUTS:
         self.streams = ChainStreams(self.seeds, self.potential.start.device)
         current = initial_points(self.potential, self.streams)
         self.inverse_mass = torch.ones_like(current.z)
-        step_size = reasonable_step_sizes(self._momenta(current), torch.ones_like(current.potential), self._hamiltonian, self._leapfrog)
+        step_size = self._reasonable_step_sizes(current, torch.ones_like(current.potential))
         averaging, variances = DualAveraging(prox_center=(10 * step_size).log()), WelfordCovariance(diagonal=True)
         windows = warmup_windows(warmup_steps)
         for iteration in range(warmup_steps):
@@ -316,7 +307,7 @@ class VectorisedNUTS:
             if iteration == windows[window][1] and 0 < window < len(windows) - 1:
                 self.inverse_mass = variances.get_covariance(regularize=True)
                 variances.reset()
-                step_size = reasonable_step_sizes(self._momenta(current), step_size, self._hamiltonian, self._leapfrog)
+                step_size = self._reasonable_step_sizes(current, step_size)
                 averaging = DualAveraging(prox_center=(10 * step_size).log())
             if iteration == warmup_steps - 1:
                 step_size = averaging.get_state()[1].exp()
@@ -362,8 +353,6 @@ class VectorisedNUTS:
         every = torch.ones(current.z.shape[0], dtype=torch.bool, device=current.z.device)
         noise = self.streams.normal(every, current.z.shape[1]).to(current.z)
         return replace(current, r=noise / self.inverse_mass.sqrt())
-
-    # -- the transition -------------------------------------------------------------------------
 
     def _transition(self, current: _Points, step_size: torch.Tensor) -> tuple[_Points, dict[str, torch.Tensor]]:
         start = self._momenta(current)
@@ -455,27 +444,11 @@ class VectorisedNUTS:
         values, grads = self.potential(z)
         return _Points(z, r_half - 0.5 * step * grads, values, grads)
 
+    def _reasonable_step_sizes(self, current: _Points, step_size: torch.Tensor) -> torch.Tensor:
+        r"""Each chain's step size (:func:`~aml_ppl.inference.step_size.reasonable_step_sizes`) from ``current``."""
+        start = self._momenta(current)
+        energy = self._hamiltonian(start)
+        return reasonable_step_sizes(lambda size: one_step_accepted(energy - self._hamiltonian(self._leapfrog(start, size))), step_size)
+
     def _hamiltonian(self, points: _Points) -> torch.Tensor:
         return points.potential + 0.5 * (self.inverse_mass * points.r * points.r).sum(-1)
-
-
-def reasonable_step_sizes(
-    start: _Points, step_size: torch.Tensor, hamiltonian: Callable[[_Points], torch.Tensor],
-    leapfrog: Callable[[_Points, torch.Tensor], _Points],
-) -> torch.Tensor:
-    r"""Hoffman and Gelman's heuristic (2014, Algorithm 4), per chain, from ``start`` (points
-    with fresh momenta): double or halve ``step_size`` until one leapfrog step's acceptance
-    probability crosses 0.8 (NumPyro's ``find_reasonable_step_size`` has this shape: over functions)."""
-    energy = hamiltonian(start)
-
-    def accepts(size: torch.Tensor) -> torch.Tensor:
-        error = energy - hamiltonian(leapfrog(start, size))
-        return torch.where(torch.isfinite(error), error, torch.full_like(error, -math.inf)) > math.log(0.8)
-
-    direction = torch.where(accepts(step_size), 2.0, 0.5)
-    searching = torch.ones_like(step_size, dtype=torch.bool)
-    while bool(searching.any()):
-        step_size = torch.where(searching, step_size * direction, step_size)
-        crossed = accepts(step_size) != (direction > 1)
-        searching = searching & ~crossed & (step_size > MIN_STEP_SIZE) & (step_size < MAX_STEP_SIZE)
-    return step_size.clamp(MIN_STEP_SIZE, MAX_STEP_SIZE)

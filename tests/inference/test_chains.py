@@ -172,7 +172,7 @@ def test_nuts_traces_by_default_and_draws_what_it_draws_without_the_jit(model) -
 @pytest.mark.filterwarnings("ignore::aml_ppl.errors.SamplingWarning")  # 20 + 20 draws on one chain: the fallback warning is the point, not the sampling
 def test_a_model_that_does_not_trace_runs_without_the_jit_and_says_why() -> None:
     X, y = data()
-    with pytest.warns(aml.errors.JitFallbackWarning, match="test_chains.py, line .*Converting a tensor to a Python boolean"):
+    with pytest.warns(aml.errors.JitFallbackWarning, match="test_chains.py, line .*reads a traced tensor.s value into Python"):
         posterior = aml.fit(branches_on_a_latent, X, y, engine=NUTS(num_samples=20, warmup_steps=20, num_chains=1, progress_bar=False), seed=0)
     assert posterior.samples["beta"].shape == (1, 20, 2)
 

@@ -111,23 +111,28 @@ def test_resume_after_save_and_load(tmp_path):
 @pytest.mark.slow
 @short_runs
 def test_resume_after_load_in_a_fresh_process(tmp_path):
-    for case in CASES:
-        model, args = CASES[case]
-        aml.fit(model, *args, engine=nuts(30, executor=None), seed=0).save(tmp_path / f"{case}.pt")
+    r"""Chains apart, a vectorised batch and a ChEES batch, each saved after 30 draws and
+    resumed for 30 more in another process: the draws of one run of 60 to the bit."""
+    engines = {"": lambda n: nuts(n, executor=None), "-batch": vectorised, "-chees": chees}
+    for case, (model, args) in CASES.items():
+        for kind, engine in engines.items():
+            aml.fit(model, *args, engine=engine(30), seed=0).save(tmp_path / f"{case}{kind}.pt")
     script = f"""
         import warnings
         import aml_ppl as aml
         from aml_ppl.testing.cases import eight_schools
         warnings.simplefilter("ignore")
-        aml.load({str(tmp_path / "blr.pt")!r}).resume(30, executor=None).save({str(tmp_path / "blr-more.pt")!r})
-        post = aml.load({str(tmp_path / "schools.pt")!r}, model=eight_schools)
-        post.resume(30, executor=None).save({str(tmp_path / "schools-more.pt")!r})
+        for kind in {list(engines)!r}:
+            options = {{"executor": None}} if kind == "" else {{}}
+            for case, model in (("blr", None), ("schools", eight_schools)):
+                post = aml.load(f"{tmp_path}/{{case}}{{kind}}.pt", model=model)
+                post.resume(30, **options).save(f"{tmp_path}/{{case}}{{kind}}-more.pt")
     """
     assert run_python(script).wait(timeout=300) == 0
-    for case in CASES:
-        model, args = CASES[case]
-        whole = aml.fit(model, *args, engine=nuts(60, executor=None), seed=0)
-        assert_same_draws(whole, aml.load(tmp_path / f"{case}-more.pt", model=model))
+    for case, (model, args) in CASES.items():
+        for kind, engine in engines.items():
+            whole = aml.fit(model, *args, engine=engine(60), seed=0)
+            assert_same_draws(whole, aml.load(tmp_path / f"{case}{kind}-more.pt", model=model))
 
 
 @short_runs
