@@ -25,7 +25,7 @@ Beside ESS/s, each row gives gradient evaluations per effective sample (the leap
 the kept draws over the smallest bulk ESS), the engine- and machine-independent figure the
 field publishes (Hoffman and Gelman 2014; Hoffman et al. 2021); Pyro does not report its steps.
 Usage: pip install -e ".[bench]"; python benchmarks/bench_chains.py [--many-chains | --two-chains] [--seeds N]
-    [--json PATH]
+    [--json PATH] [--no-pyro] [--models WORD ...]
 """
 
 from __future__ import annotations
@@ -233,6 +233,7 @@ def main() -> None:
     parser.add_argument("--two-chains", action="store_true", help="only the rows of 2 chains in processes and Pyro's default")
     parser.add_argument("--seeds", type=int, default=1, help="run everything with seeds 0 .. N-1; report the medians")
     parser.add_argument("--json", default=None, help="write the summary table in benchmarks/results/ format")
+    parser.add_argument("--no-pyro", action="store_true", help="leave out Pyro's default (slow on big models; no column against it)")
     parser.add_argument("--models", nargs="+", default=None, help="only the problems whose names start with these words")
     options = parser.parse_args()
     many_only, two_only, seeds = options.many_chains, options.two_chains, range(options.seeds)
@@ -258,6 +259,8 @@ def main() -> None:
         if many_only or two_only:
             wanted = "32" if many_only else "2 processes"
             runs = {label: run for label, run in runs.items() if wanted in label and "no JIT" not in label or label == "Pyro MCMC(NUTS), default"}
+        if options.no_pyro:
+            runs = {label: run for label, run in runs.items() if not label.startswith("Pyro")}
         results[name] = {label: [] for label in runs}
         for seed in seeds:  # ours and the peers alternate, seed by seed
             for label, run in runs.items():
@@ -281,7 +284,7 @@ def main() -> None:
     print(f"medians over {len(seeds)} seed(s); ESS/s's range over the seeds in brackets")
     table = []
     for name, rows in results.items():
-        base, against = median_rate(rows["Pyro MCMC(NUTS), default"]), median_rate(rows[peer])
+        base, against = median_rate(rows.get("Pyro MCMC(NUTS), default", [])), median_rate(rows[peer])
         for label, runs in rows.items():
             rate = median_rate(runs)
             rates = [run[1] / run[0] for run in runs]
@@ -321,8 +324,8 @@ def finished(name: str, label: str, seed: int, run: tuple[float, float, float]) 
 
 
 def median_rate(runs: list[tuple[float, float, float]]) -> float:
-    """The median over seeds of min bulk ESS per second."""
-    return float(np.median([run[1] / run[0] for run in runs]))
+    """The median over seeds of min bulk ESS per second (NaN for a row not run)."""
+    return float(np.median([run[1] / run[0] for run in runs])) if runs else float("nan")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
-"""The NUTS warm-up's choice of metric (``inference/metric.py``): the Marchenko-Pastur bound
-against independent draws, the rule's choice on uncorrelated and correlated windows, and a
-window that stays diagonal giving Pyro's diagonal metric to the bit."""
+"""The NUTS warm-up's choice of metric (``inference/metric.py``): the Marchenko-Pastur bulk
+and the Tracy-Widom law of its top eigenvalue against independent and autocorrelated draws,
+the rule's choice on uncorrelated, spiked and correlated windows, and a window that stays
+diagonal giving Pyro's diagonal metric to the bit."""
 
 import pyro
 import pyro.distributions as dist
@@ -9,8 +10,8 @@ import torch
 from pyro.infer.mcmc.adaptation import BlockMassMatrix
 
 from aml_ppl.inference.metric import (
-    DENSE_DRAWS_AT_LEAST, DENSE_DRAWS_PER_COORDINATE, SPREAD_PAST_NOISE, WindowedMassMatrix, correlated_past_noise,
-    noise_spread,
+    DENSE_DRAWS_AT_LEAST, DENSE_DRAWS_PER_COORDINATE, SPIKE_MARGIN, SPREAD_PAST_NOISE, WindowedMassMatrix,
+    correlated_past_noise, noise_spread, top_eigenvalue_law,
 )
 from aml_ppl.inference.nuts_kernel import BLOCK, MultinomialNUTS
 
@@ -37,7 +38,7 @@ def test_independent_draws_spread_about_as_far_as_the_bound_and_never_count_as_c
         ratios = torch.tensor([spread(draws) / noise_spread(count, size) for draws in windows])
         assert 1 / 3 < ratios.median() < 1
         assert ratios.max() < SPREAD_PAST_NOISE
-        assert not any(correlated_past_noise(torch.cov(draws.T), count) for draws in windows)
+        assert not any(correlated_past_noise(draws) for draws in windows)
 
 
 def test_strongly_correlated_draws_count_as_correlated_and_too_few_never_do():
@@ -47,7 +48,47 @@ def test_strongly_correlated_draws_count_as_correlated_and_too_few_never_do():
     for count, expected in ((50, True), (DENSE_DRAWS_PER_COORDINATE * 10 - 1, False)):
         for _ in range(100):
             draws = equicorrelated(count, 10, 0.9, generator)
-            assert correlated_past_noise(torch.cov(draws.T), count) == expected
+            assert correlated_past_noise(draws) == expected
+
+
+def top_eigenvalue(draws: torch.Tensor) -> float:
+    return float(torch.linalg.eigvalsh(torch.corrcoef(draws.T))[-1])
+
+
+def test_one_spike_counts_as_correlated_and_marchenko_pastur_noise_at_the_same_size_does_not():
+    """200 draws of 50 coordinates, as a radon-like hierarchy's last warm-up window. Independent
+    normals: the top correlation eigenvalue lies within Tracy-Widom's range about Johnstone's
+    centring (from -6 to 4 scales: TW1 has mean -1.21 and sd 1.27, Johnstone 2001), far below
+    the rule's SPIKE_MARGIN scales. One spike of 4 (equicorrelation 3/49, the population's top
+    eigenvalue 1 + 49 rho): the BBP law puts the sample's at l + l (d/n) / (l - 1) = 4.33,
+    with sd sqrt(2) l sqrt(1 - (d/n) / (l - 1)^2) / sqrt(n) = 0.40 (Paul 2007), and the rule's
+    threshold 2.88 lies 3.6 sd below."""
+    count, size = 200, 50
+    centring, scale = top_eigenvalue_law(count, size)
+    generator = torch.Generator().manual_seed(2)
+    independent = [torch.randn(count, size, dtype=torch.float64, generator=generator) for _ in range(50)]
+    spiked = [equicorrelated(count, size, 3 / 49, generator) for _ in range(50)]
+    assert all(centring - 6 * scale < top_eigenvalue(draws) < centring + 4 * scale for draws in independent)
+    assert all(abs(top_eigenvalue(draws) - 4.33) < 4 * 0.40 for draws in spiked)
+    assert centring + SPIKE_MARGIN * scale < 4.33 - 3 * 0.40
+    assert not any(correlated_past_noise(draws) for draws in independent)
+    assert all(correlated_past_noise(draws) for draws in spiked)
+
+
+def test_autocorrelated_independent_draws_count_by_their_effective_draws():
+    """AR(1) draws with lag-one autocorrelation 0.7 of 50 independent coordinates: counted as
+    independent draws their top eigenvalue lies about 19 Tracy-Widom scales above the
+    centring; counted by their effective draws it stays within the margin."""
+    count, size, rho = 280, 50, 0.7
+    generator = torch.Generator().manual_seed(3)
+    noise = torch.randn(count, 20, size, dtype=torch.float64, generator=generator)
+    chains = [noise[0]]
+    for step in noise[1:]:
+        chains.append(rho * chains[-1] + (1 - rho**2) ** 0.5 * step)
+    windows = torch.stack(chains).unbind(1)
+    centring, scale = top_eigenvalue_law(count, size)
+    assert sum(top_eigenvalue(draws) > centring + SPIKE_MARGIN * scale for draws in windows) > 10
+    assert not any(correlated_past_noise(draws) for draws in windows)
 
 
 def window_of(adapter, draws, dense_shape: bool = False):
