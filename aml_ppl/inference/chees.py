@@ -35,7 +35,11 @@ steps, so a transition is that many batched evaluations of the potential and not
   (``full_mass`` forces either), the step size searched again
   after each and :math:`T` raised to at least that step: the new metric's time scale can be
   orders of magnitude past the old one's, further than Adam's steps of about 0.025 in
-  :math:`\log T` would climb in a window.
+  :math:`\log T` would climb in a window;
+- at the end of every warm-up window, a chain whose mean potential lies far above the median
+  chain's (in a minor mode: :class:`~aml_ppl.inference.stray_chains.WindowPotentials`) is
+  restarted from another chain's point, so that it neither stays there nor spoils the pooled
+  metric.
 
 After warm-up :math:`\epsilon` is dual averaging's averaged iterate and :math:`T` the running
 average of :math:`\log T` (weights :math:`n^{-1/2}`), as BlackJAX and TFP keep them.
@@ -63,6 +67,7 @@ from aml_ppl.inference.mcmc_diagnostics import check_sampling, warn_if_untrustwo
 from aml_ppl.inference.metric import DENSE_AT_MOST, PooledCovariance
 from aml_ppl.inference.nuts_kernel import MAX_ENERGY_ERROR
 from aml_ppl.inference.step_size import MAX_STEP_SIZE, MIN_STEP_SIZE, reasonable_step_sizes
+from aml_ppl.inference.stray_chains import WindowPotentials, restart_stray
 from aml_ppl.inference.vectorised_nuts import (
     BatchingError, ChainPotential, _Points, _where, chain_seeds, initial_points, warmup_windows,
 )
@@ -141,7 +146,7 @@ class ChEESSampler:
         log_length, log_length_average, squares = math.log(step_size), 0.0, 0.0
         coordinates = current.z.shape[-1]
         tracked = self.full_mass is True or (self.full_mass is None and coordinates <= DENSE_AT_MOST)
-        windows, pooled = warmup_windows(warmup_steps), PooledCovariance(tracked)
+        windows, pooled, potentials = warmup_windows(warmup_steps), PooledCovariance(tracked), WindowPotentials()
         for iteration in range(warmup_steps):
             steps = self._leapfrog_steps(iteration, log_length, step_size)
             proposal, energy, acceptance, diverging = self._propose(current, step_size, steps)
@@ -157,6 +162,9 @@ class ChEESSampler:
             weight = (iteration + 1) ** -0.5
             log_length_average = (1 - weight) * log_length_average + weight * log_length
             window = next(index for index, (first, last) in enumerate(windows) if first <= iteration <= last)
+            potentials.update(current.potential)
+            if iteration == windows[window][1]:
+                current, potentials = restart_stray(current, potentials.stray()), WindowPotentials()
             if 0 < window < len(windows) - 1:
                 pooled.update(current.z)
                 if iteration == windows[window][1]:
