@@ -38,7 +38,9 @@ steps, so a transition is that many batched evaluations of the potential and not
   :math:`\log T` would climb in a window.
 
 After warm-up :math:`\epsilon` is dual averaging's averaged iterate and :math:`T` the running
-average of :math:`\log T` (weights :math:`n^{-1/2}`), as BlackJAX and TFP keep them.
+average of :math:`\log T` (weights :math:`n^{-1/2}`), as BlackJAX and TFP keep them. The
+leapfrog steps are the integrator that every HMC sampler here shares
+(:mod:`aml_ppl.inference.hmc.integrator`), its half kicks between steps merged.
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ from aml_ppl.inference.base import Engine, register_engine
 from aml_ppl.inference.context import isolated_param_store
 from aml_ppl.inference.chain_state import ChEESState
 from aml_ppl.inference.fitted import Fitted
+from aml_ppl.inference.hmc.integrator import Phase, velocity_verlet
 from aml_ppl.inference.io import register_posterior, stored
 from aml_ppl.inference.mcmc import SamplePosterior, sampler_incompatibility
 from aml_ppl.inference.mcmc_diagnostics import check_sampling, warn_if_untrustworthy
@@ -64,7 +67,7 @@ from aml_ppl.inference.metric import DENSE_AT_MOST, PooledCovariance
 from aml_ppl.inference.nuts_kernel import MAX_ENERGY_ERROR
 from aml_ppl.inference.step_size import MAX_STEP_SIZE, MIN_STEP_SIZE, reasonable_step_sizes
 from aml_ppl.inference.vectorised_nuts import (
-    BatchingError, ChainPotential, _Points, _where, chain_seeds, initial_points, warmup_windows,
+    BatchingError, ChainPotential, _where, chain_seeds, initial_points, warmup_windows,
 )
 
 # The optimal acceptance probability of HMC in high dimension (Beskos et al. 2013).
@@ -133,7 +136,7 @@ class ChEESSampler:
     ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         r"""Warm up and sample. Returns the constrained draws (site to ``C x num_samples x ...``)
         and the per-draw statistics (name to ``C x num_samples``)."""
-        self.potential = ChainPotential(self.model, args, kwargs, self.num_chains, jit=self.jit)
+        self._set_up(args, kwargs)
         current = initial_points(self.potential, ChainStreams(self.seeds, self.potential.start.device))
         self.metric = _Metric(torch.ones_like(current.z[0]))
         step_size = self._search_step_size(current, 1.0)
@@ -178,16 +181,22 @@ class ChEESSampler:
         r"""``num_samples`` more draws per chain from where ``state`` left the chains, with its
         adapted kernel and random stream: the draws one longer :meth:`run` would have made
         (to the bit on the CPU). Returns what :meth:`run` returns, for the new draws."""
-        self.potential = ChainPotential(self.model, args, kwargs, self.num_chains, jit=self.jit)
+        self._set_up(args, kwargs)
         self.metric = _Metric(state.inverse_mass)
         self.step_size, self.log_trajectory_length = state.step_size, state.log_trajectory_length
-        current = _Points(state.position, torch.zeros_like(state.position), state.potential, state.gradient)
+        current = self._init(state.position, torch.zeros_like(state.position), state.potential, state.gradient)
         callers = global_state_tensors()
         set_global_state_tensors(state.stream)  # after the potential's trace, as in the run
         try:
             return self._sample(current, state.transitions, num_samples)
         finally:
             set_global_state_tensors(callers)
+
+    def _set_up(self, args: tuple, kwargs: dict) -> None:
+        r"""The batched potential for the data, and the leapfrog integrator on it with the
+        metric :attr:`metric` as it stands at each step."""
+        self.potential = ChainPotential(self.model, args, kwargs, self.num_chains, jit=self.jit)
+        self._init, self._update = velocity_verlet(self.potential, lambda r: self.metric.velocity(r))
 
     @property
     def trajectory_length(self) -> float:
@@ -199,7 +208,7 @@ class ChEESSampler:
         jitter = halton(iteration + 1)
         return min(self.max_leapfrog_steps, max(1, math.ceil(jitter * math.exp(log_length) / step_size)))
 
-    def _sample(self, current: _Points, first: int, num_samples: int) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    def _sample(self, current: Phase, first: int, num_samples: int) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         r"""Transitions ``first`` to ``first + num_samples - 1`` with the adapted kernel, each
         kept; the chains' state after them in ``self.state``."""
         kept, records = [], []
@@ -216,26 +225,20 @@ class ChEESSampler:
         )
         return self._results(kept, records, current.z)
 
-    def _propose(self, current: _Points, step_size: float, steps: int) -> tuple[_Points, torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _propose(self, current: Phase, step_size: float, steps: int) -> tuple[Phase, torch.Tensor, torch.Tensor, torch.Tensor]:
         r"""Fresh momenta :math:`r \sim \mathcal N(0, M)` and ``steps`` leapfrog steps for every
         chain: the proposals, the starting energies, the acceptance probabilities
         :math:`\min(1, e^{H_0 - H})` (0 where not finite) and the divergences."""
         momenta, kinetic = self.metric.momenta(current.z)
-        z, grad = current.z, current.grad
-        momentum = torch.add(momenta, grad, alpha=-0.5 * step_size)
-        for step in range(steps):
-            z = self.metric.drift(z, momentum, step_size)
-            potential, grad = self.potential(z)
-            momentum = torch.add(momentum, grad, alpha=-(step_size if step < steps - 1 else 0.5 * step_size))
-        proposal = _Points(z, momentum, potential, grad)
+        proposal = self._update(self._init(current.z, momenta, current.potential, current.grad), step_size, steps)
         energy = current.potential + kinetic
-        error = proposal.potential + self.metric.kinetic(proposal.r) - energy
-        finite = torch.isfinite(error) & torch.isfinite(grad).all(-1)
+        error = proposal.potential + 0.5 * (proposal.r * proposal.velocity).sum(-1) - energy
+        finite = torch.isfinite(error) & torch.isfinite(proposal.grad).all(-1)
         acceptance = torch.where(finite, (-error).clamp(max=0.0).exp(), torch.zeros_like(error))
         return proposal, energy, acceptance, ~finite | (error > MAX_ENERGY_ERROR)
 
     def _trajectory_gradient(
-        self, start: _Points, proposal: _Points, acceptance: torch.Tensor, diverging: torch.Tensor, duration: float
+        self, start: Phase, proposal: Phase, acceptance: torch.Tensor, diverging: torch.Tensor, duration: float
     ) -> float:
         r"""The chains' estimate of the ChEES criterion's derivative in :math:`\log T` (see the
         module's description), in the coordinates :math:`M^{1/2}\theta` that the mass matrix
@@ -252,7 +255,7 @@ class ChEESSampler:
         per_chain = duration * change * (ends * velocities).sum(-1)
         return float((weights * per_chain).sum() / weights.sum())
 
-    def _search_step_size(self, current: _Points, step_size: float) -> float:
+    def _search_step_size(self, current: Phase, step_size: float) -> float:
         r"""Hoffman and Gelman's heuristic (:func:`~aml_ppl.inference.step_size.reasonable_step_sizes`)
         on the chains together: one leapfrog step's acceptance probabilities, their harmonic
         mean above 1/2."""
@@ -301,15 +304,9 @@ class _Metric:
         kinetic = 0.5 * (noise * noise).sum(-1)
         return (noise @ self.inverse_scale if self.dense else noise * self.inverse_scale), kinetic
 
-    def drift(self, z: torch.Tensor, momentum: torch.Tensor, step_size: float) -> torch.Tensor:
-        r""":math:`\theta + \epsilon\,\Sigma r`."""
-        if self.dense:
-            return torch.addmm(z, momentum, self.covariance, alpha=step_size)
-        return torch.addcmul(z, step_size * self.covariance, momentum)
-
-    def kinetic(self, momentum: torch.Tensor) -> torch.Tensor:
-        velocity = momentum @ self.covariance if self.dense else self.covariance * momentum
-        return 0.5 * (momentum * velocity).sum(-1)
+    def velocity(self, momentum: torch.Tensor) -> torch.Tensor:
+        r""":math:`\Sigma r`, the leapfrog's drift per unit time."""
+        return momentum @ self.covariance if self.dense else self.covariance * momentum
 
     def whiten(self, z: torch.Tensor) -> torch.Tensor:
         return z @ self.inverse_scale.T if self.dense else z * self.inverse_scale
