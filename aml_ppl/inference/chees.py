@@ -60,7 +60,7 @@ from aml_ppl.inference.context import isolated_param_store
 from aml_ppl.inference.chain_state import ChEESState
 from aml_ppl.inference.fitted import Fitted
 from aml_ppl.inference.hmc.integrator import Phase, velocity_verlet
-from aml_ppl.inference.io import register_posterior, stored
+from aml_ppl.inference.io import register_posterior
 from aml_ppl.inference.mcmc import SamplePosterior, sampler_incompatibility
 from aml_ppl.inference.mcmc_diagnostics import check_sampling, warn_if_untrustworthy
 from aml_ppl.inference.metric import DENSE_AT_MOST, PooledCovariance
@@ -193,8 +193,7 @@ class ChEESSampler:
             set_global_state_tensors(callers)
 
     def _set_up(self, args: tuple, kwargs: dict) -> None:
-        r"""The batched potential for the data, and the leapfrog integrator on it with the
-        metric :attr:`metric` as it stands at each step."""
+        r"""The batched potential for the data, and the leapfrog integrator on it."""
         self.potential = ChainPotential(self.model, args, kwargs, self.num_chains, jit=self.jit)
         self._init, self._update = velocity_verlet(self.potential, lambda r: self.metric.velocity(r))
 
@@ -405,71 +404,37 @@ class ChEES(Engine):
         warn_if_untrustworthy("ChEES-HMC", check_sampling(samples, stats, step_cap=("n_steps", self.max_leapfrog_steps)))
         options = {"num_chains": self.num_chains, "target_accept_prob": self.target_accept_prob,
                    "max_leapfrog_steps": self.max_leapfrog_steps, "full_mass": self.full_mass, "jit": self.jit_compile}
-        return ChEESPosterior(fitted, samples=samples, stats=stats, sampler_state=sampler.state, sampler_options=options)
+        return ChEESPosterior(fitted, samples=samples, stats=stats, batch_state=sampler.state, kernel_options=options)
 
 
 @register_posterior
 class ChEESPosterior(SamplePosterior):
     r"""ChEES-HMC's draws by chain (as :class:`~aml_ppl.inference.mcmc.SamplePosterior`), with
-    the batch's state after its last draw, so that :meth:`resume` continues the chains.
+    the batch's :class:`~aml_ppl.inference.chain_state.ChEESState` after its last draw
+    (``batch_state``) and the :class:`ChEESSampler` settings (``kernel_options``), so that
+    :meth:`resume` continues the chains with their adapted step size, trajectory length and
+    metric (no new warm-up) and their random stream: a fit of :math:`n` draws resumed for
+    :math:`k` holds, to the bit on the CPU, the draws of one fit of :math:`n + k` with the same
+    seed; also after ``save`` and ``load``.
 
-    Attributes:
-        sampler_state: The chains' :class:`~aml_ppl.inference.chain_state.ChEESState`.
-        sampler_options: The :class:`ChEESSampler` settings the chains ran with.
+    Example:
+        >>> import torch, aml_ppl as aml
+        >>> X = torch.randn(30, 2, dtype=torch.float64); y = X.sum(-1)
+        >>> engine = aml.inference.ChEES(num_samples=20, warmup_steps=50, num_chains=8)
+        >>> post = aml.fit(aml.models.BayesianLinearRegression(), X, y, engine=engine, seed=0)
+        >>> post.resume(10).samples["beta"].shape
+        torch.Size([8, 30, 2])
     """
 
     kind: ClassVar[str] = "chees_samples"
+    batch_record: ClassVar[type] = ChEESState
+    batch_prefix: ClassVar[str] = "chees"
+    options_key: ClassVar[str] = "sampler_options"
 
-    def __init__(
-        self, fitted: Fitted, *, samples: dict[str, torch.Tensor], stats: dict[str, torch.Tensor],
-        sampler_state: ChEESState, sampler_options: dict[str, Any],
-    ) -> None:
-        super().__init__(fitted, samples=samples, stats=stats)
-        self.sampler_state, self.sampler_options = sampler_state, sampler_options
-
-    def resume(self, num_samples: int) -> "ChEESPosterior":
-        r"""``num_samples`` more draws per chain, continuing the batch where it stopped with its
-        adapted step size, trajectory length and metric (no new warm-up) and its random stream:
-        a fit of :math:`n` draws resumed for :math:`k` holds, to the bit on the CPU, the draws
-        of one fit of :math:`n + k` with the same seed; also after ``save`` and ``load``. The
-        check at the end of a fit runs on all the draws.
-
-        Args:
-            num_samples: Draws to add per chain.
-
-        Returns:
-            A new posterior with the draws so far and the new ones, by chain.
-
-        Raises:
-            InputDataError: If ``num_samples`` is not a positive count.
-
-        Example:
-            >>> import torch, aml_ppl as aml
-            >>> X = torch.randn(30, 2, dtype=torch.float64); y = X.sum(-1)
-            >>> engine = aml.inference.ChEES(num_samples=20, warmup_steps=50, num_chains=8)
-            >>> post = aml.fit(aml.models.BayesianLinearRegression(), X, y, engine=engine, seed=0)
-            >>> post.resume(10).samples["beta"].shape
-            torch.Size([8, 30, 2])
-        """
-        num_samples = check_count("num_samples", num_samples)
-        sampler = ChEESSampler(self.model, **self.sampler_options)
+    def _resumed_batch(self, num_samples: int) -> "ChEESPosterior":
+        sampler = ChEESSampler(self.model, **self.kernel_options)
         with isolated_param_store():
-            samples, stats = sampler.resume(self.data_args, self.data_kwargs, self.sampler_state, num_samples)
+            samples, stats = sampler.resume(self.data_args, self.data_kwargs, self.batch_state, num_samples)
         samples = {name: value.detach() for name, value in samples.items()}
-        step_cap = ("n_steps", self.sampler_options["max_leapfrog_steps"])
-        fitted, samples, stats = self._continued(samples, stats, "ChEES-HMC", step_cap)
-        resumed = ChEESPosterior(fitted, samples=samples, stats=stats, sampler_state=sampler.state, sampler_options=self.sampler_options)
-        resumed.random_stream = self.random_stream
-        return resumed
-
-    def state(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-        tensors, meta = super().state()
-        tensors.update({f"chees:{name}": value for name, value in self.sampler_state.tensors().items()})
-        return tensors, {**meta, "sampler_options": self.sampler_options}
-
-    @classmethod
-    def from_state(cls, fitted, tensors, meta, guide):
-        return cls(
-            fitted, samples=stored(tensors, "sample"), stats=stored(tensors, "stat"),
-            sampler_state=ChEESState.from_tensors(stored(tensors, "chees")), sampler_options=meta["sampler_options"],
-        )
+        step_cap = ("n_steps", self.kernel_options["max_leapfrog_steps"])
+        return self._continued(samples, stats, "ChEES-HMC", step_cap, batch_state=sampler.state)

@@ -320,8 +320,7 @@ class VectorisedNUTS:
         return self._sample(current, state.step_size, num_samples)
 
     def _set_up(self, args: tuple, kwargs: dict) -> None:
-        r"""The batched potential for the data, and the leapfrog integrator on it with the
-        diagonal metric :attr:`inverse_mass` as it stands at each step."""
+        r"""The batched potential for the data, and the leapfrog integrator on it."""
         self.potential = ChainPotential(self.model, args, kwargs, self.num_chains, jit=self.jit)
         self._init, self._update = velocity_verlet(self.potential, lambda r: self.inverse_mass * r)
 
