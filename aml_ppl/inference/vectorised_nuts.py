@@ -36,7 +36,7 @@ from aml_ppl.inference.chain_state import VectorisedNUTSState
 from aml_ppl.inference.compiled import compiled_gradient, compiled_mapped_gradient, plain_gradient
 from aml_ppl.inference.density import log_joint
 from aml_ppl.inference.hmc.integrator import Phase, velocity_verlet
-from aml_ppl.inference.nuts_kernel import MAX_ENERGY_ERROR, SAMPLE_STATS
+from aml_ppl.inference.nuts_kernel import MAX_ENERGY_ERROR, SAMPLE_STATS, unflatten
 from aml_ppl.inference.step_size import one_step_accepted, reasonable_step_sizes
 from aml_ppl.inference.structure import inspect_model
 
@@ -137,12 +137,7 @@ class ChainPotential:
 
     def sites(self, z: torch.Tensor) -> dict[str, torch.Tensor]:
         r"""The flat unconstrained points ``... x D`` as site name to ``... x shape``."""
-        values, start = {}, 0
-        for name, shape in self.shapes.items():
-            size = math.prod(shape)
-            values[name] = z[..., start : start + size].reshape(z.shape[:-1] + shape)
-            start += size
-        return values
+        return unflatten(z, self.shapes)
 
     def flat_potential(self, z: torch.Tensor) -> torch.Tensor:
         return self.pyro_potential(self.sites(z))
