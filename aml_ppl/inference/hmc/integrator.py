@@ -5,7 +5,7 @@ chain (:class:`~aml_ppl.inference.nuts_kernel.Hamiltonian`) or on a batch
 
 With the potential energy :math:`U` and the kinetic energy :math:`\tfrac12 r^\top M^{-1} r`, a
 step of size :math:`\epsilon` from :math:`(z, r)` is (Neal 2011, *MCMC using Hamiltonian
-dynamics*, §2.3.3; §5.2 for the mass matrix :math:`M`)
+dynamics*, §2.3.3, "The leapfrog method"; §5.2.3.3 of the *Handbook of MCMC* chapter)
 
 .. math::
 
@@ -50,9 +50,12 @@ class Phase:
 def velocity_verlet(
     evaluate: Callable[[torch.Tensor], tuple[Any, torch.Tensor]], velocity: Callable[[torch.Tensor], torch.Tensor]
 ) -> tuple[Callable[..., Phase], Callable[..., Phase]]:
-    r"""The leapfrog integrator of ``evaluate`` (a position to :math:`U` and :math:`\nabla U`) under
-    the metric ``velocity`` (a momentum to :math:`M^{-1} r`, called at each step, so an adapted
-    metric is followed).
+    r"""The leapfrog integrator of a potential energy under a metric (see the module).
+
+    Args:
+        evaluate: A position ``z`` to :math:`U(z)` and :math:`\nabla U(z)`.
+        velocity: A momentum ``r`` to :math:`M^{-1} r` (called at each step, so a metric that
+            the warm-up adapts is followed).
 
     Returns:
         ``init(z, r, potential=None, grad=None)``: the :class:`Phase` at ``(z, r)`` (the
@@ -78,14 +81,14 @@ def velocity_verlet(
         else:
             plus = torch.add
         half = -0.5 * step_size
-        r = plus(state.r, state.grad, alpha=half)
-        z = plus(state.z, velocity(r), alpha=step_size)
+        r = plus(state.r, state.grad, alpha=half)  # r_{1/2}
+        z = plus(state.z, velocity(r), alpha=step_size)  # z'
         potential, grad = evaluate(z)
         for _ in range(steps - 1):  # a step's last half kick and the next one's first, merged
             r = plus(r, grad, alpha=-step_size)
             z = plus(z, velocity(r), alpha=step_size)
             potential, grad = evaluate(z)
-        r = plus(r, grad, alpha=half)
+        r = plus(r, grad, alpha=half)  # r'
         return Phase(z, r, potential, grad, velocity(r))
 
     return init, update
