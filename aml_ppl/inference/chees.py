@@ -42,7 +42,9 @@ steps, so a transition is that many batched evaluations of the potential and not
   metric.
 
 After warm-up :math:`\epsilon` is dual averaging's averaged iterate and :math:`T` the running
-average of :math:`\log T` (weights :math:`n^{-1/2}`), as BlackJAX and TFP keep them.
+average of :math:`\log T` (weights :math:`n^{-1/2}`), as BlackJAX and TFP keep them. The
+leapfrog steps are the integrator that every HMC sampler here shares
+(:mod:`aml_ppl.inference.hmc.integrator`), its half kicks between steps merged.
 """
 
 from __future__ import annotations
@@ -61,7 +63,8 @@ from aml_ppl.inference.base import Engine, register_engine
 from aml_ppl.inference.context import isolated_param_store
 from aml_ppl.inference.chain_state import ChEESState
 from aml_ppl.inference.fitted import Fitted
-from aml_ppl.inference.io import register_posterior, stored
+from aml_ppl.inference.hmc.integrator import Phase, velocity_verlet
+from aml_ppl.inference.io import register_posterior
 from aml_ppl.inference.mcmc import SamplePosterior, sampler_incompatibility
 from aml_ppl.inference.mcmc_diagnostics import check_sampling, warn_if_untrustworthy
 from aml_ppl.inference.metric import DENSE_AT_MOST, PooledCovariance
@@ -69,7 +72,7 @@ from aml_ppl.inference.nuts_kernel import MAX_ENERGY_ERROR
 from aml_ppl.inference.step_size import MAX_STEP_SIZE, MIN_STEP_SIZE, reasonable_step_sizes
 from aml_ppl.inference.stray_chains import WindowPotentials, restart_stray
 from aml_ppl.inference.vectorised_nuts import (
-    BatchingError, ChainPotential, _Points, _where, chain_seeds, initial_points, warmup_windows,
+    BatchingError, ChainPotential, _where, chain_seeds, initial_points, warmup_windows,
 )
 
 # The optimal acceptance probability of HMC in high dimension (Beskos et al. 2013).
@@ -138,7 +141,7 @@ class ChEESSampler:
     ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         r"""Warm up and sample. Returns the constrained draws (site to ``C x num_samples x ...``)
         and the per-draw statistics (name to ``C x num_samples``)."""
-        self.potential = ChainPotential(self.model, args, kwargs, self.num_chains, jit=self.jit)
+        self._set_up(args, kwargs)
         current = initial_points(self.potential, ChainStreams(self.seeds, self.potential.start.device))
         self.metric = _Metric(torch.ones_like(current.z[0]))
         step_size = self._search_step_size(current, 1.0)
@@ -186,16 +189,21 @@ class ChEESSampler:
         r"""``num_samples`` more draws per chain from where ``state`` left the chains, with its
         adapted kernel and random stream: the draws one longer :meth:`run` would have made
         (to the bit on the CPU). Returns what :meth:`run` returns, for the new draws."""
-        self.potential = ChainPotential(self.model, args, kwargs, self.num_chains, jit=self.jit)
+        self._set_up(args, kwargs)
         self.metric = _Metric(state.inverse_mass)
         self.step_size, self.log_trajectory_length = state.step_size, state.log_trajectory_length
-        current = _Points(state.position, torch.zeros_like(state.position), state.potential, state.gradient)
+        current = self._init(state.position, torch.zeros_like(state.position), state.potential, state.gradient)
         callers = global_state_tensors()
         set_global_state_tensors(state.stream)  # after the potential's trace, as in the run
         try:
             return self._sample(current, state.transitions, num_samples)
         finally:
             set_global_state_tensors(callers)
+
+    def _set_up(self, args: tuple, kwargs: dict) -> None:
+        r"""The batched potential for the data, and the leapfrog integrator on it."""
+        self.potential = ChainPotential(self.model, args, kwargs, self.num_chains, jit=self.jit)
+        self._init, self._update = velocity_verlet(self.potential, lambda r: self.metric.velocity(r))
 
     @property
     def trajectory_length(self) -> float:
@@ -207,7 +215,7 @@ class ChEESSampler:
         jitter = halton(iteration + 1)
         return min(self.max_leapfrog_steps, max(1, math.ceil(jitter * math.exp(log_length) / step_size)))
 
-    def _sample(self, current: _Points, first: int, num_samples: int) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    def _sample(self, current: Phase, first: int, num_samples: int) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         r"""Transitions ``first`` to ``first + num_samples - 1`` with the adapted kernel, each
         kept; the chains' state after them in ``self.state``."""
         kept, records = [], []
@@ -224,26 +232,20 @@ class ChEESSampler:
         )
         return self._results(kept, records, current.z)
 
-    def _propose(self, current: _Points, step_size: float, steps: int) -> tuple[_Points, torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _propose(self, current: Phase, step_size: float, steps: int) -> tuple[Phase, torch.Tensor, torch.Tensor, torch.Tensor]:
         r"""Fresh momenta :math:`r \sim \mathcal N(0, M)` and ``steps`` leapfrog steps for every
         chain: the proposals, the starting energies, the acceptance probabilities
         :math:`\min(1, e^{H_0 - H})` (0 where not finite) and the divergences."""
         momenta, kinetic = self.metric.momenta(current.z)
-        z, grad = current.z, current.grad
-        momentum = torch.add(momenta, grad, alpha=-0.5 * step_size)
-        for step in range(steps):
-            z = self.metric.drift(z, momentum, step_size)
-            potential, grad = self.potential(z)
-            momentum = torch.add(momentum, grad, alpha=-(step_size if step < steps - 1 else 0.5 * step_size))
-        proposal = _Points(z, momentum, potential, grad)
+        proposal = self._update(self._init(current.z, momenta, current.potential, current.grad), step_size, steps)
         energy = current.potential + kinetic
-        error = proposal.potential + self.metric.kinetic(proposal.r) - energy
-        finite = torch.isfinite(error) & torch.isfinite(grad).all(-1)
+        error = proposal.potential + 0.5 * (proposal.r * proposal.velocity).sum(-1) - energy
+        finite = torch.isfinite(error) & torch.isfinite(proposal.grad).all(-1)
         acceptance = torch.where(finite, (-error).clamp(max=0.0).exp(), torch.zeros_like(error))
         return proposal, energy, acceptance, ~finite | (error > MAX_ENERGY_ERROR)
 
     def _trajectory_gradient(
-        self, start: _Points, proposal: _Points, acceptance: torch.Tensor, diverging: torch.Tensor, duration: float
+        self, start: Phase, proposal: Phase, acceptance: torch.Tensor, diverging: torch.Tensor, duration: float
     ) -> float:
         r"""The chains' estimate of the ChEES criterion's derivative in :math:`\log T` (see the
         module's description), in the coordinates :math:`M^{1/2}\theta` that the mass matrix
@@ -260,7 +262,7 @@ class ChEESSampler:
         per_chain = duration * change * (ends * velocities).sum(-1)
         return float((weights * per_chain).sum() / weights.sum())
 
-    def _search_step_size(self, current: _Points, step_size: float) -> float:
+    def _search_step_size(self, current: Phase, step_size: float) -> float:
         r"""Hoffman and Gelman's heuristic (:func:`~aml_ppl.inference.step_size.reasonable_step_sizes`)
         on the chains together: one leapfrog step's acceptance probabilities, their harmonic
         mean above 1/2."""
@@ -309,15 +311,9 @@ class _Metric:
         kinetic = 0.5 * (noise * noise).sum(-1)
         return (noise @ self.inverse_scale if self.dense else noise * self.inverse_scale), kinetic
 
-    def drift(self, z: torch.Tensor, momentum: torch.Tensor, step_size: float) -> torch.Tensor:
-        r""":math:`\theta + \epsilon\,\Sigma r`."""
-        if self.dense:
-            return torch.addmm(z, momentum, self.covariance, alpha=step_size)
-        return torch.addcmul(z, step_size * self.covariance, momentum)
-
-    def kinetic(self, momentum: torch.Tensor) -> torch.Tensor:
-        velocity = momentum @ self.covariance if self.dense else self.covariance * momentum
-        return 0.5 * (momentum * velocity).sum(-1)
+    def velocity(self, momentum: torch.Tensor) -> torch.Tensor:
+        r""":math:`\Sigma r`, the leapfrog's drift per unit time."""
+        return momentum @ self.covariance if self.dense else self.covariance * momentum
 
     def whiten(self, z: torch.Tensor) -> torch.Tensor:
         return z @ self.inverse_scale.T if self.dense else z * self.inverse_scale
@@ -416,71 +412,37 @@ class ChEES(Engine):
         warn_if_untrustworthy("ChEES-HMC", check_sampling(samples, stats, step_cap=("n_steps", self.max_leapfrog_steps)))
         options = {"num_chains": self.num_chains, "target_accept_prob": self.target_accept_prob,
                    "max_leapfrog_steps": self.max_leapfrog_steps, "full_mass": self.full_mass, "jit": self.jit_compile}
-        return ChEESPosterior(fitted, samples=samples, stats=stats, sampler_state=sampler.state, sampler_options=options)
+        return ChEESPosterior(fitted, samples=samples, stats=stats, batch_state=sampler.state, kernel_options=options)
 
 
 @register_posterior
 class ChEESPosterior(SamplePosterior):
     r"""ChEES-HMC's draws by chain (as :class:`~aml_ppl.inference.mcmc.SamplePosterior`), with
-    the batch's state after its last draw, so that :meth:`resume` continues the chains.
+    the batch's :class:`~aml_ppl.inference.chain_state.ChEESState` after its last draw
+    (``batch_state``) and the :class:`ChEESSampler` settings (``kernel_options``), so that
+    :meth:`resume` continues the chains with their adapted step size, trajectory length and
+    metric (no new warm-up) and their random stream: a fit of :math:`n` draws resumed for
+    :math:`k` holds, to the bit on the CPU, the draws of one fit of :math:`n + k` with the same
+    seed; also after ``save`` and ``load``.
 
-    Attributes:
-        sampler_state: The chains' :class:`~aml_ppl.inference.chain_state.ChEESState`.
-        sampler_options: The :class:`ChEESSampler` settings the chains ran with.
+    Example:
+        >>> import torch, aml_ppl as aml
+        >>> X = torch.randn(30, 2, dtype=torch.float64); y = X.sum(-1)
+        >>> engine = aml.inference.ChEES(num_samples=20, warmup_steps=50, num_chains=8)
+        >>> post = aml.fit(aml.models.BayesianLinearRegression(), X, y, engine=engine, seed=0)
+        >>> post.resume(10).samples["beta"].shape
+        torch.Size([8, 30, 2])
     """
 
     kind: ClassVar[str] = "chees_samples"
+    batch_record: ClassVar[type] = ChEESState
+    batch_prefix: ClassVar[str] = "chees"
+    options_key: ClassVar[str] = "sampler_options"
 
-    def __init__(
-        self, fitted: Fitted, *, samples: dict[str, torch.Tensor], stats: dict[str, torch.Tensor],
-        sampler_state: ChEESState, sampler_options: dict[str, Any],
-    ) -> None:
-        super().__init__(fitted, samples=samples, stats=stats)
-        self.sampler_state, self.sampler_options = sampler_state, sampler_options
-
-    def resume(self, num_samples: int) -> "ChEESPosterior":
-        r"""``num_samples`` more draws per chain, continuing the batch where it stopped with its
-        adapted step size, trajectory length and metric (no new warm-up) and its random stream:
-        a fit of :math:`n` draws resumed for :math:`k` holds, to the bit on the CPU, the draws
-        of one fit of :math:`n + k` with the same seed; also after ``save`` and ``load``. The
-        check at the end of a fit runs on all the draws.
-
-        Args:
-            num_samples: Draws to add per chain.
-
-        Returns:
-            A new posterior with the draws so far and the new ones, by chain.
-
-        Raises:
-            InputDataError: If ``num_samples`` is not a positive count.
-
-        Example:
-            >>> import torch, aml_ppl as aml
-            >>> X = torch.randn(30, 2, dtype=torch.float64); y = X.sum(-1)
-            >>> engine = aml.inference.ChEES(num_samples=20, warmup_steps=50, num_chains=8)
-            >>> post = aml.fit(aml.models.BayesianLinearRegression(), X, y, engine=engine, seed=0)
-            >>> post.resume(10).samples["beta"].shape
-            torch.Size([8, 30, 2])
-        """
-        num_samples = check_count("num_samples", num_samples)
-        sampler = ChEESSampler(self.model, **self.sampler_options)
+    def _resumed_batch(self, num_samples: int) -> "ChEESPosterior":
+        sampler = ChEESSampler(self.model, **self.kernel_options)
         with isolated_param_store():
-            samples, stats = sampler.resume(self.data_args, self.data_kwargs, self.sampler_state, num_samples)
+            samples, stats = sampler.resume(self.data_args, self.data_kwargs, self.batch_state, num_samples)
         samples = {name: value.detach() for name, value in samples.items()}
-        step_cap = ("n_steps", self.sampler_options["max_leapfrog_steps"])
-        fitted, samples, stats = self._continued(samples, stats, "ChEES-HMC", step_cap)
-        resumed = ChEESPosterior(fitted, samples=samples, stats=stats, sampler_state=sampler.state, sampler_options=self.sampler_options)
-        resumed.random_stream = self.random_stream
-        return resumed
-
-    def state(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-        tensors, meta = super().state()
-        tensors.update({f"chees:{name}": value for name, value in self.sampler_state.tensors().items()})
-        return tensors, {**meta, "sampler_options": self.sampler_options}
-
-    @classmethod
-    def from_state(cls, fitted, tensors, meta, guide):
-        return cls(
-            fitted, samples=stored(tensors, "sample"), stats=stored(tensors, "stat"),
-            sampler_state=ChEESState.from_tensors(stored(tensors, "chees")), sampler_options=meta["sampler_options"],
-        )
+        step_cap = ("n_steps", self.kernel_options["max_leapfrog_steps"])
+        return self._continued(samples, stats, "ChEES-HMC", step_cap, batch_state=sampler.state)

@@ -41,15 +41,19 @@ class SamplePosterior(Posterior):
             (``diverging``, ``energy``, ``lp``, ``step_size``, ``tree_depth``,
             ``acceptance_rate``, ``n_steps``).
         chain_states: Each chain's :class:`~aml_ppl.inference.chain_state.HMCState` after its
-            last draw, from NUTS chains run apart (``None`` otherwise; ChEES's posterior keeps
-            its batch's state: :class:`~aml_ppl.inference.chees.ChEESPosterior`).
-        kernel_options: The NUTS kernel's settings the chains ran with (``None`` where no
-            state was kept).
-        batch_state: Vectorised chains' :class:`~aml_ppl.inference.chain_state.VectorisedNUTSState`
-            after their last draw (``NUTS(vectorized=True)``; ``None`` otherwise).
+            last draw, from NUTS chains run apart (``None`` otherwise).
+        kernel_options: The sampler's settings the chains ran with (``None`` where no state
+            was kept).
+        batch_state: The state of chains run as one batch after their last draw (a
+            ``batch_record``: vectorised NUTS's here, ChEES's in
+            :class:`~aml_ppl.inference.chees.ChEESPosterior`; ``None`` otherwise).
     """
 
     kind: ClassVar[str] = "samples"
+    # A batch's state in a file: its record, its keys' prefix, and the key of the settings.
+    batch_record: ClassVar[type] = VectorisedNUTSState
+    batch_prefix: ClassVar[str] = "batch"
+    options_key: ClassVar[str] = "kernel_options"
 
     def __init__(
         self, fitted: Fitted, *, samples: dict[str, torch.Tensor], stats: dict[str, torch.Tensor],
@@ -100,13 +104,12 @@ class SamplePosterior(Posterior):
             timeout=timeout, label="NUTS chain",
         )
         added = chains_posterior(self.fitted, results, self.kernel_options)
-        fitted, samples, stats = self._continued(added.samples, added.stats, "NUTS", ("tree_depth", self.kernel_options["max_tree_depth"]))
-        resumed = SamplePosterior(fitted, samples=samples, stats=stats, chain_states=added.chain_states, kernel_options=self.kernel_options)
-        resumed.random_stream = self.random_stream
-        return resumed
+        step_cap = ("tree_depth", self.kernel_options["max_tree_depth"])
+        return self._continued(added.samples, added.stats, "NUTS", step_cap, chain_states=added.chain_states)
 
     def _resumed_batch(self, num_samples: int) -> "SamplePosterior":
-        r""":meth:`resume` of vectorised chains: the batch continued in this process."""
+        r""":meth:`resume` of chains run as one batch, continued in this process (vectorised
+        NUTS's here)."""
         state, options = self.batch_state, self.kernel_options
         sampler = VectorisedNUTS(
             self.model, len(state.position), max_tree_depth=options["max_tree_depth"], jit=options["jit_compile"],
@@ -115,20 +118,23 @@ class SamplePosterior(Posterior):
         with isolated_param_store():
             samples, stats = sampler.resume(self.data_args, self.data_kwargs, state, num_samples)
         added = chains_posterior(self.fitted, by_chain(samples, stats), options)
-        fitted, samples, stats = self._continued(added.samples, added.stats, "NUTS", ("tree_depth", options["max_tree_depth"]))
-        resumed = SamplePosterior(fitted, samples=samples, stats=stats, kernel_options=options, batch_state=sampler.state)
-        resumed.random_stream = self.random_stream
-        return resumed
+        return self._continued(added.samples, added.stats, "NUTS", ("tree_depth", options["max_tree_depth"]), batch_state=sampler.state)
 
     def _continued(
-        self, samples: dict[str, torch.Tensor], stats: dict[str, torch.Tensor], sampler: str, step_cap: tuple[str, int]
-    ) -> tuple[Fitted, dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-        r"""The draws and statistics so far with ``samples`` and ``stats`` after them, by chain,
-        and the fit's record with their ``lp``; the end-of-fit check runs on all the draws."""
+        self, samples: dict[str, torch.Tensor], stats: dict[str, torch.Tensor], sampler: str, step_cap: tuple[str, int],
+        **state: Any,
+    ) -> "SamplePosterior":
+        r"""A posterior of this kind with the draws and statistics so far and ``samples`` and
+        ``stats`` after them, by chain, its record's ``lp`` theirs, the chains' ``state`` after
+        them (``chain_states`` or ``batch_state``), and this one's settings and random stream;
+        the end-of-fit check runs on all the draws."""
         samples = {name: torch.cat([value, samples[name]], dim=1) for name, value in self.samples.items()}
         stats = {name: torch.cat([value, stats[name]], dim=1) for name, value in self.stats.items()}
         warn_if_untrustworthy(sampler, check_sampling(samples, stats, step_cap=step_cap))
-        return dataclasses.replace(self.fitted, history=stats["lp"].flatten()), samples, stats
+        fitted = dataclasses.replace(self.fitted, history=stats["lp"].flatten())
+        resumed = type(self)(fitted, samples=samples, stats=stats, kernel_options=self.kernel_options, **state)
+        resumed.random_stream = self.random_stream
+        return resumed
 
     @property
     def diverging(self) -> torch.Tensor:
@@ -157,18 +163,18 @@ class SamplePosterior(Posterior):
         for index, chain in enumerate(self.chain_states or []):
             tensors.update({f"chain{index}:{name}": value for name, value in chain.tensors().items()})
         if self.batch_state is not None:
-            tensors.update({f"batch:{name}": value for name, value in self.batch_state.tensors().items()})
-        return tensors, {} if self.kernel_options is None else {"kernel_options": self.kernel_options}
+            tensors.update({f"{self.batch_prefix}:{name}": value for name, value in self.batch_state.tensors().items()})
+        return tensors, {} if self.kernel_options is None else {self.options_key: self.kernel_options}
 
     @classmethod
     def from_state(cls, fitted, tensors, meta, guide):
-        chain_states, batch = None, stored(tensors, "batch")
-        if "kernel_options" in meta and not batch:
+        chain_states, batch = None, stored(tensors, cls.batch_prefix)
+        if cls.options_key in meta and not batch:
             chains = len(next(iter(stored(tensors, "sample").values())))
             chain_states = [HMCState.from_tensors(stored(tensors, f"chain{index}")) for index in range(chains)]
         return cls(
             fitted, samples=stored(tensors, "sample"), stats=stored(tensors, "stat"), chain_states=chain_states,
-            kernel_options=meta.get("kernel_options"), batch_state=VectorisedNUTSState.from_tensors(batch) if batch else None,
+            kernel_options=meta.get(cls.options_key), batch_state=cls.batch_record.from_tensors(batch) if batch else None,
         )
 
 

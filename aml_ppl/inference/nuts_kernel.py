@@ -11,7 +11,8 @@ sites summed out there), compiled with its gradient into one graph on request
 :class:`~pyro.infer.mcmc.adaptation.WarmupAdapter` (Stan's windows: dual averaging of the
 step size, a diagonal or dense mass matrix from the windows' draws, by default dense where a
 window's correlations stand out of its sampling noise: :class:`~aml_ppl.inference.metric.WindowedMassMatrix`).
-The trajectory works on one flat vector of the unconstrained latents.
+The trajectory works on one flat vector of the unconstrained latents; its leapfrog steps are
+the integrator that every HMC sampler here shares (:mod:`aml_ppl.inference.hmc.integrator`).
 
 **The warm-up's end.** Stan's schedule (Pyro's :class:`~pyro.infer.mcmc.adaptation.WarmupAdapter`)
 adapts the step size up to the last warm-up transition and then switches to the dual
@@ -49,10 +50,11 @@ from aml_ppl._core.randomness import global_state_tensors, set_global_state_tens
 from aml_ppl.errors import ModelFittingError
 from aml_ppl.inference.chain_state import HMCState
 from aml_ppl.inference.compiled import Gradient, compiled_gradient, plain_gradient
+from aml_ppl.inference.hmc.integrator import Phase, velocity_verlet
 from aml_ppl.inference.mcmc_diagnostics import STUCK_DIVERGENT
 from aml_ppl.inference.metric import WindowedMassMatrix
 from aml_ppl.inference.step_size import one_step_accepted, reasonable_step_sizes
-from aml_ppl.inference.nuts_tree import MAX_ENERGY_ERROR, Trajectory, _State, _Tree  # noqa: F401 (MAX_ENERGY_ERROR: the samplers' import)
+from aml_ppl.inference.nuts_tree import MAX_ENERGY_ERROR, Trajectory, _Tree  # noqa: F401 (MAX_ENERGY_ERROR: the samplers' import)
 
 # ArviZ's names for the per-draw statistics a chain records.
 SAMPLE_STATS = ("diverging", "energy", "lp", "step_size", "tree_depth", "acceptance_rate", "n_steps")
@@ -210,7 +212,7 @@ class MultinomialNUTS(MCMCKernel):
             step_size = self.adapter.step_size
             energy, tree, depth, accept_prob = self._step(step_size)
             for name, value in (
-                ("diverging", tree.diverging), ("energy", energy), ("lp", -tree.proposal.potential),
+                ("diverging", tree.diverging), ("energy", energy), ("lp", -float(tree.proposal.potential)),
                 ("step_size", step_size), ("tree_depth", depth), ("acceptance_rate", accept_prob), ("n_steps", tree.steps),
             ):
                 self.records[name].append(value)
@@ -250,7 +252,7 @@ def chain_state(kernel: MultinomialNUTS) -> HMCState:
     chain's random stream (which it records)."""
     current = kernel._current
     return HMCState(
-        position=kernel.dynamics.unflatten(current.z), potential=current.potential, gradient=current.grad,
+        position=kernel.dynamics.unflatten(current.z), potential=float(current.potential), gradient=current.grad,
         step_size=kernel.adapter.step_size, inverse_mass=kernel.dynamics.inverse_mass(),
         choices=kernel.choices.getstate(), stream=global_state_tensors(),
     )
@@ -269,8 +271,7 @@ def continue_chain(kernel: MultinomialNUTS, state: HMCState, args: tuple, kwargs
     kernel.adapter.step_size = state.step_size
     kernel.adapter.mass_matrix_adapter.inverse_mass_matrix = {BLOCK: state.inverse_mass}
     z = kernel.dynamics.flatten(state.position)
-    zero = torch.zeros_like(z)
-    kernel._current = _State(z, zero, state.potential, state.gradient, kernel.dynamics.velocity(zero))
+    kernel._current = kernel.dynamics.state(z, torch.zeros_like(z), state.potential, state.gradient)
     kernel.settle_steps, kernel.restarts = 0, 0
     kernel.choices = random.Random()
     kernel.choices.setstate(state.choices)
@@ -333,27 +334,23 @@ class Hamiltonian:
     r"""Hamiltonian dynamics on the flat unconstrained latent vector: the potential energy
     :math:`U` (Pyro's, from ``initialize_model``) and its gradient, the kinetic energy
     :math:`\tfrac12 r^\top M^{-1} r` with the warm-up adapter's current inverse mass matrix,
-    the leapfrog step, and the step-size search the adapter calls.
+    the leapfrog step (:func:`~aml_ppl.inference.hmc.integrator.velocity_verlet`), and the
+    step-size search the adapter calls. A state's potential energy is the evaluation's tensor,
+    read as a number where the energy is.
 
     Attributes:
         gradient: The flat vector's potential energy and its gradient.
         shapes: Site name to its shape, in the flat vector's order.
         adapter: The warm-up adapter holding the step size and the mass matrix.
+        state: ``(z, r, potential=None, grad=None)`` to the phase there (the integrator's ``init``).
     """
 
     def __init__(self, gradient: Gradient, shapes: dict[str, torch.Size], adapter: WarmupAdapter) -> None:
         self.gradient, self.shapes, self.adapter = gradient, shapes, adapter
+        self.state, self._update = velocity_verlet(gradient, self.velocity)
 
-    def state(self, z: torch.Tensor, r: torch.Tensor) -> _State:
-        potential, grad = self.gradient(z)
-        return _State(z, r, float(potential), grad, self.velocity(r))
-
-    def leapfrog(self, state: _State, step_size: float) -> _State:
-        r_half = state.r.add(state.grad, alpha=-0.5 * step_size)
-        z = state.z.add(self.velocity(r_half), alpha=step_size)
-        potential, grad = self.gradient(z)
-        r = r_half.add(grad, alpha=-0.5 * step_size)
-        return _State(z, r, float(potential), grad, self.velocity(r))
+    def leapfrog(self, state: Phase, step_size: float) -> Phase:
+        return self._update(state, step_size)
 
     def inverse_mass(self) -> torch.Tensor:
         return self.adapter.mass_matrix_adapter.inverse_mass_matrix[BLOCK]
@@ -362,10 +359,10 @@ class Hamiltonian:
         inverse_mass = self.inverse_mass()
         return inverse_mass @ r if inverse_mass.dim() == 2 else inverse_mass * r
 
-    def energy(self, state: _State) -> float:
-        return state.potential + 0.5 * float(state.r @ state.velocity)
+    def energy(self, state: Phase) -> float:
+        return float(state.potential) + 0.5 * float(state.r @ state.velocity)
 
-    def with_fresh_momentum(self, state: _State) -> _State:
+    def with_fresh_momentum(self, state: Phase) -> Phase:
         r"""``state`` with :math:`r \sim \mathcal{N}(0, M)`."""
         inverse_mass = self.inverse_mass()
         noise = torch.randn_like(state.z)
@@ -373,7 +370,7 @@ class Hamiltonian:
             momentum = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(inverse_mass))) @ noise
         else:
             momentum = noise / inverse_mass.sqrt()
-        return _State(state.z, momentum, state.potential, state.grad, self.velocity(momentum))
+        return self.state(state.z, momentum, state.potential, state.grad)
 
     def uniform_start(self, z: torch.Tensor) -> torch.Tensor:
         r"""A start drawn as Pyro's ``init_to_uniform`` draws one, from torch's generator:

@@ -1,7 +1,8 @@
 r"""The trajectories of the No-U-Turn sampler (:class:`~aml_ppl.inference.nuts_kernel.MultinomialNUTS`):
 the doubling of Hoffman and Gelman (2014), the multinomial choice of the proposal and the
 generalised U-turn checks (Betancourt 2017, §A.4), over the states of a Hamiltonian's
-leapfrog steps (:class:`~aml_ppl.inference.nuts_kernel.Hamiltonian`)."""
+leapfrog steps (:class:`~aml_ppl.inference.nuts_kernel.Hamiltonian`, whose integrator lives in
+:mod:`aml_ppl.inference.hmc.integrator`)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from aml_ppl.inference.hmc.integrator import Phase
 
 # An energy error beyond this is a divergence (Stan's and Pyro's threshold).
 MAX_ENERGY_ERROR = 1000.0
@@ -22,26 +25,14 @@ _TURN_PAIRS = (0, 3, 1, 7, 11, 5)
 
 
 @dataclass
-class _State:
-    r"""A point of the trajectory: position, momentum, potential energy, its gradient, and the
-    velocity :math:`M^{-1} r`."""
-
-    z: torch.Tensor
-    r: torch.Tensor
-    potential: float
-    grad: torch.Tensor
-    velocity: torch.Tensor
-
-
-@dataclass
 class _Tree:
     r"""A subtree: its two ends (in trajectory order), the state it proposes, the log of the
     sum of its states' weights :math:`e^{-H}` (relative to the start), the sum of its
     momenta, and the transition's counters."""
 
-    left: _State
-    right: _State
-    proposal: _State
+    left: Phase
+    right: Phase
+    proposal: Phase
     log_weight: float
     momentum_sum: torch.Tensor
     steps: int
@@ -72,7 +63,7 @@ class Trajectory:
     def __init__(self, dynamics: Any, choices: random.Random, max_tree_depth: int) -> None:
         self.dynamics, self.choices, self.max_tree_depth = dynamics, choices, max_tree_depth
 
-    def transition(self, start: _State, energy: float, step_size: float) -> tuple[_Tree, int]:
+    def transition(self, start: Phase, energy: float, step_size: float) -> tuple[_Tree, int]:
         r"""Double the trajectory from ``start`` until it turns, diverges or reaches the depth
         cap; returns the whole tree (its ``proposal`` the next state) and the depth reached.
         The choices (direction, proposal) are drawn from ``choices``."""
@@ -95,7 +86,7 @@ class Trajectory:
                 break
         return tree, depth
 
-    def _build(self, state: _State, forward: bool, depth: int, energy: float, step_size: float) -> _Tree:
+    def _build(self, state: Phase, forward: bool, depth: int, energy: float, step_size: float) -> _Tree:
         r"""A subtree of :math:`2^\text{depth}` leapfrog steps from ``state``, in the direction
         given; its proposal drawn uniformly-progressively (proportional to the weights)."""
         if depth == 0:
@@ -120,7 +111,7 @@ class Trajectory:
         first, second = (inner, outer) if forward else (outer, inner)
         return self._merge(first, second, outer.proposal if take_outer else inner.proposal, log_weight, counts)
 
-    def _merge(self, first: _Tree, second: _Tree, proposal: _State, log_weight: float, counts: _Tree) -> _Tree:
+    def _merge(self, first: _Tree, second: _Tree, proposal: Phase, log_weight: float, counts: _Tree) -> _Tree:
         r"""Two adjacent subtrees (``first`` earlier in time) as one, with the U-turn checks on
         the whole and across the two halves: the generalised criterion, the sharp momenta
         :math:`M^{-1}r` at a trajectory's ends pointing against its momentum sum :math:`\rho`

@@ -12,7 +12,8 @@ own step size (dual averaging) and diagonal mass matrix (Welford variances) in S
 windows, and draws from its own random stream (:class:`~aml_ppl._core.streams.ChainStreams`:
 its start, momenta and choices, drawn only while it builds), so a chain draws the same in a
 batch of any size as alone. A model whose potential cannot be evaluated for all chains at
-once is refused.
+once is refused. The leapfrog steps are the integrator that every HMC sampler here shares
+(:mod:`aml_ppl.inference.hmc.integrator`), each chain with its own step size.
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ from aml_ppl.errors import ModelFittingError
 from aml_ppl.inference.chain_state import VectorisedNUTSState
 from aml_ppl.inference.compiled import compiled_gradient, compiled_mapped_gradient, plain_gradient
 from aml_ppl.inference.density import log_joint
-from aml_ppl.inference.nuts_kernel import MAX_ENERGY_ERROR, SAMPLE_STATS
+from aml_ppl.inference.hmc.integrator import Phase, velocity_verlet
+from aml_ppl.inference.nuts_kernel import MAX_ENERGY_ERROR, SAMPLE_STATS, unflatten
 from aml_ppl.inference.step_size import one_step_accepted, reasonable_step_sizes
 from aml_ppl.inference.structure import inspect_model
 
@@ -47,23 +49,13 @@ class BatchingError(ModelFittingError):
 
 
 @dataclass
-class _Points:
-    r"""One trajectory point per chain: positions and momenta ``C x D``, potentials and
-    gradients."""
-
-    z: torch.Tensor
-    r: torch.Tensor
-    potential: torch.Tensor
-    grad: torch.Tensor
-
-
-@dataclass
 class _Trees:
-    r"""One (sub)tree per chain (see :class:`~aml_ppl.inference.nuts_kernel.MultinomialNUTS`)."""
+    r"""One (sub)tree per chain (see :class:`~aml_ppl.inference.nuts_kernel.MultinomialNUTS`),
+    its points one :class:`~aml_ppl.inference.hmc.integrator.Phase` per chain (``C x D``)."""
 
-    left: _Points
-    right: _Points
-    proposal: _Points
+    left: Phase
+    right: Phase
+    proposal: Phase
     log_weight: torch.Tensor
     momentum_sum: torch.Tensor
     steps: torch.Tensor
@@ -145,12 +137,7 @@ class ChainPotential:
 
     def sites(self, z: torch.Tensor) -> dict[str, torch.Tensor]:
         r"""The flat unconstrained points ``... x D`` as site name to ``... x shape``."""
-        values, start = {}, 0
-        for name, shape in self.shapes.items():
-            size = math.prod(shape)
-            values[name] = z[..., start : start + size].reshape(z.shape[:-1] + shape)
-            start += size
-        return values
+        return unflatten(z, self.shapes)
 
     def flat_potential(self, z: torch.Tensor) -> torch.Tensor:
         return self.pyro_potential(self.sites(z))
@@ -218,10 +205,10 @@ class ChainPotential:
         return False
 
 
-def initial_points(potential: ChainPotential, streams: ChainStreams, attempts: int = 100) -> _Points:
+def initial_points(potential: ChainPotential, streams: ChainStreams, attempts: int = 100) -> Phase:
     r"""Each chain's start drawn uniformly from :math:`[-2, 2]` in the unconstrained space
     (Pyro's ``init_to_uniform``), drawn again from its own stream where the potential or
-    its gradient is not finite, ``attempts`` times at most."""
+    its gradient is not finite, ``attempts`` times at most; the momenta zero."""
     like = potential.start
     drawing = torch.ones(like.shape[0], dtype=torch.bool, device=like.device)
     z = torch.zeros_like(like)
@@ -230,7 +217,8 @@ def initial_points(potential: ChainPotential, streams: ChainStreams, attempts: i
         values, grads = potential(z)
         drawing = ~(torch.isfinite(values) & torch.isfinite(grads).all(-1))
         if not bool(drawing.any()):
-            return _Points(z, torch.zeros_like(z), values, grads)
+            zero = torch.zeros_like(z)
+            return Phase(z, zero, values, grads, zero)
     raise ModelFittingError(
         f"chains {drawing.nonzero().flatten().tolist()} found no start with a finite potential energy and gradient "
         f"in {attempts} uniform draws on [-2, 2] (unconstrained); check the model's support."
@@ -290,7 +278,7 @@ class VectorisedNUTS:
         r"""Warm up and sample. Returns the constrained draws (site to ``C x num_samples x ...``)
         and the per-draw statistics (name to ``C x num_samples``); :attr:`state` is then the
         batch's :class:`~aml_ppl.inference.chain_state.VectorisedNUTSState` after its last draw."""
-        self.potential = ChainPotential(self.model, args, kwargs, self.num_chains, jit=self.jit)
+        self._set_up(args, kwargs)
         self.streams = ChainStreams(self.seeds, self.potential.start.device)
         current = initial_points(self.potential, self.streams)
         self.inverse_mass = torch.ones_like(current.z)
@@ -319,15 +307,20 @@ class VectorisedNUTS:
         r"""``num_samples`` more draws from ``state`` (a batch of this sampler's chains after
         its warm-up), with its step sizes, metric and streams: the draws that one run of
         :meth:`run` would have made after those it had made. Returns as :meth:`run` does."""
-        self.potential = ChainPotential(self.model, args, kwargs, self.num_chains, jit=self.jit)
+        self._set_up(args, kwargs)
         self.streams = ChainStreams(self.seeds, state.position.device)
         self.streams.state = state.streams.clone()
         self.inverse_mass = state.inverse_mass
-        current = _Points(state.position, torch.zeros_like(state.position), state.potential, state.gradient)
+        current = self._init(state.position, torch.zeros_like(state.position), state.potential, state.gradient)
         return self._sample(current, state.step_size, num_samples)
 
+    def _set_up(self, args: tuple, kwargs: dict) -> None:
+        r"""The batched potential for the data, and the leapfrog integrator on it."""
+        self.potential = ChainPotential(self.model, args, kwargs, self.num_chains, jit=self.jit)
+        self._init, self._update = velocity_verlet(self.potential, lambda r: self.inverse_mass * r)
+
     def _sample(
-        self, current: _Points, step_size: torch.Tensor, num_samples: int
+        self, current: Phase, step_size: torch.Tensor, num_samples: int
     ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         r"""``num_samples`` kept transitions from ``current`` with the adapted ``step_size``."""
         kept: list[torch.Tensor] = []
@@ -348,13 +341,13 @@ class VectorisedNUTS:
         }
         return samples, {name: torch.stack(values, 1) if values else torch.empty(self.num_chains, 0) for name, values in stats.items()}
 
-    def _momenta(self, current: _Points) -> _Points:
+    def _momenta(self, current: Phase) -> Phase:
         r"""Each chain's fresh momentum :math:`r \sim \mathcal N(0, M)` from its own stream."""
         every = torch.ones(current.z.shape[0], dtype=torch.bool, device=current.z.device)
         noise = self.streams.normal(every, current.z.shape[1]).to(current.z)
-        return replace(current, r=noise / self.inverse_mass.sqrt())
+        return self._init(current.z, noise / self.inverse_mass.sqrt(), current.potential, current.grad)
 
-    def _transition(self, current: _Points, step_size: torch.Tensor) -> tuple[_Points, dict[str, torch.Tensor]]:
+    def _transition(self, current: Phase, step_size: torch.Tensor) -> tuple[Phase, dict[str, torch.Tensor]]:
         start = self._momenta(current)
         energy = self._hamiltonian(start)
         chains = current.z.shape[0]
@@ -386,17 +379,17 @@ class VectorisedNUTS:
             "diverging": tree.diverging, "energy": energy, "lp": -tree.proposal.potential, "step_size": step_size,
             "tree_depth": depth, "acceptance_rate": tree.accept_sum / tree.steps.clamp(min=1), "n_steps": tree.steps,
         }
-        return replace(tree.proposal, r=torch.zeros_like(tree.proposal.z)), record
+        return tree.proposal, record
 
     def _build(
-        self, start: _Points, step: torch.Tensor, depth: int, energy: torch.Tensor, active: torch.Tensor,
+        self, start: Phase, step: torch.Tensor, depth: int, energy: torch.Tensor, active: torch.Tensor,
         uniforms: Iterator[torch.Tensor],
     ) -> _Trees:
         r"""A subtree of ``2^depth`` leapfrog steps per chain, masked where not ``active``; each
         merge takes the next of ``uniforms`` (one per chain, drawn for the level by the chains
         that build it, valid or not, as a chain alone would)."""
         if depth == 0:
-            new = self._leapfrog(start, step)
+            new = self._update(start, step)
             error = self._hamiltonian(new) - energy
             error = torch.where(torch.isfinite(error), error, torch.full_like(error, math.inf))
             return _Trees(new, new, new, -error, new.r, active.long(), torch.where(active, (-error).exp().clamp(max=1.0), 0.0),
@@ -416,7 +409,7 @@ class VectorisedNUTS:
             turning=inner.turning | (outer_active & outer.turning) | (ok & merged.turning),
         )
 
-    def _merge(self, inner: _Trees, outer: _Trees, forward: torch.Tensor, proposal: _Points, log_weight: torch.Tensor) -> _Trees:
+    def _merge(self, inner: _Trees, outer: _Trees, forward: torch.Tensor, proposal: Phase, log_weight: torch.Tensor) -> _Trees:
         r"""A tree and the subtree built on from its end (``forward`` in time, per chain) as one,
         with the U-turn checks on the whole and across the two halves (in time order, the
         earlier half is ``inner`` going forward and ``outer`` going backward)."""
@@ -437,18 +430,11 @@ class VectorisedNUTS:
         sharp_sum = self.inverse_mass * momentum_sum
         return ((left * sharp_sum).sum(-1) <= 0) | ((right * sharp_sum).sum(-1) <= 0)
 
-    def _leapfrog(self, points: _Points, step: torch.Tensor) -> _Points:
-        step = step[:, None]
-        r_half = points.r - 0.5 * step * points.grad
-        z = points.z + step * self.inverse_mass * r_half
-        values, grads = self.potential(z)
-        return _Points(z, r_half - 0.5 * step * grads, values, grads)
-
-    def _reasonable_step_sizes(self, current: _Points, step_size: torch.Tensor) -> torch.Tensor:
+    def _reasonable_step_sizes(self, current: Phase, step_size: torch.Tensor) -> torch.Tensor:
         r"""Each chain's step size (:func:`~aml_ppl.inference.step_size.reasonable_step_sizes`) from ``current``."""
         start = self._momenta(current)
         energy = self._hamiltonian(start)
-        return reasonable_step_sizes(lambda size: one_step_accepted(energy - self._hamiltonian(self._leapfrog(start, size))), step_size)
+        return reasonable_step_sizes(lambda size: one_step_accepted(energy - self._hamiltonian(self._update(start, size))), step_size)
 
-    def _hamiltonian(self, points: _Points) -> torch.Tensor:
-        return points.potential + 0.5 * (self.inverse_mass * points.r * points.r).sum(-1)
+    def _hamiltonian(self, points: Phase) -> torch.Tensor:
+        return points.potential + 0.5 * (points.velocity * points.r).sum(-1)
