@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from aml_ppl.inference.vectorised_nuts import _Points
+from aml_ppl.inference.hmc.integrator import Phase
 
 # A chain whose mean potential over a warm-up window lies more than STRAY_GAP nats plus
 # STRAY_SPREADS within-chain sds of the potential above the median chain's is in a minor mode.
@@ -39,7 +39,7 @@ class WindowPotentials:
         return ~finite | (means - means[finite].median() > STRAY_GAP + STRAY_SPREADS * spread)
 
 
-def restart_stray(current: _Points, stray: torch.Tensor) -> _Points:
+def restart_stray(current: Phase, stray: torch.Tensor) -> Phase:
     r"""``current`` with each ``stray`` chain moved to the point of a chain drawn uniformly from the
     others (torch's generator is drawn from only where a chain is stray)."""
     if not bool(stray.any()):
@@ -47,4 +47,4 @@ def restart_stray(current: _Points, stray: torch.Tensor) -> _Points:
     others = (~stray).nonzero()[:, 0]
     index = torch.arange(len(stray), device=stray.device)
     index[stray] = others[torch.randint(len(others), (int(stray.sum()),), device=stray.device)]
-    return _Points(current.z[index], current.r[index], current.potential[index], current.grad[index])
+    return Phase(current.z[index], current.r[index], current.potential[index], current.grad[index], current.velocity[index])

@@ -216,7 +216,7 @@ def test_chains_started_far_out_reach_a_correlated_posterior():
 
 def test_a_chain_far_above_the_others_potential_is_stray_and_restarted_from_another():
     from aml_ppl.inference.stray_chains import STRAY_GAP, WindowPotentials, restart_stray
-    from aml_ppl.inference.vectorised_nuts import _Points
+    from aml_ppl.inference.hmc.integrator import Phase
 
     generator = torch.Generator().manual_seed(0)
     window = WindowPotentials()
@@ -225,7 +225,7 @@ def test_a_chain_far_above_the_others_potential_is_stray_and_restarted_from_anot
         window.update(100.0 + torch.randn(6, generator=generator, dtype=torch.float64) + offsets)
     stray = window.stray()
     assert stray.tolist() == [False, False, False, True, False, True]
-    points = _Points(torch.arange(6.0)[:, None], torch.zeros(6, 1), torch.arange(6.0), torch.arange(6.0)[:, None])
+    points = Phase(torch.arange(6.0)[:, None], torch.zeros(6, 1), torch.arange(6.0), torch.arange(6.0)[:, None], torch.zeros(6, 1))
     restarted = restart_stray(points, stray)
     assert restarted.z[[0, 1, 2, 4], 0].tolist() == [0.0, 1.0, 2.0, 4.0]
     assert set(restarted.z[[3, 5], 0].tolist()) <= {0.0, 1.0, 2.0, 4.0}
