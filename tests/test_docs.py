@@ -28,7 +28,7 @@ BLOCK = re.compile(r"(?:<!-- skip: (?P<skip>[^>]*?) -->\n)?```python\n(?P<code>.
 # The only blocks that do not run in the test: each needs what CI has not.
 SKIP_REASONS = {"needs CUDA", "needs torchrun", "needs a Dask cluster"}
 # Modules whose `__all__` the API reference renders, each with a `::: module` directive.
-API_MODULES = ["aml_ppl", "aml_ppl.models", "aml_ppl.models.gp", "aml_ppl.models.ddpm", "aml_ppl.inference",
+API_MODULES = ["aml_ppl", "aml_ppl.models", "aml_ppl.models.gp", "aml_ppl.models.ddpm", "aml_ppl.inference", "aml_ppl.inference.hmc",
                "aml_ppl.analysis", "aml_ppl.bo", "aml_ppl.testing"]
 
 
