@@ -1,5 +1,5 @@
-r"""A NUTS chain's state after warm-up, ChEES-HMC's batch of chains likewise, and the
-checkpoint files that carry a NUTS chain's.
+r"""A NUTS chain's state after warm-up, a batch of chains' (ChEES-HMC, vectorised NUTS)
+likewise, and the checkpoint files that carry them.
 
 A chain past warm-up is a Markov chain with a fixed kernel: given its last point, its
 adapted step size and inverse mass matrix, and where its random streams stand, the next
@@ -9,7 +9,8 @@ a posterior keeps one per chain for
 :meth:`~aml_ppl.inference.mcmc.SamplePosterior.resume`, and ``NUTS(checkpoint=...)``
 writes one per chain, with the draws kept so far, every ``checkpoint_every`` draws
 (:class:`Checkpointing`), so a killed run restarts where its last checkpoint stood. Both
-continue a chain to the bit: the draws equal those of one uninterrupted run.
+continue a chain to the bit: the draws equal those of one uninterrupted run. Chains run as one
+batch write one file for the batch (:class:`BatchCheckpointing`).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from aml_ppl._core.randomness import python_state, python_state_tensor
 from aml_ppl.errors import InputDataError
 
 CHECKPOINT_FORMAT = "aml_ppl.nuts-checkpoint/1"
+BATCH_CHECKPOINT_FORMAT = "aml_ppl.batch-checkpoint/1"
 
 
 @dataclass
@@ -209,22 +211,9 @@ class Checkpointing:
                 differs (naming what differs), or holds more draws than ``num_samples``.
         """
         path = self.path(index)
-        if not path.is_file():
+        payload = checked_payload(path, CHECKPOINT_FORMAT, self.description[index], "a NUTS checkpoint")
+        if payload is None:
             return None
-        try:
-            payload = torch.load(path, weights_only=True)
-        except Exception as error:  # torch's readers fail in many ways on a broken file
-            raise InputDataError(f"`checkpoint` file `{path}` is not a NUTS checkpoint.") from error
-        if not isinstance(payload, dict) or payload.get("format") != CHECKPOINT_FORMAT:
-            raise InputDataError(f"`checkpoint` file `{path}` is not a NUTS checkpoint.")
-        written, wanted = payload["description"], self.description[index]
-        differing = sorted(key for key in wanted if written.get(key) != wanted[key])
-        if differing:
-            raise InputDataError(
-                f"`checkpoint` file `{path}` was written by another run: its {', '.join(differing)} "
-                f"differ ({'; '.join(f'{key}: {written.get(key)!r} there, {wanted[key]!r} here' for key in differing)}). "
-                "Pass another `checkpoint` folder, or delete the file to start afresh."
-            )
         positions = list(payload["positions"].unbind(0))
         if len(positions) > num_samples:
             raise InputDataError(
@@ -244,6 +233,95 @@ class Checkpointing:
             "records": {name: torch.tensor(values) for name, values in progress.records.items()},
         }
         atomic_write(self.path(index), lambda file: torch.save(payload, file))
+
+
+def checked_payload(path: Path, format: str, description: dict[str, str], kind: str) -> dict | None:
+    r"""The checkpoint at ``path`` (``None`` where there is none), once it is of ``format`` and
+    was written by the run ``description`` describes.
+
+    Raises:
+        InputDataError: If the file is not ``kind``, or its run differs (naming what differs).
+    """
+    if not path.is_file():
+        return None
+    try:
+        payload = torch.load(path, weights_only=True)
+    except Exception as error:  # torch's readers fail in many ways on a broken file
+        raise InputDataError(f"`checkpoint` file `{path}` is not {kind}.") from error
+    if not isinstance(payload, dict) or payload.get("format") != format:
+        raise InputDataError(f"`checkpoint` file `{path}` is not {kind}.")
+    written = payload["description"]
+    differing = sorted(key for key in description if written.get(key) != description[key])
+    if differing:
+        raise InputDataError(
+            f"`checkpoint` file `{path}` was written by another run: its {', '.join(differing)} "
+            f"differ ({'; '.join(f'{key}: {written.get(key)!r} there, {description[key]!r} here' for key in differing)}). "
+            "Pass another `checkpoint` folder, or delete the file to start afresh."
+        )
+    return payload
+
+
+@dataclass(frozen=True)
+class BatchCheckpointing:
+    r"""The checkpoint of chains run as one batch (ChEES-HMC, vectorised NUTS): ``batch.pt`` in
+    ``folder``, written whole or not at all after every ``every`` kept draws and at the last, with
+    the draws and statistics kept so far and the batch's state (warm-up is not checkpointed).
+
+    :meth:`run` takes the draws in pieces of ``every``, each continuing the batch from the state
+    the last one left (the sampler's ``resume``), so they equal one uninterrupted run's to the
+    bit; a run that finds the file of the same model, data, settings and seeds continues from it.
+
+    Attributes:
+        folder: The checkpoint's folder (created if missing).
+        every: Kept draws between checkpoints.
+        description: What the run is (:func:`describe_run`, the chains' seeds together).
+    """
+
+    folder: Path
+    every: int
+    description: dict[str, str]
+
+    def run(self, sampler: Any, args: tuple, kwargs: dict, num_samples: int, warmup_steps: int, record: type) -> tuple[dict, dict, Any]:
+        r"""``num_samples`` kept draws per chain from ``sampler`` (its ``run(args, kwargs, count,
+        warmup_steps)``, ``resume(args, kwargs, state, count)`` and ``state``, the latter of class
+        ``record``). Returns the draws (site to ``C x num_samples x ...``), the statistics
+        (``C x num_samples``) and the final state."""
+        path = self.folder / "batch.pt"
+        payload = checked_payload(path, BATCH_CHECKPOINT_FORMAT, self.description, "a batch checkpoint")
+        if payload is None:
+            samples, stats = sampler.run(args, kwargs, min(self.every, num_samples), warmup_steps)
+            state = sampler.state
+        else:
+            samples, stats, state = payload["samples"], payload["stats"], record.from_tensors(payload["state"])
+        while True:
+            kept = next(iter(stats.values())).shape[1]
+            if kept > num_samples:
+                raise InputDataError(f"`checkpoint` file `{path}` holds {kept} draws, more than num_samples = {num_samples}.")
+            self.folder.mkdir(parents=True, exist_ok=True)
+            content = {"format": BATCH_CHECKPOINT_FORMAT, "description": self.description, "state": state.tensors(),
+                       "samples": samples, "stats": stats}
+            atomic_write(path, lambda file: torch.save(content, file))
+            if kept == num_samples:
+                return samples, stats, state
+            more_samples, more_stats = sampler.resume(args, kwargs, state, min(self.every, num_samples - kept))
+            samples = {name: torch.cat([value, more_samples[name]], 1) for name, value in samples.items()}
+            stats = {name: torch.cat([value, more_stats[name]], 1) for name, value in stats.items()}
+            state = sampler.state
+
+
+def sample_batch(
+    sampler: Any, args: tuple, kwargs: dict, num_samples: int, warmup_steps: int, record: type,
+    checkpoint: tuple[Path, int, Callable, dict] | None = None,
+) -> tuple[dict, dict, Any]:
+    r"""``sampler``'s warm-up and ``num_samples`` kept draws, as :meth:`BatchCheckpointing.run`
+    returns them; with ``checkpoint`` (the folder, the draws between checkpoints, the model and
+    the settings that describe the run) through a :class:`BatchCheckpointing` of the run."""
+    if checkpoint is None:
+        samples, stats = sampler.run(args, kwargs, num_samples, warmup_steps)
+        return samples, stats, sampler.state
+    folder, every, model, settings = checkpoint
+    description = describe_run(model, args, kwargs, {**settings, "warmup_steps": warmup_steps}, [",".join(map(str, sampler.seeds))])[0]
+    return BatchCheckpointing(folder, every, description).run(sampler, args, kwargs, num_samples, warmup_steps, record)
 
 
 def describe_run(model: Callable, args: tuple, kwargs: dict, settings: dict[str, Any], seeds: list[int]) -> tuple[dict[str, str], ...]:

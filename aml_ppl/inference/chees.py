@@ -50,6 +50,7 @@ leapfrog steps are the integrator that every HMC sampler here shares
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any, Callable, ClassVar, Sequence
 
 import torch
@@ -61,7 +62,7 @@ from aml_ppl._data import check_count
 from aml_ppl.errors import InputDataError, ModelFittingError
 from aml_ppl.inference.base import Engine, register_engine
 from aml_ppl.inference.context import isolated_param_store
-from aml_ppl.inference.chain_state import ChEESState
+from aml_ppl.inference.chain_state import ChEESState, sample_batch
 from aml_ppl.inference.fitted import Fitted
 from aml_ppl.inference.hmc.integrator import Phase, velocity_verlet
 from aml_ppl.inference.io import register_posterior
@@ -366,6 +367,12 @@ class ChEES(Engine):
         jit_compile: Compile the batched potential energy and its gradient into one graph,
             where it agrees with the model's potential (see
             :class:`~aml_ppl.inference.vectorised_nuts.ChainPotential`).
+        checkpoint: A folder where the batch writes its state and kept draws (``batch.pt``,
+            whole or not at all) every ``checkpoint_every`` draws and at its last; a fit that finds
+            the file continues from it (no warm-up again) and ends with the draws of an
+            uninterrupted run, once its model, data, settings and seeds match this fit's (else an
+            ``InputDataError`` names what differs). Warm-up is not checkpointed. ``None``: none.
+        checkpoint_every: Kept draws between checkpoints.
 
     Example:
         >>> import torch, aml_ppl as aml
@@ -381,9 +388,13 @@ class ChEES(Engine):
     def __init__(
         self, *, num_samples: int = 500, warmup_steps: int = 500, num_chains: int = 32,
         target_accept_prob: float = HMC_ACCEPTANCE, max_leapfrog_steps: int = 1000, full_mass: bool | None = None,
-        jit_compile: bool = True,
+        jit_compile: bool = True, checkpoint: str | Path | None = None, checkpoint_every: int = 100,
     ) -> None:
         self.num_samples = check_count("num_samples", num_samples)
+        self.checkpoint = None if checkpoint is None else Path(checkpoint)
+        if self.checkpoint is not None and self.checkpoint.exists() and not self.checkpoint.is_dir():
+            raise InputDataError(f"`checkpoint` must be a folder; `{checkpoint}` is a file.")
+        self.checkpoint_every = check_count("checkpoint_every", checkpoint_every)
         self.warmup_steps = check_count("warmup_steps", warmup_steps, minimum=0)
         self.num_chains = check_count("num_chains", num_chains, minimum=2)
         if not 0 < target_accept_prob < 1:
@@ -402,17 +413,18 @@ class ChEES(Engine):
             model, self.num_chains, target_accept_prob=self.target_accept_prob,
             max_leapfrog_steps=self.max_leapfrog_steps, full_mass=self.full_mass, jit=self.jit_compile,
         )
+        options = {"num_chains": self.num_chains, "target_accept_prob": self.target_accept_prob,
+                   "max_leapfrog_steps": self.max_leapfrog_steps, "full_mass": self.full_mass, "jit": self.jit_compile}
+        checkpoint = None if self.checkpoint is None else (self.checkpoint, self.checkpoint_every, model, options)
         try:
             with isolated_param_store():
-                samples, stats = sampler.run(args, kwargs, self.num_samples, self.warmup_steps)
+                samples, stats, state = sample_batch(sampler, args, kwargs, self.num_samples, self.warmup_steps, ChEESState, checkpoint)
         except BatchingError as error:
             raise ModelFittingError(f"ChEES-HMC cannot batch the chains: {error}; run engine='nuts' instead.") from error
         fitted = Fitted(model, args, kwargs, engine=self.name, objective="lp", history=stats["lp"].flatten())
         samples = {name: value.detach() for name, value in samples.items()}
         warn_if_untrustworthy("ChEES-HMC", check_sampling(samples, stats, step_cap=("n_steps", self.max_leapfrog_steps)))
-        options = {"num_chains": self.num_chains, "target_accept_prob": self.target_accept_prob,
-                   "max_leapfrog_steps": self.max_leapfrog_steps, "full_mass": self.full_mass, "jit": self.jit_compile}
-        return ChEESPosterior(fitted, samples=samples, stats=stats, batch_state=sampler.state, kernel_options=options)
+        return ChEESPosterior(fitted, samples=samples, stats=stats, batch_state=state, kernel_options=options)
 
 
 @register_posterior

@@ -16,7 +16,7 @@ import torch
 from aml_ppl._data import check_count, check_positive
 from aml_ppl.errors import InputDataError, JitFallbackWarning, VectorisedChainsWarning
 from aml_ppl.inference.base import Engine, Posterior, register_engine
-from aml_ppl.inference.chain_state import ChainProgress, Checkpointing, HMCState, VectorisedNUTSState, describe_run
+from aml_ppl.inference.chain_state import ChainProgress, Checkpointing, HMCState, VectorisedNUTSState, describe_run, sample_batch
 from aml_ppl.inference.chains import chain_executor, default_chains, run_chains
 from aml_ppl.inference.compiled import Gradient
 from aml_ppl.inference.context import isolated_param_store
@@ -271,13 +271,14 @@ class NUTS(Engine):
                 its last; a fit that finds them continues each chain from its file (no warm-up again)
                 and ends with the draws of an uninterrupted run, once the file's model, data,
                 settings and seed match this fit's (else an ``InputDataError`` names what differs).
-                Warm-up is not checkpointed. ``None``: no checkpoints.
+                Warm-up is not checkpointed; vectorised chains write one file, ``batch.pt``.
+                ``None``: no checkpoints.
             checkpoint_every: Kept draws between checkpoints.
         """
-        if vectorized and (full_mass or executor != "auto" or timeout is not None or checkpoint is not None):
+        if vectorized and (full_mass or executor != "auto" or timeout is not None):
             raise InputDataError(
                 "`vectorized=True` runs every chain in one batch in this process with a diagonal mass "
-                "matrix; `full_mass`, `executor`, `timeout` and `checkpoint` do not apply to it."
+                "matrix; `full_mass`, `executor` and `timeout` do not apply to it."
             )
         self.checkpoint = None if checkpoint is None else Path(checkpoint)
         if self.checkpoint is not None and self.checkpoint.exists() and not self.checkpoint.is_dir():
@@ -341,13 +342,15 @@ class NUTS(Engine):
             model, self.num_chains, target_accept_prob=self.kernel_options["target_accept_prob"],
             max_tree_depth=self.kernel_options["max_tree_depth"], jit=jit, seeds=seeds,
         )
+        settings = {**self.kernel_options, "jit_compile": jit, "vectorized": True}
+        checkpoint = None if self.checkpoint is None else (self.checkpoint, self.checkpoint_every, model, settings)
         try:
             with isolated_param_store():
-                samples, stats = sampler.run(args, kwargs, self.num_samples, self.warmup_steps)
+                samples, stats, state = sample_batch(sampler, args, kwargs, self.num_samples, self.warmup_steps, VectorisedNUTSState, checkpoint)
         except BatchingError as error:
             warnings.warn(f"NUTS runs the chains apart: {error}.", VectorisedChainsWarning, stacklevel=4)
             return None, None
-        return by_chain(samples, stats), sampler.state
+        return by_chain(samples, stats), state
 
     def _use_jit(self, model: Callable, args: tuple, kwargs: dict) -> tuple[bool, Gradient | None]:
         r"""Whether the chains compile the potential, and the graph :func:`checked_gradient`

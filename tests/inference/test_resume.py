@@ -206,8 +206,6 @@ def test_bad_checkpoint_options_are_refused(tmp_path):
         NUTS(checkpoint=tmp_path / "file")
     with pytest.raises(InputDataError, match="checkpoint_every"):
         NUTS(checkpoint=tmp_path, checkpoint_every=0)
-    with pytest.raises(InputDataError, match="checkpoint"):
-        NUTS(checkpoint=tmp_path, vectorized=True)
 
 
 @short_runs
@@ -217,3 +215,63 @@ def test_resume_without_chains_is_refused():
         aml.fit(model, *args, engine=MAP(progress_bar=False), seed=0).resume(10)
     with pytest.raises(InputDataError, match="num_samples"):
         aml.fit(model, *args, engine=nuts(10, executor=None), seed=0).resume(0)
+
+
+@short_runs
+@pytest.mark.parametrize("engine", ["chees", "vectorised"])
+def test_a_checkpointed_batch_continues_to_the_draws_of_one_run(engine, tmp_path):
+    r"""ChEES's and vectorised NUTS's batch write ``batch.pt`` every ``checkpoint_every`` draws:
+    a run of 30 (checkpoints at 20 and 30) then one of 60 from its file equal one
+    uninterrupted run of 60 to the bit; the finished file gives the run back; another run's
+    file is refused naming what differs, a broken one as not a checkpoint."""
+    model, args = CASES["schools"]
+
+    def make(count: int, **options) -> ChEES | NUTS:
+        if engine == "chees":
+            return ChEES(num_samples=count, warmup_steps=60, num_chains=4, **options)
+        return NUTS(num_samples=count, warmup_steps=50, num_chains=2, vectorized=True, progress_bar=False, **options)
+
+    checkpointed = lambda count: make(count, checkpoint=tmp_path, checkpoint_every=20)  # noqa: E731
+    aml.fit(model, *args, engine=checkpointed(30), seed=0)
+    assert [path.name for path in tmp_path.iterdir()] == ["batch.pt"]
+    continued = aml.fit(model, *args, engine=checkpointed(60), seed=0)
+    whole = aml.fit(model, *args, engine=make(60), seed=0)
+    assert_same_draws(whole, continued)
+    assert torch.load(tmp_path / "batch.pt", weights_only=True)["stats"]["lp"].shape[1] == 60
+    assert_same_draws(whole, aml.fit(model, *args, engine=checkpointed(60), seed=0))
+    with pytest.raises(InputDataError, match="seed"):
+        aml.fit(model, *args, engine=checkpointed(60), seed=1)
+    with pytest.raises(InputDataError, match="more than num_samples"):
+        aml.fit(model, *args, engine=checkpointed(40), seed=0)
+    (tmp_path / "batch.pt").write_bytes(b"not a checkpoint")
+    with pytest.raises(InputDataError, match="not a batch checkpoint"):
+        aml.fit(model, *args, engine=checkpointed(60), seed=0)
+
+
+@pytest.mark.slow
+@short_runs
+def test_a_killed_checkpointed_batch_restarts_with_the_same_draws(tmp_path):
+    folder = tmp_path / "checkpoints"
+    script = f"""
+        import warnings
+        import aml_ppl as aml
+        from aml_ppl.inference import ChEES
+        from aml_ppl.testing.cases import BLR_X, BLR_Y
+        warnings.simplefilter("ignore")
+        engine = ChEES(num_samples=400, warmup_steps=60, num_chains=4, checkpoint={str(folder)!r}, checkpoint_every=5)
+        aml.fit(aml.models.BayesianLinearRegression(), BLR_X, BLR_Y, engine=engine, seed=0)
+    """
+    run = run_python(script)
+    deadline = time.monotonic() + 120
+    while not (folder / "batch.pt").exists() and run.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.005)
+    run.send_signal(signal.SIGKILL)
+    run.wait()
+    assert run.returncode == -signal.SIGKILL, "the run ended before it was killed"
+    kept = torch.load(folder / "batch.pt", weights_only=True)["stats"]["lp"].shape[1]
+    assert 5 <= kept < 400
+
+    model, args = CASES["blr"]
+    engine = lambda **options: ChEES(num_samples=400, warmup_steps=60, num_chains=4, **options)  # noqa: E731
+    restarted = aml.fit(model, *args, engine=engine(checkpoint=folder, checkpoint_every=5), seed=0)
+    assert_same_draws(aml.fit(model, *args, engine=engine(), seed=0), restarted)
