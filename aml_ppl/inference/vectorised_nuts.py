@@ -39,6 +39,7 @@ from aml_ppl.inference.hmc.integrator import Phase, velocity_verlet
 from aml_ppl.inference.nuts_kernel import MAX_ENERGY_ERROR, SAMPLE_STATS, unflatten
 from aml_ppl.inference.step_size import one_step_accepted, reasonable_step_sizes
 from aml_ppl.inference.structure import inspect_model
+from aml_ppl.inference.tracing import agree
 
 # What a model raises at a point far out in a trajectory, where the chain diverges.
 NUMERICAL_FAILURES = (ModelFittingError, torch.linalg.LinAlgError)
@@ -180,10 +181,9 @@ class ChainPotential:
     def _differs(self) -> bool:
         r"""Whether this evaluation disagrees with Pyro's potential chain by chain (or fails)
         at the chains' starts and at points around them, beyond the reordered sums' rounding
-        (relative :math:`\max(\sqrt{\varepsilon}, 10^{-6})`: 3e-4 in float32, 1e-6 in float64).
+        (:func:`~aml_ppl.inference.tracing.agree`).
         Four chains spread over the batch (its first and last among them) are compared: a
         batch that mixes or drops chains shows there, at a few milliseconds a chain."""
-        tolerance = max(torch.finfo(self.start.dtype).eps ** 0.5, 1e-6)
         chains = self.start.shape[0]
         checked = sorted({0, chains // 3, 2 * chains // 3, chains - 1})
         for scale in (0.0, 0.5):
@@ -196,11 +196,7 @@ class ChainPotential:
                 point = points[index].detach().requires_grad_(True)
                 value = self.flat_potential(point)
                 (grad,) = torch.autograd.grad(value, point)
-                agree = (
-                    torch.allclose(values[index], value.detach(), rtol=tolerance, atol=tolerance)
-                    and torch.allclose(grads[index], grad, rtol=tolerance, atol=tolerance * (1 + float(grad.abs().max())))
-                )
-                if not agree:
+                if not (agree(values[index], value.detach()) and agree(grads[index], grad)):
                     return True
         return False
 
