@@ -350,30 +350,6 @@ class ChEES(Engine):
     are NUTS's (``sample_stats`` without ``tree_depth``); a model whose potential cannot be
     evaluated for all chains at once is refused with the reason.
 
-    Args:
-        num_samples: Draws kept per chain.
-        warmup_steps: Adaptation steps (Stan's windows for the mass matrix).
-        num_chains: Chains in the batch, at least 2.
-        target_accept_prob: The harmonic mean of the chains' acceptance probabilities that the
-            step size aims at (0.651, HMC's optimum, by default).
-        max_leapfrog_steps: Leapfrog steps per transition at most.
-        full_mass: ``None`` (the default): a dense mass matrix, the chains' pooled
-            covariance, wherever a warm-up window holds at least 10 draws per coordinate and
-            there are at most 100 coordinates (32 chains: from the first window, for up to 80
-            coordinates), a diagonal one otherwise; ``True`` or ``False`` forces one. A
-            dense metric serves strongly correlated coordinates (a regression on correlated
-            predictors), where one step size and trajectory length cannot serve a diagonal
-            rescaling's long and short directions at once.
-        jit_compile: Compile the batched potential energy and its gradient into one graph,
-            where it agrees with the model's potential (see
-            :class:`~aml_ppl.inference.vectorised_nuts.ChainPotential`).
-        checkpoint: A folder where the batch writes its state and kept draws (``batch.pt``,
-            whole or not at all) every ``checkpoint_every`` draws and at its last; a fit that finds
-            the file continues from it (no warm-up again) and ends with the draws of an
-            uninterrupted run, once its model, data, settings and seeds match this fit's (else an
-            ``InputDataError`` names what differs). Warm-up is not checkpointed. ``None``: none.
-        checkpoint_every: Kept draws between checkpoints.
-
     Example:
         >>> import torch, aml_ppl as aml
         >>> X = torch.randn(30, 2, dtype=torch.float64); y = X.sum(-1)
@@ -390,6 +366,31 @@ class ChEES(Engine):
         target_accept_prob: float = HMC_ACCEPTANCE, max_leapfrog_steps: int = 1000, full_mass: bool | None = None,
         jit_compile: bool = True, checkpoint: str | Path | None = None, checkpoint_every: int = 100,
     ) -> None:
+        r"""
+        Args:
+            num_samples: Draws kept per chain.
+            warmup_steps: Adaptation steps (Stan's windows for the mass matrix).
+            num_chains: Chains in the batch, at least 2.
+            target_accept_prob: The harmonic mean of the chains' acceptance probabilities that the
+                step size aims at (0.651, HMC's optimum, by default).
+            max_leapfrog_steps: Leapfrog steps per transition at most.
+            full_mass: ``None`` (the default): a dense mass matrix, the chains' pooled
+                covariance, wherever a warm-up window holds at least 10 draws per coordinate and
+                there are at most 100 coordinates (32 chains: from the first window, for up to 80
+                coordinates), a diagonal one otherwise; ``True`` or ``False`` forces one. A
+                dense metric serves strongly correlated coordinates (a regression on correlated
+                predictors), where one step size and trajectory length cannot serve a diagonal
+                rescaling's long and short directions at once.
+            jit_compile: Compile the batched potential energy and its gradient into one graph,
+                where it agrees with the model's potential (see
+                :class:`~aml_ppl.inference.vectorised_nuts.ChainPotential`).
+            checkpoint: A folder where the batch writes its state and kept draws (``batch.pt``,
+                whole or not at all) every ``checkpoint_every`` draws and at its last; a fit that finds
+                the file continues from it (no warm-up again) and ends with the draws of an
+                uninterrupted run, once its model, data, settings and seeds match this fit's (else an
+                ``InputDataError`` names what differs). Warm-up is not checkpointed. ``None``: none.
+            checkpoint_every: Kept draws between checkpoints.
+        """
         self.num_samples = check_count("num_samples", num_samples)
         self.checkpoint = None if checkpoint is None else Path(checkpoint)
         if self.checkpoint is not None and self.checkpoint.exists() and not self.checkpoint.is_dir():
