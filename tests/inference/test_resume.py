@@ -44,6 +44,17 @@ def run_python(script: str, **popen) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-c", textwrap.dedent(script)], env=env, cwd=ROOT, **popen)
 
 
+def kill_once_written(script: str, path: Path) -> None:
+    r"""Run ``script`` in a fresh process and kill it (SIGKILL) as soon as ``path`` exists."""
+    run = run_python(script)
+    deadline = time.monotonic() + 120
+    while not path.exists() and run.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.005)
+    run.send_signal(signal.SIGKILL)
+    run.wait()
+    assert run.returncode == -signal.SIGKILL, "the run ended before it was killed"
+
+
 @short_runs
 @pytest.mark.parametrize("case, executor", [("blr", None), ("schools", None), ("blr", "auto")])
 def test_resumed_draws_equal_one_run(case, executor):
@@ -144,33 +155,37 @@ def test_checkpointed_run_continues_from_its_checkpoints(tmp_path):
     assert_same_draws(aml.fit(model, *args, engine=nuts(40, executor=None), seed=0), continued)
 
 
+# A killed run per checkpoint kind: the engine (the draws after its first), its first file, and
+# the draws that file holds (NUTS: chain 0's, the chains in turn; ChEES: the batch's).
+KILLED_RUNS = {
+    "nuts": (NUTS, {"num_samples": 200, "warmup_steps": 50, "num_chains": 2, "progress_bar": False, "executor": None},
+             "chain-0.pt", lambda payload: payload["positions"].shape[0]),
+    "chees": (ChEES, {"num_samples": 200, "warmup_steps": 60, "num_chains": 4}, "batch.pt", lambda payload: payload["stats"]["lp"].shape[1]),
+}
+
+
 @pytest.mark.slow
 @short_runs
-def test_killed_checkpointed_run_restarts_with_the_same_draws(tmp_path):
+@pytest.mark.parametrize("kind", list(KILLED_RUNS))
+def test_killed_checkpointed_run_restarts_with_the_same_draws(kind, tmp_path):
+    engine, options, first_file, kept_in = KILLED_RUNS[kind]
     folder = tmp_path / "checkpoints"
     script = f"""
         import warnings
         import aml_ppl as aml
-        from aml_ppl.inference import NUTS
+        from aml_ppl.inference import {engine.__name__}
         from aml_ppl.testing.cases import BLR_X, BLR_Y
         warnings.simplefilter("ignore")
-        engine = NUTS(num_samples=200, warmup_steps=50, num_chains=2, progress_bar=False, executor=None,
-                      checkpoint={str(folder)!r}, checkpoint_every=5)
+        engine = {engine.__name__}(**{options!r}, checkpoint={str(folder)!r}, checkpoint_every=5)
         aml.fit(aml.models.BayesianLinearRegression(), BLR_X, BLR_Y, engine=engine, seed=0)
     """
-    run = run_python(script)
-    deadline = time.monotonic() + 120
-    while not (folder / "chain-0.pt").exists() and run.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.005)
-    run.send_signal(signal.SIGKILL)
-    run.wait()
-    assert run.returncode == -signal.SIGKILL, "the run ended before it was killed"
-    kept = torch.load(folder / "chain-0.pt", weights_only=True)["positions"].shape[0]
-    assert 5 <= kept < 200 and not (folder / "chain-1.pt").exists()
+    kill_once_written(script, folder / first_file)
+    assert 5 <= kept_in(torch.load(folder / first_file, weights_only=True)) < 200
+    assert kind == "chees" or not (folder / "chain-1.pt").exists()
 
     model, args = CASES["blr"]
-    restarted = aml.fit(model, *args, engine=nuts(200, executor=None, checkpoint=folder, checkpoint_every=5), seed=0)
-    assert_same_draws(aml.fit(model, *args, engine=nuts(200, executor=None), seed=0), restarted)
+    restarted = aml.fit(model, *args, engine=engine(**options, checkpoint=folder, checkpoint_every=5), seed=0)
+    assert_same_draws(aml.fit(model, *args, engine=engine(**options), seed=0), restarted)
 
 
 @short_runs
@@ -246,32 +261,3 @@ def test_a_checkpointed_batch_continues_to_the_draws_of_one_run(engine, tmp_path
     (tmp_path / "batch.pt").write_bytes(b"not a checkpoint")
     with pytest.raises(InputDataError, match="not a batch checkpoint"):
         aml.fit(model, *args, engine=checkpointed(60), seed=0)
-
-
-@pytest.mark.slow
-@short_runs
-def test_a_killed_checkpointed_batch_restarts_with_the_same_draws(tmp_path):
-    folder = tmp_path / "checkpoints"
-    script = f"""
-        import warnings
-        import aml_ppl as aml
-        from aml_ppl.inference import ChEES
-        from aml_ppl.testing.cases import BLR_X, BLR_Y
-        warnings.simplefilter("ignore")
-        engine = ChEES(num_samples=400, warmup_steps=60, num_chains=4, checkpoint={str(folder)!r}, checkpoint_every=5)
-        aml.fit(aml.models.BayesianLinearRegression(), BLR_X, BLR_Y, engine=engine, seed=0)
-    """
-    run = run_python(script)
-    deadline = time.monotonic() + 120
-    while not (folder / "batch.pt").exists() and run.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.005)
-    run.send_signal(signal.SIGKILL)
-    run.wait()
-    assert run.returncode == -signal.SIGKILL, "the run ended before it was killed"
-    kept = torch.load(folder / "batch.pt", weights_only=True)["stats"]["lp"].shape[1]
-    assert 5 <= kept < 400
-
-    model, args = CASES["blr"]
-    engine = lambda **options: ChEES(num_samples=400, warmup_steps=60, num_chains=4, **options)  # noqa: E731
-    restarted = aml.fit(model, *args, engine=engine(checkpoint=folder, checkpoint_every=5), seed=0)
-    assert_same_draws(aml.fit(model, *args, engine=engine(), seed=0), restarted)
