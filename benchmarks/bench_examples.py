@@ -11,7 +11,7 @@
   standard deviations (two Monte Carlo estimates: about 0.1-0.2 apart when they agree).
 
 ``--nuts-metric`` compares NUTS's default metric (dense where a warm-up window's correlations stand
-out of their noise, ``inference/metric.py``) with the diagonal one (``full_mass=False``) on these
+out of their noise, ``inference/hmc/metric.py``) with the diagonal one (``full_mass=False``) on these
 models (the enumerated ones left out): 2 chains x (500 + 500) in worker processes, seed 0, wall
 time with compilation, the smallest bulk ESS (ArviZ) over the latent coordinates, ESS per second.
 

@@ -37,7 +37,7 @@ steps, so a transition is that many batched evaluations of the potential and not
   orders of magnitude past the old one's, further than Adam's steps of about 0.025 in
   :math:`\log T` would climb in a window;
 - at the end of every warm-up window, a chain whose mean potential lies far above the median
-  chain's (in a minor mode: :class:`~aml_ppl.inference.stray_chains.WindowPotentials`) is
+  chain's (in a minor mode: :class:`~aml_ppl.inference.hmc.stray_chains.WindowPotentials`) is
   restarted from another chain's point, so that it neither stays there nor spoils the pooled
   metric.
 
@@ -61,17 +61,17 @@ from aml_ppl._core.streams import ChainStreams
 from aml_ppl._data import check_count
 from aml_ppl.errors import InputDataError, ModelFittingError
 from aml_ppl.inference.base import Engine, register_engine
-from aml_ppl.inference.context import isolated_param_store
 from aml_ppl.inference.chain_state import ChEESState, sample_batch
+from aml_ppl.inference.context import isolated_param_store
 from aml_ppl.inference.fitted import Fitted
 from aml_ppl.inference.hmc.integrator import Phase, velocity_verlet
+from aml_ppl.inference.hmc.metric import DENSE_AT_MOST, PooledCovariance
+from aml_ppl.inference.hmc.step_size import MAX_STEP_SIZE, MIN_STEP_SIZE, reasonable_step_sizes
+from aml_ppl.inference.hmc.stray_chains import WindowPotentials, restart_stray
 from aml_ppl.inference.io import register_posterior
 from aml_ppl.inference.mcmc import SamplePosterior, sampler_incompatibility
 from aml_ppl.inference.mcmc_diagnostics import check_sampling, warn_if_untrustworthy
-from aml_ppl.inference.metric import DENSE_AT_MOST, PooledCovariance
 from aml_ppl.inference.nuts_kernel import MAX_ENERGY_ERROR
-from aml_ppl.inference.step_size import MAX_STEP_SIZE, MIN_STEP_SIZE, reasonable_step_sizes
-from aml_ppl.inference.stray_chains import WindowPotentials, restart_stray
 from aml_ppl.inference.vectorised_nuts import (
     BatchingError, ChainPotential, _where, chain_seeds, initial_points, warmup_windows,
 )
@@ -264,7 +264,7 @@ class ChEESSampler:
         return float((weights * per_chain).sum() / weights.sum())
 
     def _search_step_size(self, current: Phase, step_size: float) -> float:
-        r"""Hoffman and Gelman's heuristic (:func:`~aml_ppl.inference.step_size.reasonable_step_sizes`)
+        r"""Hoffman and Gelman's heuristic (:func:`~aml_ppl.inference.hmc.step_size.reasonable_step_sizes`)
         on the chains together: one leapfrog step's acceptance probabilities, their harmonic
         mean above 1/2."""
 

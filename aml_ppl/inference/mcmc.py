@@ -245,7 +245,7 @@ class NUTS(Engine):
             max_tree_depth: NUTS tree depth at most.
             full_mass: ``None`` (the default): each warm-up window's mass matrix dense where its
                 draws are correlated beyond their sampling noise, diagonal otherwise
-                (:func:`~aml_ppl.inference.metric.correlated_past_noise`); ``True``: dense;
+                (:func:`~aml_ppl.inference.hmc.metric.correlated_past_noise`); ``True``: dense;
                 ``False``: diagonal (Stan's, Pyro's and NumPyro's default). Vectorised chains
                 (``vectorized=True``) take a diagonal one.
             jit_compile: Compile the potential energy and its gradient into one graph

@@ -10,7 +10,7 @@ sites summed out there), compiled with its gradient into one graph on request
 (:mod:`aml_ppl.inference.compiled`), the warm-up from Pyro's
 :class:`~pyro.infer.mcmc.adaptation.WarmupAdapter` (Stan's windows: dual averaging of the
 step size, a diagonal or dense mass matrix from the windows' draws, by default dense where a
-window's correlations stand out of its sampling noise: :class:`~aml_ppl.inference.metric.WindowedMassMatrix`).
+window's correlations stand out of its sampling noise: :class:`~aml_ppl.inference.hmc.metric.WindowedMassMatrix`).
 The trajectory works on one flat vector of the unconstrained latents; its leapfrog steps are
 the integrator that every HMC sampler here shares (:mod:`aml_ppl.inference.hmc.integrator`).
 
@@ -51,9 +51,9 @@ from aml_ppl.errors import ModelFittingError
 from aml_ppl.inference.chain_state import HMCState
 from aml_ppl.inference.compiled import Gradient, compiled_gradient, plain_gradient
 from aml_ppl.inference.hmc.integrator import Phase, velocity_verlet
+from aml_ppl.inference.hmc.metric import WindowedMassMatrix
+from aml_ppl.inference.hmc.step_size import one_step_accepted, reasonable_step_sizes
 from aml_ppl.inference.mcmc_diagnostics import STUCK_DIVERGENT
-from aml_ppl.inference.metric import WindowedMassMatrix
-from aml_ppl.inference.step_size import one_step_accepted, reasonable_step_sizes
 from aml_ppl.inference.nuts_tree import MAX_ENERGY_ERROR, Trajectory, _Tree  # noqa: F401 (MAX_ENERGY_ERROR: the samplers' import)
 
 # ArviZ's names for the per-draw statistics a chain records.
@@ -132,7 +132,7 @@ class MultinomialNUTS(MCMCKernel):
             max_tree_depth: Doublings at most per transition.
             full_mass: ``None`` (the default): each warm-up window's mass matrix dense where the
                 window's draws are correlated beyond their sampling noise, diagonal otherwise
-                (:func:`~aml_ppl.inference.metric.correlated_past_noise`); ``True``: dense (from
+                (:func:`~aml_ppl.inference.hmc.metric.correlated_past_noise`); ``True``: dense (from
                 windows with enough draws); ``False``: diagonal, as Stan's, Pyro's and NumPyro's
                 default.
             jit_compile: Evaluate the potential and its gradient as one compiled graph
@@ -387,7 +387,7 @@ class Hamiltonian:
         )
 
     def reasonable_step_size(self, params: dict[str, torch.Tensor]) -> float:
-        r"""Hoffman and Gelman's heuristic (:func:`~aml_ppl.inference.step_size.reasonable_step_sizes`)
+        r"""Hoffman and Gelman's heuristic (:func:`~aml_ppl.inference.hmc.step_size.reasonable_step_sizes`)
         from the adapter's step size: one leapfrog step accepted with probability above 0.8."""
         start = self.with_fresh_momentum(self.state(params[BLOCK[0]], torch.zeros_like(params[BLOCK[0]])))
         energy = self.energy(start)

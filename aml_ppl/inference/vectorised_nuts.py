@@ -36,8 +36,8 @@ from aml_ppl.inference.chain_state import VectorisedNUTSState
 from aml_ppl.inference.compiled import compiled_gradient, compiled_mapped_gradient, plain_gradient
 from aml_ppl.inference.density import log_joint
 from aml_ppl.inference.hmc.integrator import Phase, velocity_verlet
+from aml_ppl.inference.hmc.step_size import one_step_accepted, reasonable_step_sizes
 from aml_ppl.inference.nuts_kernel import MAX_ENERGY_ERROR, SAMPLE_STATS, unflatten
-from aml_ppl.inference.step_size import one_step_accepted, reasonable_step_sizes
 from aml_ppl.inference.structure import inspect_model
 from aml_ppl.inference.tracing import agree
 
@@ -427,7 +427,7 @@ class VectorisedNUTS:
         return ((left * sharp_sum).sum(-1) <= 0) | ((right * sharp_sum).sum(-1) <= 0)
 
     def _reasonable_step_sizes(self, current: Phase, step_size: torch.Tensor) -> torch.Tensor:
-        r"""Each chain's step size (:func:`~aml_ppl.inference.step_size.reasonable_step_sizes`) from ``current``."""
+        r"""Each chain's step size (:func:`~aml_ppl.inference.hmc.step_size.reasonable_step_sizes`) from ``current``."""
         start = self._momenta(current)
         energy = self._hamiltonian(start)
         return reasonable_step_sizes(lambda size: one_step_accepted(energy - self._hamiltonian(self._update(start, size))), step_size)

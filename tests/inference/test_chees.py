@@ -215,7 +215,7 @@ def test_chains_started_far_out_reach_a_correlated_posterior():
 
 
 def test_a_chain_far_above_the_others_potential_is_stray_and_restarted_from_another():
-    from aml_ppl.inference.stray_chains import STRAY_GAP, WindowPotentials, restart_stray
+    from aml_ppl.inference.hmc.stray_chains import STRAY_GAP, WindowPotentials, restart_stray
     from aml_ppl.inference.hmc.integrator import Phase
 
     generator = torch.Generator().manual_seed(0)

@@ -1,4 +1,4 @@
-"""The NUTS warm-up's choice of metric (``inference/metric.py``): the Marchenko-Pastur bulk
+"""The NUTS warm-up's choice of metric (``inference/hmc/metric.py``): the Marchenko-Pastur bulk
 and the Tracy-Widom law of its top eigenvalue against independent and autocorrelated draws,
 the rule's choice on uncorrelated, spiked and correlated windows, and a window that stays
 diagonal giving Pyro's diagonal metric to the bit."""
@@ -9,7 +9,7 @@ import pytest
 import torch
 from pyro.infer.mcmc.adaptation import BlockMassMatrix
 
-from aml_ppl.inference.metric import (
+from aml_ppl.inference.hmc.metric import (
     DENSE_DRAWS_AT_LEAST, DENSE_DRAWS_PER_COORDINATE, SPIKE_MARGIN, SPREAD_PAST_NOISE, WindowedMassMatrix,
     correlated_past_noise, noise_spread, top_eigenvalue_law,
 )

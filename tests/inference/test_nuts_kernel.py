@@ -12,7 +12,7 @@ import torch
 
 from pyro.infer.mcmc.adaptation import BlockMassMatrix
 
-from aml_ppl.inference.metric import WindowedMassMatrix
+from aml_ppl.inference.hmc.metric import WindowedMassMatrix
 from aml_ppl.inference.nuts_kernel import Hamiltonian, MultinomialNUTS
 from aml_ppl.testing.cases import SCHOOLS_SIGMA, SCHOOLS_Y, eight_schools
 
