@@ -235,6 +235,18 @@ class Checkpointing:
         atomic_write(self.path(index), lambda file: torch.save(payload, file))
 
 
+def checkpoint_folder(checkpoint: str | Path | None) -> Path | None:
+    r"""An engine's ``checkpoint`` argument as a folder (``None`` stays ``None``).
+
+    Raises:
+        InputDataError: If it names a file.
+    """
+    folder = None if checkpoint is None else Path(checkpoint)
+    if folder is not None and folder.exists() and not folder.is_dir():
+        raise InputDataError(f"`checkpoint` must be a folder; `{checkpoint}` is a file.")
+    return folder
+
+
 def checked_payload(path: Path, format: str, description: dict[str, str], kind: str) -> dict | None:
     r"""The checkpoint at ``path`` (``None`` where there is none), once it is of ``format`` and
     was written by the run ``description`` describes.

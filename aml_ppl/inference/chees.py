@@ -61,7 +61,7 @@ from aml_ppl._core.streams import ChainStreams
 from aml_ppl._data import check_count
 from aml_ppl.errors import InputDataError, ModelFittingError
 from aml_ppl.inference.base import Engine, register_engine
-from aml_ppl.inference.chain_state import ChEESState, sample_batch
+from aml_ppl.inference.chain_state import ChEESState, checkpoint_folder, sample_batch
 from aml_ppl.inference.context import isolated_param_store
 from aml_ppl.inference.fitted import Fitted
 from aml_ppl.inference.hmc.integrator import Phase, velocity_verlet
@@ -392,9 +392,7 @@ class ChEES(Engine):
             checkpoint_every: Kept draws between checkpoints.
         """
         self.num_samples = check_count("num_samples", num_samples)
-        self.checkpoint = None if checkpoint is None else Path(checkpoint)
-        if self.checkpoint is not None and self.checkpoint.exists() and not self.checkpoint.is_dir():
-            raise InputDataError(f"`checkpoint` must be a folder; `{checkpoint}` is a file.")
+        self.checkpoint = checkpoint_folder(checkpoint)
         self.checkpoint_every = check_count("checkpoint_every", checkpoint_every)
         self.warmup_steps = check_count("warmup_steps", warmup_steps, minimum=0)
         self.num_chains = check_count("num_chains", num_chains, minimum=2)

@@ -16,7 +16,9 @@ import torch
 from aml_ppl._data import check_count, check_positive
 from aml_ppl.errors import InputDataError, JitFallbackWarning, VectorisedChainsWarning
 from aml_ppl.inference.base import Engine, Posterior, register_engine
-from aml_ppl.inference.chain_state import ChainProgress, Checkpointing, HMCState, VectorisedNUTSState, describe_run, sample_batch
+from aml_ppl.inference.chain_state import (
+    ChainProgress, Checkpointing, HMCState, VectorisedNUTSState, checkpoint_folder, describe_run, sample_batch,
+)
 from aml_ppl.inference.chains import chain_executor, default_chains, run_chains
 from aml_ppl.inference.compiled import Gradient
 from aml_ppl.inference.context import isolated_param_store
@@ -280,9 +282,7 @@ class NUTS(Engine):
                 "`vectorized=True` runs every chain in one batch in this process with a diagonal mass "
                 "matrix; `full_mass`, `executor` and `timeout` do not apply to it."
             )
-        self.checkpoint = None if checkpoint is None else Path(checkpoint)
-        if self.checkpoint is not None and self.checkpoint.exists() and not self.checkpoint.is_dir():
-            raise InputDataError(f"`checkpoint` must be a folder; `{checkpoint}` is a file.")
+        self.checkpoint = checkpoint_folder(checkpoint)
         self.checkpoint_every = check_count("checkpoint_every", checkpoint_every)
         self.vectorized = vectorized
         if not (executor is None or executor in ("auto", "processes") or isinstance(executor, Executor)):
