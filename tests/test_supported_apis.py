@@ -3,8 +3,7 @@ AST and fails on TorchScript (``torch.jit.trace``/``script``/``freeze``), Pyro's
 (``pyro.ops.jit``, the ``JitTrace*_ELBO`` losses), and on a change to a class of torch or Pyro
 (an assignment to an attribute reached from a name imported from them, or ``setattr`` on one).
 
-The uses still in the package are listed in ``REMAINING`` (the compiled potential's last step,
-kept for its speed, and ``SVI(jit=True)``'s Pyro losses);
+The uses still in the package are listed in ``REMAINING`` (``SVI(jit=True)``'s Pyro losses);
 the test fails on any use not listed, and on a listed one that is gone, so the list shrinks."""
 
 from __future__ import annotations
@@ -19,8 +18,6 @@ TORCHSCRIPT = {"torch.jit.trace", "torch.jit.script", "torch.jit.freeze"}
 LIBRARIES = ("torch", "pyro")
 
 REMAINING = {
-    ("inference/compiled.py", "torch.jit.trace"),
-    ("inference/compiled.py", "torch.jit.freeze"),
     ("inference/losses.py", "pyro.ops.jit"),
     ("inference/losses.py", "JitTrace_ELBO"),
     ("inference/losses.py", "JitTraceEnum_ELBO"),

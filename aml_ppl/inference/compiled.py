@@ -7,9 +7,10 @@ engine; a trace of the potential alone (Pyro's ``jit_compile``) removes the firs
 the second. Here ``torch.func.grad`` of the potential is traced once by
 ``make_fx`` into one graph holding the forward and the backward operations, simplified
 (:mod:`aml_ppl.inference.graph_simplify`: constants folded, identities, repeats and dead code
-dropped) and frozen (:func:`_executable`), so that an evaluation runs no Python of the
-model's and builds no autograd graph. A model whose ``autograd.Function`` ``torch.func``
-cannot run (Pyro's contraction of enumerated sites) is differentiated by
+dropped) and written out as one Python function (:func:`_executable`: public torch calls, in
+place where an operand is free, the operations on scalars as Python's arithmetic), so that an
+evaluation runs no Python of the model's, builds no autograd graph and needs no TorchScript.
+A model whose ``autograd.Function`` ``torch.func`` cannot run (Pyro's contraction of enumerated sites) is differentiated by
 ``torch.autograd.grad`` within the trace instead.
 ``torch.compile`` of the same graph is faster per call but takes seconds to build in each
 process, more than it saves in a NUTS run of a thousand transitions (the timings:
@@ -46,8 +47,9 @@ from torch._guards import TracingContext, tracing
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from aml_ppl.inference.graph_function import as_function
+from aml_ppl.inference.graph_function import as_function, python_scalars
 from aml_ppl.inference.graph_simplify import simplify
+from aml_ppl.inference.tracing import agree
 
 Gradient = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
@@ -71,7 +73,7 @@ def plain_gradient(potential: Callable[[torch.Tensor], torch.Tensor]) -> Gradien
 
 
 def compiled_gradient(potential: Callable[[torch.Tensor], torch.Tensor], example: torch.Tensor) -> Gradient:
-    r"""``z -> (U(z), \nabla U(z))`` as one frozen graph traced at ``example`` (see the module).
+    r"""``z -> (U(z), \nabla U(z))`` as one compiled graph traced at ``example`` (see the module).
 
     The trace runs with Pyro's validation off (its checks branch on values). The graph's
     linear algebra does not raise: a Cholesky factor of a matrix that is not positive definite
@@ -116,32 +118,24 @@ def compiled_mapped_gradient(potential: Callable[[torch.Tensor], torch.Tensor], 
 
 
 def _executable(graph: torch.fx.GraphModule, example: torch.Tensor) -> Gradient:
-    r"""``graph`` (``z -> (gradient, value)``) as one function: frozen by TorchScript where torch
-    still has it, else written out as Python (:func:`~aml_ppl.inference.graph_function.as_function`).
-
-    TorchScript is deprecated and used here only for this last step, because its interpreter
-    spends less per operation than Python's calls of the same ATen operations, which on the
-    small models HMC serves is most of an evaluation (the measurements: docs/design-notes.md,
-    "The compiled potential").
-    """
+    r"""``graph`` (``z -> (gradient, value)``) as one Python function
+    (:func:`~aml_ppl.inference.graph_function.as_function`), its operations on scalars in
+    Python's arithmetic where the result agrees with the graph's at ``example``
+    (:func:`~aml_ppl.inference.graph_function.python_scalars`; the agreement:
+    :func:`~aml_ppl.inference.tracing.agree`)."""
+    exact = as_function(graph, example.detach())
+    forward = python_scalars(graph, exact)
     try:
-        forward = _frozen(graph, example)
-    except Exception:  # a torch without TorchScript, or a graph it cannot take
-        forward = as_function(graph, example.detach())
+        faster = forward is not None and all(map(agree, forward(example.detach()), graph(example.detach())))
+    except Exception:  # a public function that takes the overload's arguments otherwise
+        faster = False
+    forward = forward if faster else exact
 
     def evaluate(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         grad, value = forward(z.detach())  # no autograd graph: nothing in it requires a gradient
         return value, grad
 
     return evaluate
-
-
-def _frozen(graph: torch.fx.GraphModule, example: torch.Tensor) -> Callable:
-    r"""``graph`` traced and frozen by TorchScript at ``example``: its module's ``forward``
-    itself (no ``nn.Module`` call machinery at every evaluation)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return torch.jit.freeze(torch.jit.trace(graph, (example.detach(),), check_trace=False).eval()).forward
 
 
 def gradient_graph(potential: Callable[[torch.Tensor], torch.Tensor], example: torch.Tensor) -> torch.fx.GraphModule:

@@ -323,35 +323,38 @@ def _buffer(module: GraphModule, constants: dict[Node, object], before: Node, va
 
 
 def _assemble_gradient(graph: torch.fx.Graph) -> None:
-    r"""Where a result of the graph (the flat gradient) is a sum of ``slice_backward`` pieces
-    (each site's gradient padded with zeros to the whole vector) that tile the vector, one
-    ``cat`` of the pieces."""
+    r"""Where a result of the graph (the flat gradient, or a batch's ``C x D`` gradients) is a sum
+    of ``slice_backward`` pieces (each site's gradient padded with zeros to the whole) that tile
+    it along one dimension, one ``cat`` of the pieces along that dimension."""
     output = next(node for node in graph.nodes if node.op == "output")
     results = output.args[0] if isinstance(output.args[0], (tuple, list)) else (output.args[0],)
     for result in results:
         pieces = _pieces(result) if isinstance(result, Node) else None
-        if pieces is None:
+        if pieces is None or len({dim for dim, _, _, _ in pieces}) != 1:
             continue
-        pieces.sort(key=lambda piece: piece[0])
-        bounds = [(start, end) for start, end, _ in pieces]
+        pieces.sort(key=lambda piece: piece[1])
+        dim, bounds = pieces[0][0], [(start, end) for _, start, end, _ in pieces]
         size = result.meta["val"].shape
-        if bounds[0][0] != 0 or bounds[-1][1] != size[0] or any(
+        if bounds[0][0] != 0 or bounds[-1][1] != size[dim] or any(
             previous[1] != following[0] for previous, following in zip(bounds, bounds[1:])
         ):
             continue
         with graph.inserting_before(output):
-            whole = graph.call_function(aten.cat.default, ([value for _, _, value in pieces],))
+            whole = graph.call_function(aten.cat.default, ([value for _, _, _, value in pieces], dim))
         whole.meta = dict(result.meta)
         result.replace_all_uses_with(whole)
 
 
-def _pieces(node: Node) -> list[tuple[int, int, Node]] | None:
-    r"""``(start, end, value)`` for each zero-padded slice summed in ``node``, or ``None``."""
+def _pieces(node: Node) -> list[tuple[int, int, int, Node]] | None:
+    r"""``(dim, start, end, value)`` for each zero-padded slice summed in ``node``, or ``None``."""
     operator = _operator(node)
     if operator == aten.slice_backward.default:
         value, sizes, dim, start, end, step = node.args
-        if dim == 0 and step == 1 and len(sizes) == 1 and len(_value(value).shape) == 1:
-            return [(start, min(end, sizes[0]), value)]
+        shape = list(_value(value).shape)
+        if step == 1 and 0 <= dim < len(sizes) and len(shape) == len(sizes) and start >= 0:
+            end = min(end, sizes[dim])
+            if shape[:dim] + shape[dim + 1 :] == list(sizes[:dim]) + list(sizes[dim + 1 :]) and shape[dim] == end - start:
+                return [(dim, start, end, value)]
         return None
     if operator == aten.add.Tensor and len(node.args) == 2 and node.kwargs.get("alpha", 1) == 1:
         left, right = (_pieces(argument) if isinstance(argument, Node) and len(argument.users) == 1 else None for argument in node.args)

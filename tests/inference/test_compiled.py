@@ -14,7 +14,7 @@ from pyro.infer.mcmc.util import initialize_model
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from aml_ppl.inference.compiled import compiled_gradient, few_operation_log_probs, gradient_graph, plain_gradient
-from aml_ppl.inference.graph_function import _public, as_function
+from aml_ppl.inference.graph_function import _public, as_function, python_scalars
 from aml_ppl.inference.nuts_kernel import flatten, model_gradient, unflatten
 from aml_ppl.inference.tracing import agree
 from aml_ppl.inference.vectorised_nuts import ChainPotential
@@ -172,3 +172,58 @@ def test_the_graph_as_one_python_function_is_the_graph_to_the_bit(model, args):
         point = z + scale * torch.randn_like(z)
         for got, want in zip(function(point), graph(point)):
             assert torch.equal(got, want), scale
+
+
+def horseshoe_regression(X, y):
+    r"""Pyro's sparse_regression.py prior on a small regression: most of its potential's
+    operations are on its three scalar parameters."""
+    n, p = X.shape
+    sigma = pyro.sample("sigma", dist.HalfNormal(X.new_tensor(1.0)))
+    tau = pyro.sample("tau", dist.HalfCauchy(sigma * 0.1))
+    msq = pyro.sample("msq", dist.InverseGamma(X.new_tensor(3.0), X.new_tensor(1.0)))
+    lam = pyro.sample("lambda", dist.HalfCauchy(X.new_ones(p)).to_event(1))
+    kappa = msq.sqrt() * lam / (msq + (tau * lam) ** 2).sqrt()
+    beta = pyro.sample("beta", dist.Normal(X.new_zeros(p), tau * kappa).to_event(1))
+    pyro.sample("y", dist.Normal(X @ beta, sigma).to_event(1), obs=y)
+
+
+@pytest.mark.parametrize(
+    "model", [horseshoe_regression, eight_schools, logistic], ids=["horseshoe", "eight schools", "logistic"]
+)
+def test_scalars_in_python_agree_with_the_graph_at_random_points(model, dtype=torch.float64):
+    r"""``graph_function.python_scalars`` (the operations on 0-dimensional values as Python's
+    float arithmetic) agrees with the graph (``tracing.agree``) at the points among 50 around the
+    traced one and far from it where the graph's values are finite; where Python overflows,
+    the evaluation is the graph's own function's."""
+    generator = torch.Generator().manual_seed(0)
+    X = torch.randn(20, 4, generator=generator, dtype=dtype)
+    args = {
+        horseshoe_regression: (X, X[:, 0] + 0.1 * torch.randn(20, generator=generator, dtype=dtype)),
+        eight_schools: (SCHOOLS_SIGMA.to(dtype), SCHOOLS_Y.to(dtype)),
+        logistic: (LKJ_Y.to(dtype), LABELS.to(dtype)),
+    }[model]
+    pyro.set_rng_seed(0)
+    start, potential, _, _ = initialize_model(model, args, {})
+    shapes = {name: value.shape for name, value in sorted(start.items())}
+    z = flatten(start, shapes)
+    graph = gradient_graph(lambda point: potential(unflatten(point, shapes)), z)
+    function = python_scalars(graph, as_function(graph, z))
+    assert function is not None and ".item()" in function.source
+    compared = 0
+    for scale in torch.logspace(-2, 2, 50, dtype=dtype):
+        point = z + scale * torch.randn(z.shape, generator=generator, dtype=dtype)
+        got, want = function(point), graph(point)
+        if all(bool(value.isfinite().all()) for value in want):  # past them the graph overflows, ours may not
+            compared += 1
+            assert all(map(agree, got, want)), (float(scale), got, want)
+    assert compared >= 25, compared
+
+
+def test_a_float32_graph_keeps_its_scalars_as_tensors():
+    r"""Python's float is a float64: a float32 graph's scalars are not lifted (its draws stay the
+    graph's to the bit)."""
+    z = torch.ones(3)
+    graph = gradient_graph(lambda point: (point.sum() * 2.0).exp(), z)
+    assert python_scalars(graph, as_function(graph, z)) is None
+    graph64 = gradient_graph(lambda point: (point.sum() * 2.0).exp(), z.double())
+    assert python_scalars(graph64, as_function(graph64, z.double())) is not None
