@@ -13,10 +13,12 @@ Tracing refuses (an error naming the cause, :func:`~aml_ppl.inference.tracing.un
 guide that reads a tensor's value into Python, a parameter created while tracing that the
 first run did not create, and a graph whose value or gradients differ from the plain loss's on
 the same draws (:func:`~aml_ppl.inference.tracing.agree`). Pyro's own ELBOs read their loss
-into Python (``torch_item``) and check it for NaN (``warn_if_nan``, Dice's mask): where only
-Pyro's code reads, the loss is traced again with those reads giving the traced run's numbers
-(``make_fx``'s ``_error_on_data_dependent_ops=False``), and the check on the same draws
-rejects a graph whose value depends on them (a score-function term of ``Trace_ELBO``).
+into Python (``torch_item``) and check it for NaN (``warn_if_nan``, Dice's mask): where the
+read ``make_fx`` refuses is in Pyro's code, the loss is traced again with every read giving the
+traced run's number (``make_fx``'s ``_error_on_data_dependent_ops=False``), and the check on
+the same draws rejects a graph whose value depends on them (a score-function term of
+``Trace_ELBO``). A model's read past that first one (Pyro's ELBOs read only after the model and
+guide have run) is left to that check.
 """
 
 from __future__ import annotations
@@ -162,8 +164,8 @@ class CompiledLoss(ModelLoss):
 
 def _graph(function: Callable[..., torch.Tensor], *inputs: torch.Tensor) -> torch.fx.GraphModule:
     r"""``make_fx`` of ``function`` at ``inputs``, Pyro's validation off. Where ``make_fx``
-    refuses a value read by Pyro's own code alone, the trace is taken again with the reads
-    giving the traced run's numbers; the graph is left without the operations whose results
+    refuses a value read in Pyro's own code, the trace is taken again with the reads giving the
+    traced run's numbers; the graph is left without the operations whose results
     nothing uses (random ones are kept: their draws advance the generator)."""
     with pyro.validation_enabled(False):
         try:
