@@ -4,14 +4,16 @@ import pyro
 import pytest
 import torch
 
+from aml_ppl.inference.compiled_loss import CompiledLoss
+
 
 def assert_traced_once_and_equal_on_the_same_draws(compiled, plain, model, guide, *args, monkeypatch, seeds=3):
-    """`compiled` traces once, then gives `plain`'s loss and gradients (``loss_and_grads``, as
-    SVI takes its steps) under each seed, with new draws at each seed. `model` and `guide`
-    must be the same objects at every call: Pyro keys a compiled loss on their ids."""
+    """`compiled` (a :class:`CompiledLoss`) traces once, then gives `plain`'s loss and gradients
+    (``loss_and_grads``, as SVI takes its steps) under each seed, with new draws at each seed.
+    `model` and `guide` must be the same at every call: the traces are kept per (model, guide)."""
     traces = []
-    trace = torch.jit.trace
-    monkeypatch.setattr(torch.jit, "trace", lambda *a, **k: traces.append(1) or trace(*a, **k))
+    trace = CompiledLoss._trace
+    monkeypatch.setattr(CompiledLoss, "_trace", lambda *a, **k: traces.append(1) or trace(*a, **k))
     with pyro.get_param_store().scope():
         compiled.loss_and_grads(model, guide, *args)  # creates the parameters, compiles
         params = [pyro.param(name).unconstrained() for name in pyro.get_param_store()]
@@ -26,7 +28,7 @@ def assert_traced_once_and_equal_on_the_same_draws(compiled, plain, model, guide
     assert len(traces) == 1
     for (jit_value, jit_grads), (value, grads) in zip(values[::2], values[1::2]):
         assert jit_value == pytest.approx(value, rel=1e-6)
-        # The trace may sum in another order: a norm-wise relative error of ~100 roundings.
+        # The graph may sum in another order: a norm-wise relative error of ~100 roundings.
         tolerance = 100 * torch.finfo(grads[0].dtype).eps
         for jit_grad, grad in zip(jit_grads, grads):
             assert torch.linalg.vector_norm(jit_grad - grad) <= tolerance * torch.linalg.vector_norm(grad)

@@ -3,8 +3,9 @@ AST and fails on TorchScript (``torch.jit.trace``/``script``/``freeze``), Pyro's
 (``pyro.ops.jit``, the ``JitTrace*_ELBO`` losses), and on a change to a class of torch or Pyro
 (an assignment to an attribute reached from a name imported from them, or ``setattr`` on one).
 
-The uses still in the package are listed in ``REMAINING`` (``SVI(jit=True)``'s Pyro losses);
-the test fails on any use not listed, and on a listed one that is gone, so the list shrinks."""
+The package has none left: ``SVI(jit=True)`` traces with ``make_fx``
+(:mod:`aml_ppl.inference.compiled_loss`), and the compiled potential runs its graph as one Python
+function (:mod:`aml_ppl.inference.graph_function`). The test fails on any use."""
 
 from __future__ import annotations
 
@@ -16,14 +17,6 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "aml_ppl"
 TORCHSCRIPT = {"torch.jit.trace", "torch.jit.script", "torch.jit.freeze"}
 LIBRARIES = ("torch", "pyro")
-
-REMAINING = {
-    ("inference/losses.py", "pyro.ops.jit"),
-    ("inference/losses.py", "JitTrace_ELBO"),
-    ("inference/losses.py", "JitTraceEnum_ELBO"),
-    ("inference/losses.py", "JitTraceMeanField_ELBO"),
-}
-
 
 def _dotted(node: ast.AST, aliases: dict[str, str]) -> str | None:
     r"""``a.b.c`` as the full dotted name, its first part resolved through the imports."""
@@ -102,7 +95,6 @@ def test_the_scan_finds_each_unsupported_use_and_nothing_else(source, expected):
     assert unsupported_uses(source) == expected
 
 
-def test_the_package_uses_no_unsupported_api_beyond_the_remaining_list():
-    uses = _package_uses()
-    assert uses - REMAINING == set(), "unsupported APIs (STYLE.md): replace them"
-    assert REMAINING - uses == set(), "gone from the package: take them off REMAINING"
+def test_the_package_uses_no_unsupported_api():
+    assert _package_uses() == set(), "unsupported APIs (STYLE.md): replace them"
+

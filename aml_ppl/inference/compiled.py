@@ -114,7 +114,7 @@ def compiled_mapped_gradient(potential: Callable[[torch.Tensor], torch.Tensor], 
     single = gradient_graph(potential, examples[0])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return _executable(simplify(_traced(torch.func.vmap(single), examples)), examples)
+        return _executable(simplify(traced(torch.func.vmap(single), examples.detach())), examples)
 
 
 def _executable(graph: torch.fx.GraphModule, example: torch.Tensor) -> Gradient:
@@ -152,11 +152,11 @@ def gradient_graph(potential: Callable[[torch.Tensor], torch.Tensor], example: t
     with pyro.validation_enabled(False), warnings.catch_warnings(), few_operation_log_probs():
         warnings.simplefilter("ignore")
         try:
-            graph = _traced(torch.func.grad(summed, has_aux=True), example)
+            graph = traced(torch.func.grad(summed, has_aux=True), example.detach())
         except RuntimeError as error:  # an autograd.Function torch.func cannot run (Pyro's enumeration)
             if "setup_context" not in str(error):
                 raise
-            graph = _traced(_autograd_gradient(summed), example)
+            graph = traced(_autograd_gradient(summed), example.detach())
     return simplify(graph)
 
 
@@ -175,12 +175,13 @@ def _autograd_gradient(summed: Callable[[torch.Tensor], tuple[torch.Tensor, torc
     return gradient
 
 
-def _traced(function: Callable, example: torch.Tensor) -> torch.fx.GraphModule:
-    r"""``make_fx`` of ``function`` at ``example``, every node's metadata from one fake-tensor
-    mode: left alone, ``make_fx`` makes a mode for each node, and each records the Python stack
-    where it was made, half of a trace's time (eight schools' potential 0.18 -> 0.08 s)."""
+def traced(function: Callable, *inputs: torch.Tensor, **options: bool) -> torch.fx.GraphModule:
+    r"""``make_fx`` of ``function`` at ``inputs`` (with ``make_fx``'s ``options``), every node's
+    metadata from one fake-tensor mode: left alone, ``make_fx`` makes a mode for each node, and
+    each records the Python stack where it was made, half of a trace's time (eight schools'
+    potential 0.18 -> 0.08 s)."""
     with tracing(TracingContext(FakeTensorMode(allow_fallback_kernels=True))):
-        return make_fx(function)(example.detach())
+        return make_fx(function, **options)(*inputs)
 
 
 # Past this logit softplus returns the logit itself: log(1 + e^40) - 40 < 5e-18, below float64's

@@ -49,7 +49,9 @@ ERROR_CHECKS = {aten._linalg_check_errors.default}
 
 def as_function(module: GraphModule, *examples: torch.Tensor) -> Callable[..., Any]:
     r"""``module``'s graph as one Python function of its inputs (see the module description):
-    the most rewritten form whose outputs at ``examples`` equal the graph's bit for bit.
+    the most rewritten form whose outputs at ``examples`` equal the graph's bit for bit, each
+    form run from the same state of the global generator (a graph's random operations draw
+    from it), which is left as it was.
 
     Args:
         module: A graph of ATen operations (``make_fx``'s), its inputs tensors.
@@ -65,14 +67,21 @@ def as_function(module: GraphModule, *examples: torch.Tensor) -> Callable[..., A
         >>> as_function(graph, torch.ones(3))(torch.zeros(3))
         tensor(3.)
     """
-    expected = module(*examples)
-    for public, numbers in ((True, True), (True, False), (False, False)):
-        function = _generated(module, public=public, numbers=numbers)
-        try:
-            if _identical(function(*examples), expected):
-                return function
-        except Exception:  # a public function that takes the overload's arguments otherwise
-            continue
+    with torch.random.fork_rng(devices=[]):  # random operations draw the same numbers in each form
+        state = torch.random.get_rng_state()
+
+        def at_examples(function: Callable[..., Any]) -> Any:
+            torch.random.set_rng_state(state)
+            return function(*examples)
+
+        expected = at_examples(module)
+        for public, numbers in ((True, True), (True, False), (False, False)):
+            function = _generated(module, public=public, numbers=numbers)
+            try:
+                if _identical(at_examples(function), expected):
+                    return function
+            except Exception:  # a public function that takes the overload's arguments otherwise
+                continue
     return _generated(module, public=False, numbers=False, checks=True)
 
 

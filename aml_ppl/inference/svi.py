@@ -102,11 +102,11 @@ class SVI(Engine):
                 unconstrained space; the others: the prior median). From the MAP start SVI
                 only has to fit the spread, where Adam from the prior median moves about ``lr``
                 per step. A model's own ``init_values`` takes precedence.
-            jit: Compile the default loss with Pyro's JIT (``JitTrace_ELBO``, ``JitTraceEnum_ELBO``;
-                for a mean-field loss :class:`CompiledOnceMeanField_ELBO`, which traces once where
-                Pyro 1.9's ``JitTraceMeanField_ELBO`` traces every step; a model's own loss, such
-                as the BNN's local reparameterisation, through :class:`CompiledModelLoss`); a
-                model that does not trace falls back to the plain loss with a ``JitFallbackWarning``.
+            jit: Trace the default loss (Pyro's ELBO or a model's own, such as the BNN's local
+                reparameterisation) once into a graph of ATen operations with ``make_fx`` and run
+                that graph at each step
+                (:class:`~aml_ppl.inference.compiled_loss.CompiledLoss`); a model that does not
+                trace falls back to the plain loss with a ``JitFallbackWarning``.
             progress_bar: Show a tqdm bar.
             distributed: Data-parallel over the ranks of a ``torchrun`` launch (or of a process
                 group you initialised): every rank calls ``fit`` with its own shard of the data

@@ -22,7 +22,8 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from aml_ppl.inference.graph_function import as_function
 
 # Frames of torch's, Pyro's and aml_ppl's own code: the program's line is the innermost other.
-_TRUSTED_SOURCES = tuple(os.path.dirname(module.__file__) for module in (torch, pyro, sys.modules["aml_ppl"]))
+_TORCH_SOURCE, _PYRO_SOURCE = (os.path.dirname(module.__file__) for module in (torch, pyro))
+_TRUSTED_SOURCES = (_TORCH_SOURCE, _PYRO_SOURCE, os.path.dirname(sys.modules["aml_ppl"].__file__))
 # What torch says where a traced tensor's value is read into Python.
 _VALUE_READ = "trying to get value out of a tracing tensor"
 
@@ -38,6 +39,14 @@ def untraceable(error: BaseException) -> str:
         return f"{os.path.basename(frame.filename)}, line {frame.lineno}: reads a traced tensor's value into Python (a branch on a value)"
     first_line = str(error).splitlines()[0][:200] if str(error) else ""
     return f"{type(error).__name__}: {first_line}"
+
+
+def value_read_by_pyro(error: BaseException) -> bool:
+    r"""Whether the ``error`` a trace raised is ``make_fx``'s refusal of a value read into
+    Python by Pyro's own code: the innermost frame outside torch is Pyro's (its ELBOs read the
+    loss with ``torch_item`` and check it with ``warn_if_nan``)."""
+    frames = [frame for frame in traceback.extract_tb(error.__traceback__) if not frame.filename.startswith(_TORCH_SOURCE)]
+    return _VALUE_READ in str(error) and bool(frames) and frames[-1].filename.startswith(_PYRO_SOURCE)
 
 
 def agree(traced: torch.Tensor, plain: torch.Tensor) -> bool:

@@ -12,7 +12,7 @@ from torch import nn
 
 import aml_ppl as aml
 from aml_ppl.errors import IncompatibleEngineError, InputDataError
-from aml_ppl.inference.losses import CompiledModelLoss
+from aml_ppl.inference.compiled_loss import CompiledLoss
 from aml_ppl.models import DDPM, NoiseSchedule
 from aml_ppl.models.ddpm import DiscretizedNormal
 from aml_ppl.models.ddpm.denoisers import MLPDenoiser
@@ -246,7 +246,7 @@ def test_jit_traces_the_diffusion_loss_once_and_it_equals_the_eager_loss_on_the_
     model = DDPM((2,), num_timesteps=20, objective=objective, batch_size=16, network_options={"hidden": 8})
     x0 = torch.randn(64, 2, generator=torch.Generator().manual_seed(0))
     compiled = default_loss(model, (x0,), {}, jit=True)
-    assert isinstance(compiled, CompiledModelLoss)
+    assert isinstance(compiled, CompiledLoss)
     assert_traced_once_and_equal_on_the_same_draws(compiled, model.default_loss(), model, model.guide, x0, monkeypatch=monkeypatch)
 
 
