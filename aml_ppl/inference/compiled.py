@@ -123,7 +123,7 @@ def _executable(graph: torch.fx.GraphModule, example: torch.Tensor) -> Gradient:
     Python's arithmetic where the result agrees with the graph's at ``example``
     (:func:`~aml_ppl.inference.graph_function.python_scalars`; the agreement:
     :func:`~aml_ppl.inference.tracing.agree`)."""
-    exact = as_function(graph, example.detach())
+    exact = as_function(graph, example.detach(), in_place=True)  # no autograd graph runs through it
     forward = python_scalars(graph, exact)
     try:
         faster = forward is not None and all(map(agree, forward(example.detach()), graph(example.detach())))

@@ -47,7 +47,7 @@ NUMBER_OPERANDS = {
 ERROR_CHECKS = {aten._linalg_check_errors.default}
 
 
-def as_function(module: GraphModule, *examples: torch.Tensor) -> Callable[..., Any]:
+def as_function(module: GraphModule, *examples: torch.Tensor, in_place: bool = False) -> Callable[..., Any]:
     r"""``module``'s graph as one Python function of its inputs (see the module description):
     the most rewritten form whose outputs at ``examples`` equal the graph's bit for bit, each
     form run from the same state of the global generator (a graph's random operations draw
@@ -56,6 +56,9 @@ def as_function(module: GraphModule, *examples: torch.Tensor) -> Callable[..., A
     Args:
         module: A graph of ATen operations (``make_fx``'s), its inputs tensors.
         examples: Inputs at which the forms are compared.
+        in_place: Run element-wise operations in place where their operand is free
+            (:func:`_in_place`): for a function no autograd graph is built through (an
+            operation in place overwrites what the backward pass reads).
 
     Returns:
         The function, returning what the graph returns.
@@ -76,7 +79,7 @@ def as_function(module: GraphModule, *examples: torch.Tensor) -> Callable[..., A
 
         expected = at_examples(module)
         for public, numbers in ((True, True), (True, False), (False, False)):
-            function = _generated(module, public=public, numbers=numbers)
+            function = _generated(module, public=public, numbers=numbers, in_place=in_place)
             try:
                 if _identical(at_examples(function), expected):
                     return function
@@ -86,10 +89,11 @@ def as_function(module: GraphModule, *examples: torch.Tensor) -> Callable[..., A
 
 
 def _generated(
-    module: GraphModule, *, public: bool, numbers: bool, checks: bool = False, scalars: bool = False
+    module: GraphModule, *, public: bool, numbers: bool, checks: bool = False, scalars: bool = False,
+    in_place: bool = False,
 ) -> Callable[..., Any]:
     r"""The source of ``module``'s graph as one function, compiled: ATen operations as public
-    functions (in place where :func:`_in_place`) where ``public``, numbers bound as tensors where
+    functions (in place where ``in_place`` and :func:`_in_place`) where ``public``, numbers bound as tensors where
     ``numbers``, the linear algebra's error checks kept where ``checks``, the operations on
     0-dimensional values as Python's arithmetic where ``scalars`` (:func:`python_scalars`)."""
     names: dict[Node, str] = {}
@@ -149,7 +153,7 @@ def _generated(
         elif node.op == "call_function":
             if node.target in ERROR_CHECKS and not checks:
                 continue
-            call = _call(node, argument, bind, public, numbers, public and _in_place(node, lifted))
+            call = _call(node, argument, bind, public, numbers, public and in_place and _in_place(node, lifted))
             lines.append(f"{names[node]} = {call}")
         elif node.op == "output":
             lines.append(f"return {argument(node.args[0])}")
@@ -195,12 +199,15 @@ def python_scalars(module: GraphModule, fallback: Callable[..., Any]) -> Callabl
         fallback: The same graph as a function (:func:`as_function`), for the evaluations
             Python's arithmetic refuses.
 
+    The function runs element-wise operations in place as :func:`as_function` with ``in_place``
+    does: no autograd graph may run through it.
+
     Returns:
         The function, or ``None``.
     """
     if not _liftable(module):
         return None
-    fast = _generated(module, public=True, numbers=True, scalars=True)
+    fast = _generated(module, public=True, numbers=True, scalars=True, in_place=True)
 
     def graph_function(*inputs: torch.Tensor) -> Any:
         try:
