@@ -205,8 +205,8 @@ def python_scalars(module: GraphModule, fallback: Callable[..., Any]) -> Callabl
     Returns:
         The function, or ``None``.
     """
-    if not _liftable(module):
-        return None
+    if not any(node.op == "call_function" and node.meta["val"].is_floating_point() for node in _liftable(module)):
+        return None  # no arithmetic to lift (a boolean constant alone would cost a conversion)
     fast = _generated(module, public=True, numbers=True, scalars=True, in_place=True)
 
     def graph_function(*inputs: torch.Tensor) -> Any:
