@@ -1,6 +1,6 @@
 r"""A loss traced once by ``make_fx`` into a graph of ATen operations, and run as that graph
 under ordinary autograd: what ``SVI(jit=True)`` runs (:class:`CompiledLoss`), in place of
-Pyro's JIT (``torch.jit.trace``).
+Pyro's JIT (which traces with TorchScript).
 
 The traces are kept by model, guide, the tensors' shapes and dtypes and the other arguments'
 values (Pyro's JIT keys on their number and the keyword values), so that a last, smaller
