@@ -61,6 +61,10 @@ class ChainStreams:
         self.state = torch.where(drawing, self.state + offsets[-1], self.state)
         return (_shifted(words, 11).to(torch.float64) + 0.5) * 2.0**-53
 
+    def choice(self, drawing: torch.Tensor, options: int) -> torch.Tensor:
+        r"""One index drawn uniformly from ``[0, options)`` for each chain ``drawing`` (in chain order)."""
+        return (self.uniform(drawing)[drawing, 0] * options).long().clamp(max=options - 1)
+
     def normal(self, drawing: torch.Tensor, count: int) -> torch.Tensor:
         r"""``count`` standard normals per chain (``C x count``, float64), by Box and Muller's
         transform of ``2 count`` uniforms."""

@@ -1,10 +1,9 @@
-r"""A NUTS chain's state after warm-up, a batch of chains' (ChEES-HMC, vectorised NUTS)
-likewise, and the checkpoint files that carry them.
+r"""The checkpoint files that carry HMC chains' states (the records of
+:mod:`~aml_ppl.inference.hmc.state`).
 
 A chain past warm-up is a Markov chain with a fixed kernel: given its last point, its
 adapted step size and inverse mass matrix, and where its random streams stand, the next
-draws are determined. :class:`HMCState` is that record (NumPyro's ``MCMC.last_state``,
-``HMCState`` of ``numpyro/infer/hmc.py``, with the kernel's adaptation already frozen);
+draws are determined. :class:`~aml_ppl.inference.hmc.state.HMCState` is that record;
 a posterior keeps one per chain for
 :meth:`~aml_ppl.inference.mcmc.SamplePosterior.resume`, and ``NUTS(checkpoint=...)``
 writes one per chain, with the draws kept so far, every ``checkpoint_every`` draws
@@ -24,145 +23,11 @@ from typing import Any, Callable
 import torch
 
 from aml_ppl._core.files import atomic_write
-from aml_ppl._core.randomness import python_state, python_state_tensor
 from aml_ppl.errors import InputDataError
+from aml_ppl.inference.hmc.state import HMCState
 
 CHECKPOINT_FORMAT = "aml_ppl.nuts-checkpoint/1"
 BATCH_CHECKPOINT_FORMAT = "aml_ppl.batch-checkpoint/1"
-
-
-@dataclass
-class HMCState:
-    r"""Where a NUTS chain stands after a draw, with everything its next draw depends on.
-
-    Attributes:
-        position: Site name to its unconstrained value (the last draw).
-        potential: The potential energy :math:`U` there.
-        gradient: :math:`\nabla U` there, on the flat vector (sites in sorted order).
-        step_size: The adapted leapfrog step size.
-        inverse_mass: The adapted inverse mass matrix (a vector where diagonal).
-        choices: The state of the tree's own generator (direction, proposal), as
-            :func:`~aml_ppl._core.randomness.python_state_tensor` writes it.
-        stream: The chain's global random stream (Python, NumPy, torch), as
-            :func:`~aml_ppl._core.randomness.global_state_tensors` writes it; the
-            momenta are drawn from it.
-    """
-
-    position: dict[str, torch.Tensor]
-    potential: float
-    gradient: torch.Tensor
-    step_size: float
-    inverse_mass: torch.Tensor
-    choices: tuple
-    stream: dict[str, torch.Tensor]
-
-    def tensors(self) -> dict[str, torch.Tensor]:
-        r"""The state as named tensors, for a file ``torch.load(weights_only=True)`` reads."""
-        named = {f"position:{name}": value for name, value in self.position.items()}
-        named.update({f"stream:{name}": value for name, value in self.stream.items()})
-        named.update(
-            potential=torch.tensor(self.potential, dtype=torch.float64), gradient=self.gradient,
-            step_size=torch.tensor(self.step_size, dtype=torch.float64), inverse_mass=self.inverse_mass,
-            choices=python_state_tensor(self.choices),
-        )
-        return named
-
-    @classmethod
-    def from_tensors(cls, named: dict[str, torch.Tensor]) -> "HMCState":
-        r"""The state :meth:`tensors` wrote."""
-
-        def prefixed(prefix: str) -> dict[str, torch.Tensor]:
-            return {key[len(prefix) + 1 :]: value for key, value in named.items() if key.startswith(prefix + ":")}
-
-        return cls(
-            position=prefixed("position"), potential=float(named["potential"]), gradient=named["gradient"],
-            step_size=float(named["step_size"]), inverse_mass=named["inverse_mass"],
-            choices=python_state(named["choices"]), stream=prefixed("stream"),
-        )
-
-
-@dataclass
-class ChEESState:
-    r"""Where ChEES-HMC's chains stand after a draw, with everything their next draws depend
-    on (:class:`~aml_ppl.inference.chees.ChEESSampler`; the batch's counterpart of
-    :class:`HMCState`, its adaptation frozen).
-
-    Attributes:
-        position: The chains' unconstrained points ``C x D`` (the last draws).
-        potential: The potential energy :math:`U` at each (``C``).
-        gradient: :math:`\nabla U` at each (``C x D``).
-        step_size: The adapted leapfrog step size :math:`\epsilon`.
-        log_trajectory_length: The adapted :math:`\log T`.
-        inverse_mass: The adapted inverse mass matrix (``D``, or ``D x D`` where dense).
-        transitions: Transitions run so far, warm-up included: the next one's index in the
-            Halton jitter.
-        stream: The global random streams (Python, NumPy, torch's CPU generator), as
-            :func:`~aml_ppl._core.randomness.global_state_tensors` writes them; the momenta
-            and the acceptances are drawn from torch's.
-    """
-
-    position: torch.Tensor
-    potential: torch.Tensor
-    gradient: torch.Tensor
-    step_size: float
-    log_trajectory_length: float
-    inverse_mass: torch.Tensor
-    transitions: int
-    stream: dict[str, torch.Tensor]
-
-    def tensors(self) -> dict[str, torch.Tensor]:
-        r"""The state as named tensors, for a file ``torch.load(weights_only=True)`` reads."""
-        named = {f"stream:{name}": value for name, value in self.stream.items()}
-        named.update(
-            position=self.position, potential=self.potential, gradient=self.gradient,
-            step_size=torch.tensor(self.step_size, dtype=torch.float64),
-            log_trajectory_length=torch.tensor(self.log_trajectory_length, dtype=torch.float64),
-            inverse_mass=self.inverse_mass, transitions=torch.tensor(self.transitions),
-        )
-        return named
-
-    @classmethod
-    def from_tensors(cls, named: dict[str, torch.Tensor]) -> "ChEESState":
-        r"""The state :meth:`tensors` wrote."""
-        return cls(
-            position=named["position"], potential=named["potential"], gradient=named["gradient"],
-            step_size=float(named["step_size"]), log_trajectory_length=float(named["log_trajectory_length"]),
-            inverse_mass=named["inverse_mass"], transitions=int(named["transitions"]),
-            stream={key[len("stream:"):]: value for key, value in named.items() if key.startswith("stream:")},
-        )
-
-
-@dataclass
-class VectorisedNUTSState:
-    r"""Where vectorised NUTS chains stand after a draw, with everything their next draws
-    depend on (:class:`~aml_ppl.inference.vectorised_nuts.VectorisedNUTS`; the batch's
-    counterpart of :class:`HMCState`, its adaptation frozen).
-
-    Attributes:
-        position: The chains' unconstrained points ``C x D`` (the last draws).
-        potential: The potential energy :math:`U` at each (``C``).
-        gradient: :math:`\nabla U` at each (``C x D``).
-        step_size: Each chain's adapted leapfrog step size (``C``).
-        inverse_mass: Each chain's adapted diagonal inverse mass matrix (``C x D``).
-        streams: Each chain's SplitMix64 stream state (``C``, ``int64``:
-            :class:`~aml_ppl._core.streams.ChainStreams`).
-    """
-
-    position: torch.Tensor
-    potential: torch.Tensor
-    gradient: torch.Tensor
-    step_size: torch.Tensor
-    inverse_mass: torch.Tensor
-    streams: torch.Tensor
-
-    def tensors(self) -> dict[str, torch.Tensor]:
-        r"""The state as named tensors, for a file ``torch.load(weights_only=True)`` reads."""
-        return {name: getattr(self, name) for name in self.__dataclass_fields__}
-
-    @classmethod
-    def from_tensors(cls, named: dict[str, torch.Tensor]) -> "VectorisedNUTSState":
-        r"""The state :meth:`tensors` wrote."""
-        return cls(**{name: named[name] for name in cls.__dataclass_fields__})
 
 
 @dataclass

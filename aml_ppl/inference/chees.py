@@ -37,7 +37,7 @@ steps, so a transition is that many batched evaluations of the potential and not
   orders of magnitude past the old one's, further than Adam's steps of about 0.025 in
   :math:`\log T` would climb in a window;
 - at the end of every warm-up window, a chain whose mean potential lies far above the median
-  chain's (in a minor mode: :class:`~aml_ppl.inference.hmc.stray_chains.WindowPotentials`) is
+  chain's (in a minor mode: :class:`~aml_ppl.inference.hmc.adaptation.WindowPotentials`) is
   restarted from another chain's point, so that it neither stays there nor spoils the pooled
   metric.
 
@@ -50,37 +50,35 @@ leapfrog steps are the integrator that every HMC sampler here shares
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Sequence
 
 import torch
-from pyro.ops.dual_averaging import DualAveraging
 
 from aml_ppl._core.randomness import global_state_tensors, set_global_state_tensors
 from aml_ppl._core.streams import ChainStreams
 from aml_ppl._data import check_count
 from aml_ppl.errors import InputDataError, ModelFittingError
 from aml_ppl.inference.base import Engine, register_engine
-from aml_ppl.inference.chain_state import ChEESState, checkpoint_folder, sample_batch
+from aml_ppl.inference.chain_state import checkpoint_folder, sample_batch
+from aml_ppl.inference.hmc.state import ChEESState
 from aml_ppl.inference.context import isolated_param_store
 from aml_ppl.inference.fitted import Fitted
+from aml_ppl.inference.hmc.adaptation import DualAveraging, TrajectoryLength, WarmupWindows, WindowPotentials, restart_stray
 from aml_ppl.inference.hmc.integrator import Phase, velocity_verlet
 from aml_ppl.inference.hmc.metric import DENSE_AT_MOST, PooledCovariance
-from aml_ppl.inference.hmc.step_size import MAX_STEP_SIZE, MIN_STEP_SIZE, reasonable_step_sizes
-from aml_ppl.inference.hmc.stray_chains import WindowPotentials, restart_stray
+from aml_ppl.inference.hmc.step_size import reasonable_step_sizes
 from aml_ppl.inference.io import register_posterior
 from aml_ppl.inference.mcmc import SamplePosterior, sampler_incompatibility
 from aml_ppl.inference.mcmc_diagnostics import check_sampling, warn_if_untrustworthy
 from aml_ppl.inference.nuts_kernel import MAX_ENERGY_ERROR
 from aml_ppl.inference.vectorised_nuts import (
-    BatchingError, ChainPotential, _where, chain_seeds, initial_points, warmup_windows,
+    BatchingError, ChainPotential, _where, chain_seeds, initial_points,
 )
 
 # The optimal acceptance probability of HMC in high dimension (Beskos et al. 2013).
 HMC_ACCEPTANCE = 0.651
-# ChEES's optimiser on log T: Adam without momentum (TFP's and BlackJAX's settings), its steps
-# clipped to +-0.35 (about half a doubling).
-LEARNING_RATE, SQUARES_DECAY, LARGEST_UPDATE = 0.025, 0.95, 0.35
 # By default a window's pooled covariance is the (dense) metric where it holds at least this
 # many draws per coordinate and there are at most DENSE_AT_MOST coordinates (NUTS's bound).
 DRAWS_PER_COORDINATE = 10
@@ -146,43 +144,38 @@ class ChEESSampler:
         current = initial_points(self.potential, ChainStreams(self.seeds, self.potential.start.device))
         self.metric = _Metric(torch.ones_like(current.z[0]))
         step_size = self._search_step_size(current, 1.0)
-        averaging = DualAveraging(prox_center=math.log(10 * step_size))
-        log_length, log_length_average, squares = math.log(step_size), 0.0, 0.0
+        averaging, length = DualAveraging.start(self.target_accept_prob, step_size), TrajectoryLength(math.log(step_size))
         coordinates = current.z.shape[-1]
         tracked = self.full_mass is True or (self.full_mass is None and coordinates <= DENSE_AT_MOST)
-        windows, pooled, potentials = warmup_windows(warmup_steps), PooledCovariance(tracked), WindowPotentials()
+        windows, pooled, potentials = WarmupWindows.of(warmup_steps), PooledCovariance(tracked), WindowPotentials()
         for iteration in range(warmup_steps):
-            steps = self._leapfrog_steps(iteration, log_length, step_size)
+            steps = self._leapfrog_steps(iteration, length.log_length, step_size)
             proposal, energy, acceptance, diverging = self._propose(current, step_size, steps)
             accepted = torch.rand_like(acceptance) < acceptance
             previous, current = current, _where(accepted, proposal, current)
             gradient = self._trajectory_gradient(previous, proposal, acceptance, diverging, steps * step_size)
-            averaging.step(self.target_accept_prob - _harmonic_mean(acceptance, diverging))
-            step_size = min(max(math.exp(averaging.get_state()[0]), MIN_STEP_SIZE), MAX_STEP_SIZE)
-            if math.isfinite(gradient):
-                squares = SQUARES_DECAY * squares + (1 - SQUARES_DECAY) * gradient**2
-                scale = math.sqrt(squares / (1 - SQUARES_DECAY ** (iteration + 1))) + 1e-12
-                log_length += min(max(LEARNING_RATE * gradient / scale, -LARGEST_UPDATE), LARGEST_UPDATE)
-            weight = (iteration + 1) ** -0.5
-            log_length_average = (1 - weight) * log_length_average + weight * log_length
-            window = next(index for index, (first, last) in enumerate(windows) if first <= iteration <= last)
+            averaging = averaging.update(_harmonic_mean(acceptance, diverging))
+            step_size, length = averaging.step_size, length.update(gradient, iteration)
+            slow, ends = windows.at(iteration)
             potentials.update(current.potential)
-            if iteration == windows[window][1]:
-                current, potentials = restart_stray(current, potentials.stray()), WindowPotentials()
-            if 0 < window < len(windows) - 1:
+            if ends:
+                current, _ = restart_stray(current, potentials.stray(), lambda stray, others: torch.randint(others, (int(stray.sum()),)))
+                potentials = WindowPotentials()
+            if slow:
                 pooled.update(current.z)
-                if iteration == windows[window][1]:
+                if ends:
                     dense = tracked and (self.full_mass is True or pooled.count >= DRAWS_PER_COORDINATE * coordinates)
                     self.metric = _Metric(pooled.covariance(dense))
                     pooled = PooledCovariance(tracked)
                     step_size = self._search_step_size(current, step_size)
-                    averaging = DualAveraging(prox_center=math.log(10 * step_size))
+                    averaging = DualAveraging.start(self.target_accept_prob, step_size)
                     # The new metric's time scale: at least the one step it allows, which can
                     # be orders of magnitude past T learned under the old one.
-                    log_length = max(log_length, math.log(step_size))
+                    length = replace(length, log_length=max(length.log_length, math.log(step_size)))
+        log_length = length.log_length
         if warmup_steps:
-            step_size = math.exp(averaging.get_state()[1])
-            log_length = min(max(log_length_average, math.log(step_size)), math.log(self.max_leapfrog_steps * step_size))
+            step_size = averaging.averaged_step_size
+            log_length = min(max(length.average, math.log(step_size)), math.log(self.max_leapfrog_steps * step_size))
         self.step_size, self.log_trajectory_length = step_size, log_length
         return self._sample(current, warmup_steps, num_samples)
 
@@ -429,7 +422,7 @@ class ChEES(Engine):
 @register_posterior
 class ChEESPosterior(SamplePosterior):
     r"""ChEES-HMC's draws by chain (as :class:`~aml_ppl.inference.mcmc.SamplePosterior`), with
-    the batch's :class:`~aml_ppl.inference.chain_state.ChEESState` after its last draw
+    the batch's :class:`~aml_ppl.inference.hmc.state.ChEESState` after its last draw
     (``batch_state``) and the :class:`ChEESSampler` settings (``kernel_options``), so that
     :meth:`resume` continues the chains with their adapted step size, trajectory length and
     metric (no new warm-up) and their random stream: a fit of :math:`n` draws resumed for

@@ -16,13 +16,12 @@ import torch
 from aml_ppl._data import check_count, check_positive
 from aml_ppl.errors import InputDataError, JitFallbackWarning, VectorisedChainsWarning
 from aml_ppl.inference.base import Engine, Posterior, register_engine
-from aml_ppl.inference.chain_state import (
-    ChainProgress, Checkpointing, HMCState, VectorisedNUTSState, checkpoint_folder, describe_run, sample_batch,
-)
+from aml_ppl.inference.chain_state import ChainProgress, Checkpointing, checkpoint_folder, describe_run, sample_batch
 from aml_ppl.inference.chains import chain_executor, default_chains, run_chains
 from aml_ppl.inference.compiled import Gradient
 from aml_ppl.inference.context import isolated_param_store
 from aml_ppl.inference.fitted import Fitted
+from aml_ppl.inference.hmc.state import HMCState, VectorisedNUTSState
 from aml_ppl.inference.io import register_posterior, stored
 from aml_ppl.inference.mcmc_diagnostics import check_sampling, warn_if_untrustworthy
 from aml_ppl.inference.nuts_chain import ChainPlan, sample_chain
@@ -42,7 +41,7 @@ class SamplePosterior(Posterior):
         stats: ArviZ ``sample_stats`` name to a ``num_chains x num_draws`` tensor
             (``diverging``, ``energy``, ``lp``, ``step_size``, ``tree_depth``,
             ``acceptance_rate``, ``n_steps``).
-        chain_states: Each chain's :class:`~aml_ppl.inference.chain_state.HMCState` after its
+        chain_states: Each chain's :class:`~aml_ppl.inference.hmc.state.HMCState` after its
             last draw, from NUTS chains run apart (``None`` otherwise).
         kernel_options: The sampler's settings the chains ran with (``None`` where no state
             was kept).

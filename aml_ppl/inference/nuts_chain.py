@@ -12,7 +12,8 @@ import pyro.infer
 import torch
 
 from aml_ppl._core.randomness import local_seed
-from aml_ppl.inference.chain_state import ChainProgress, Checkpointing, HMCState
+from aml_ppl.inference.chain_state import ChainProgress, Checkpointing
+from aml_ppl.inference.hmc.state import HMCState
 from aml_ppl.inference.compiled import Gradient
 from aml_ppl.inference.context import isolated_param_store
 from aml_ppl.inference.nuts_kernel import SAMPLE_STATS, MultinomialNUTS, chain_state, unflatten

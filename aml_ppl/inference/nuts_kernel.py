@@ -48,7 +48,7 @@ from pyro.infer.mcmc.util import initialize_model
 
 from aml_ppl._core.randomness import global_state_tensors, set_global_state_tensors
 from aml_ppl.errors import ModelFittingError
-from aml_ppl.inference.chain_state import HMCState
+from aml_ppl.inference.hmc.state import HMCState
 from aml_ppl.inference.compiled import Gradient, compiled_gradient, plain_gradient
 from aml_ppl.inference.hmc.integrator import Phase, velocity_verlet
 from aml_ppl.inference.hmc.metric import WindowedMassMatrix

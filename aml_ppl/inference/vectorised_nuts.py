@@ -9,10 +9,12 @@ sampling, the generalised U-turn criterion with Stan's checks across merged subt
 chain whose trajectory has ended is masked while the others go on, so a doubling costs as
 many batched evaluations as the longest trajectory among the chains. Each chain adapts its
 own step size (dual averaging) and diagonal mass matrix (Welford variances) in Stan's
-windows, and draws from its own random stream (:class:`~aml_ppl._core.streams.ChainStreams`:
+windows (:mod:`~aml_ppl.inference.hmc.adaptation`); at each window's end a chain left in a
+minor mode (its mean potential far above the median chain's) takes another chain's point,
+metric and step size, the donor drawn from its own stream. Each chain draws from its own random stream (:class:`~aml_ppl._core.streams.ChainStreams`:
 its start, momenta and choices, drawn only while it builds), so a chain draws the same in a
-batch of any size as alone. A model whose potential cannot be evaluated for all chains at
-once is refused. The leapfrog steps are the integrator that every HMC sampler here shares
+batch of any size as alone (unless it strays and is restarted). A model whose potential
+cannot be evaluated for all chains at once is refused. The leapfrog steps are the integrator that every HMC sampler here shares
 (:mod:`aml_ppl.inference.hmc.integrator`), each chain with its own step size.
 """
 
@@ -25,16 +27,15 @@ from typing import Any, Callable, Iterator, Sequence
 
 import pyro
 import torch
-from pyro.infer.mcmc.adaptation import WarmupAdapter
 from pyro.infer.mcmc.util import initialize_model
-from pyro.ops.dual_averaging import DualAveraging
 from pyro.ops.welford import WelfordCovariance
 
 from aml_ppl._core.streams import ChainStreams
 from aml_ppl.errors import ModelFittingError
-from aml_ppl.inference.chain_state import VectorisedNUTSState
+from aml_ppl.inference.hmc.state import VectorisedNUTSState
 from aml_ppl.inference.compiled import compiled_gradient, compiled_mapped_gradient, plain_gradient
 from aml_ppl.inference.density import log_joint
+from aml_ppl.inference.hmc.adaptation import DualAveraging, WarmupWindows, WindowPotentials, restart_stray
 from aml_ppl.inference.hmc.integrator import Phase, velocity_verlet
 from aml_ppl.inference.hmc.step_size import one_step_accepted, reasonable_step_sizes
 from aml_ppl.inference.nuts_kernel import MAX_ENERGY_ERROR, SAMPLE_STATS, unflatten
@@ -83,6 +84,12 @@ def _select(mask: torch.Tensor, column: torch.Tensor, first: Any, second: Any) -
     if isinstance(first, torch.Tensor):
         return torch.where(column if first.dim() == 2 else mask, first, second)
     return type(first)(*(_select(mask, column, a, b) for a, b in zip(first.__dict__.values(), second.__dict__.values())))
+
+
+def _turns(inverse_mass: torch.Tensor, left: torch.Tensor, right: torch.Tensor, momentum_sum: torch.Tensor) -> torch.Tensor:
+    r"""The generalised U-turn criterion, per chain, from the ends' momenta and the momentum sum."""
+    sharp_sum = inverse_mass * momentum_sum
+    return ((left * sharp_sum).sum(-1) <= 0) | ((right * sharp_sum).sum(-1) <= 0)
 
 
 class ChainPotential:
@@ -228,14 +235,6 @@ def chain_seeds(seeds: Sequence[int] | None, num_chains: int) -> list[int]:
     return list(seeds) if seeds is not None else torch.randint(2**31 - 1, (num_chains,)).tolist()
 
 
-def warmup_windows(warmup_steps: int) -> list[tuple[int, int]]:
-    r"""Stan's warm-up windows (Pyro's schedule): a first buffer, mass-matrix windows
-    doubling in length, a last buffer."""
-    adapter = WarmupAdapter(adapt_step_size=True, adapt_mass_matrix=True)
-    adapter.configure(warmup_steps, mass_matrix_shape={("z",): (1,)})
-    return [(window.start, window.end) for window in adapter.adaptation_schedule] or [(0, -1)]
-
-
 class VectorisedNUTS:
     r"""``num_chains`` NUTS chains advanced together (see the module's description).
 
@@ -273,28 +272,33 @@ class VectorisedNUTS:
     ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         r"""Warm up and sample. Returns the constrained draws (site to ``C x num_samples x ...``)
         and the per-draw statistics (name to ``C x num_samples``); :attr:`state` is then the
-        batch's :class:`~aml_ppl.inference.chain_state.VectorisedNUTSState` after its last draw."""
+        batch's :class:`~aml_ppl.inference.hmc.state.VectorisedNUTSState` after its last draw."""
         self._set_up(args, kwargs)
         self.streams = ChainStreams(self.seeds, self.potential.start.device)
         current = initial_points(self.potential, self.streams)
         self.inverse_mass = torch.ones_like(current.z)
         step_size = self._reasonable_step_sizes(current, torch.ones_like(current.potential))
-        averaging, variances = DualAveraging(prox_center=(10 * step_size).log()), WelfordCovariance(diagonal=True)
-        windows = warmup_windows(warmup_steps)
+        averaging, variances = DualAveraging.start(self.target_accept_prob, step_size), WelfordCovariance(diagonal=True)
+        windows, potentials = WarmupWindows.of(warmup_steps), WindowPotentials()
         for iteration in range(warmup_steps):
             current, record = self._transition(current, step_size)
-            averaging.step(self.target_accept_prob - record["acceptance_rate"])
-            step_size = averaging.get_state()[0].exp()
-            window = next(index for index, (first, last) in enumerate(windows) if first <= iteration <= last)
-            if 0 < window < len(windows) - 1:
+            averaging = averaging.update(record["acceptance_rate"])
+            step_size = averaging.step_size
+            slow, ends = windows.at(iteration)
+            potentials.update(current.potential)
+            if ends:  # a chain in a minor mode takes another's point, metric and step size
+                current, donors = restart_stray(current, potentials.stray(), self.streams.choice)
+                averaging, step_size, potentials = averaging.select(donors), step_size[donors], WindowPotentials()
+                self.inverse_mass = self.inverse_mass[donors]
+            if slow:
                 variances.update(current.z)
-            if iteration == windows[window][1] and 0 < window < len(windows) - 1:
-                self.inverse_mass = variances.get_covariance(regularize=True)
-                variances.reset()
-                step_size = self._reasonable_step_sizes(current, step_size)
-                averaging = DualAveraging(prox_center=(10 * step_size).log())
+                if ends:
+                    self.inverse_mass = variances.get_covariance(regularize=True)
+                    variances.reset()
+                    step_size = self._reasonable_step_sizes(current, step_size)
+                    averaging = DualAveraging.start(self.target_accept_prob, step_size)
             if iteration == warmup_steps - 1:
-                step_size = averaging.get_state()[1].exp()
+                step_size = averaging.averaged_step_size
         return self._sample(current, step_size, num_samples)
 
     def resume(
@@ -415,16 +419,11 @@ class VectorisedNUTS:
         left, right = _where(forward, inner.left, outer.left), _where(forward, outer.right, inner.right)
         first_last, second_first = torch.where(column, inner.right.r, outer.right.r), torch.where(column, outer.left.r, inner.left.r)
         turning = (
-            self._turns(left.r, right.r, momentum_sum)
-            | self._turns(left.r, second_first, first_sum + second_first)
-            | self._turns(first_last, right.r, first_last + second_sum)
+            _turns(self.inverse_mass, left.r, right.r, momentum_sum)
+            | _turns(self.inverse_mass, left.r, second_first, first_sum + second_first)
+            | _turns(self.inverse_mass, first_last, right.r, first_last + second_sum)
         )
         return _Trees(left, right, proposal, log_weight, momentum_sum, inner.steps, inner.accept_sum, inner.diverging, turning)
-
-    def _turns(self, left: torch.Tensor, right: torch.Tensor, momentum_sum: torch.Tensor) -> torch.Tensor:
-        r"""The generalised criterion, per chain, from the ends' momenta."""
-        sharp_sum = self.inverse_mass * momentum_sum
-        return ((left * sharp_sum).sum(-1) <= 0) | ((right * sharp_sum).sum(-1) <= 0)
 
     def _reasonable_step_sizes(self, current: Phase, step_size: torch.Tensor) -> torch.Tensor:
         r"""Each chain's step size (:func:`~aml_ppl.inference.hmc.step_size.reasonable_step_sizes`) from ``current``."""

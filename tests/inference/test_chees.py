@@ -215,7 +215,7 @@ def test_chains_started_far_out_reach_a_correlated_posterior():
 
 
 def test_a_chain_far_above_the_others_potential_is_stray_and_restarted_from_another():
-    from aml_ppl.inference.hmc.stray_chains import STRAY_GAP, WindowPotentials, restart_stray
+    from aml_ppl.inference.hmc.adaptation import STRAY_GAP, WindowPotentials, restart_stray
     from aml_ppl.inference.hmc.integrator import Phase
 
     generator = torch.Generator().manual_seed(0)
@@ -226,11 +226,13 @@ def test_a_chain_far_above_the_others_potential_is_stray_and_restarted_from_anot
     stray = window.stray()
     assert stray.tolist() == [False, False, False, True, False, True]
     points = Phase(torch.arange(6.0)[:, None], torch.zeros(6, 1), torch.arange(6.0), torch.arange(6.0)[:, None], torch.zeros(6, 1))
-    restarted = restart_stray(points, stray)
+    choose = lambda stray, others: torch.randint(others, (int(stray.sum()),), generator=generator)  # noqa: E731
+    restarted, donors = restart_stray(points, stray, choose)
     assert restarted.z[[0, 1, 2, 4], 0].tolist() == [0.0, 1.0, 2.0, 4.0]
     assert set(restarted.z[[3, 5], 0].tolist()) <= {0.0, 1.0, 2.0, 4.0}
+    assert torch.equal(restarted.z[:, 0], donors.double())
     assert torch.equal(restarted.potential, restarted.z[:, 0]) and torch.equal(restarted.grad, restarted.z)
-    assert restart_stray(points, torch.zeros(6, dtype=torch.bool)) is points
+    assert restart_stray(points, torch.zeros(6, dtype=torch.bool), choose)[0] is points
 
 
 @pytest.mark.slow

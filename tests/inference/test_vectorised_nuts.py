@@ -106,6 +106,20 @@ def test_a_seeded_vectorised_fit_reproduces():
     assert fits[0].samples["mu"].shape == (4, 30)
 
 
+def two_modes():
+    """A mode at -4 whose density is e^-30 of the one at +4: it holds no mass worth a draw."""
+    x = pyro.sample("x", dist.Normal(torch.tensor(0.0, dtype=torch.float64), 3.0))
+    minor, major = dist.Normal(-4.0, 0.5).log_prob(x) - 30.0, dist.Normal(4.0, 0.5).log_prob(x)
+    pyro.factor("modes", torch.logaddexp(minor, major))
+
+
+def test_a_chain_left_in_a_minor_mode_is_restarted_from_another_chain():
+    r"""Seeds 0 to 5 left chains 2 and 4 in the minor mode for every draw before the restart
+    (a posterior mass there below e^-30)."""
+    samples, _ = VectorisedNUTS(two_modes, 6, seeds=range(6)).run((), {}, 60, 150)
+    assert bool((samples["x"] > 0).all())
+
+
 def test_a_model_that_cannot_be_batched_runs_its_chains_apart_with_a_warning():
     def branching(y):
         a = pyro.sample("a", dist.Normal(0.0, 1.0))

@@ -1,9 +1,12 @@
-r"""What the HMC samplers (NUTS on one chain or a batch, ChEES-HMC) share: the leapfrog integrator
+r"""What the HMC samplers (NUTS on one chain or a batch, ChEES-HMC) share: the records of where
+chains stand (:mod:`~aml_ppl.inference.hmc.state`), the leapfrog integrator
 (:mod:`~aml_ppl.inference.hmc.integrator`), the step-size search
 (:mod:`~aml_ppl.inference.hmc.step_size`), the warm-up's metric
-(:mod:`~aml_ppl.inference.hmc.metric`) and the restart of chains left in a minor mode
-(:mod:`~aml_ppl.inference.hmc.stray_chains`)."""
+(:mod:`~aml_ppl.inference.hmc.metric`) and the batch samplers' warm-up: Stan's windows, dual
+averaging, ChEES's trajectory length, the restart of chains left in a minor mode
+(:mod:`~aml_ppl.inference.hmc.adaptation`)."""
 
 from aml_ppl.inference.hmc.integrator import Phase, velocity_verlet
+from aml_ppl.inference.hmc.state import ChEESState, HMCState, VectorisedNUTSState
 
-__all__ = ["Phase", "velocity_verlet"]
+__all__ = ["ChEESState", "HMCState", "Phase", "VectorisedNUTSState", "velocity_verlet"]
