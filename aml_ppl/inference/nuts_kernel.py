@@ -7,15 +7,14 @@ The kernel keeps to Pyro's public kernel contract (:class:`pyro.infer.mcmc.MCMCK
 and records ArviZ's per-draw statistics as it goes. The potential energy and its
 transforms come from :func:`pyro.infer.mcmc.util.initialize_model` (enumerated discrete
 sites summed out there), compiled with its gradient into one graph on request
-(:mod:`aml_ppl.inference.compiled`), the warm-up from Pyro's
-:class:`~pyro.infer.mcmc.adaptation.WarmupAdapter` (Stan's windows: dual averaging of the
-step size, a diagonal or dense mass matrix from the windows' draws, by default dense where a
-window's correlations stand out of its sampling noise: :class:`~aml_ppl.inference.hmc.metric.WindowedMassMatrix`).
+(:mod:`aml_ppl.inference.compiled`), the warm-up the batch samplers' too
+(:mod:`~aml_ppl.inference.hmc.adaptation`: Stan's windows, dual averaging of the step size)
+with a diagonal or dense mass matrix from the windows' draws, by default dense where a
+window's correlations stand out of its sampling noise (:class:`~aml_ppl.inference.hmc.metric.WindowedMassMatrix`).
 The trajectory works on one flat vector of the unconstrained latents; its leapfrog steps are
 the integrator that every HMC sampler here shares (:mod:`aml_ppl.inference.hmc.integrator`).
 
-**The warm-up's end.** Stan's schedule (Pyro's :class:`~pyro.infer.mcmc.adaptation.WarmupAdapter`)
-adapts the step size up to the last warm-up transition and then switches to the dual
+**The warm-up's end.** Stan's schedule adapts the step size up to the last warm-up transition and then switches to the dual
 averaging's mean :math:`\exp \bar x` (Hoffman and Gelman 2014, §3.2.1). On a funnel the
 last iterates swing several-fold from one transition to the next (one divergence at
 :math:`t \approx 40` of a window moves :math:`\log\epsilon` by about
@@ -42,14 +41,15 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
+import pyro
 from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
-from pyro.infer.mcmc.adaptation import WarmupAdapter
 from pyro.infer.mcmc.util import initialize_model
 
 from aml_ppl._core.randomness import global_state_tensors, set_global_state_tensors
 from aml_ppl.errors import ModelFittingError
 from aml_ppl.inference.hmc.state import HMCState
 from aml_ppl.inference.compiled import Gradient, compiled_gradient, plain_gradient
+from aml_ppl.inference.hmc.adaptation import DualAveraging, WarmupWindows
 from aml_ppl.inference.hmc.integrator import Phase, velocity_verlet
 from aml_ppl.inference.hmc.metric import WindowedMassMatrix
 from aml_ppl.inference.hmc.step_size import one_step_accepted, reasonable_step_sizes
@@ -146,11 +146,8 @@ class MultinomialNUTS(MCMCKernel):
         self.max_tree_depth = max_tree_depth
         self.full_mass = full_mass
         self.jit_compile = jit_compile
-        self.adapter = WarmupAdapter(
-            step_size, adapt_step_size=True, target_accept_prob=target_accept_prob, adapt_mass_matrix=True,
-            dense_mass=bool(full_mass),
-        )
-        self.adapter.mass_matrix_adapter = WindowedMassMatrix(by_correlation=full_mass is None)
+        self.initial_step_size, self.step_size, self.target_accept_prob = step_size, step_size, target_accept_prob
+        self.mass_matrix = WindowedMassMatrix(by_correlation=full_mass is None)
         self.transforms: dict[str, Any] | None = None
         self._initial_params: dict[str, torch.Tensor] | None = None
         self.records: dict[str, list[float]] = {name: [] for name in SAMPLE_STATS}
@@ -165,7 +162,7 @@ class MultinomialNUTS(MCMCKernel):
         built = model_gradient(self.model, args, kwargs, jit=self.jit_compile, initial_params=self._initial_params, compiled=self.compiled)
         start, shapes, self.transforms = built.start, built.shapes, built.transforms
         z = flatten(start, shapes)
-        self.dynamics = Hamiltonian(built.gradient, shapes, self.adapter)
+        self.dynamics = Hamiltonian(built.gradient, shapes, self.mass_matrix)
         self._initial_params = start
         self.warmup_steps = warmup_steps
         self.settle_steps = min(SETTLE_STEPS, warmup_steps // 10) if warmup_steps >= SETTLE_FROM_WARMUP else 0
@@ -177,15 +174,13 @@ class MultinomialNUTS(MCMCKernel):
         self._start_warmup(z)
 
     def _start_warmup(self, z: torch.Tensor) -> None:
-        r"""Configure the adapter afresh (Stan's windows over the warm-up less its settling
-        transitions; the step-size search at ``z``) and start the chain at ``z``."""
+        r"""Start the adaptation afresh (Stan's windows over the warm-up less its settling
+        transitions; the metric the identity; the step-size search at ``z`` from the initial step
+        size) and the chain at ``z``."""
         size = z.numel()
-        self.adapter.configure(
-            self.warmup_steps - self.settle_steps, mass_matrix_shape={BLOCK: (size, size) if self.full_mass else (size,)},
-            find_reasonable_step_size_fn=self.dynamics.reasonable_step_size,
-            options={"dtype": z.dtype, "device": z.device},
-        )
-        self.adapter.reset_step_size_adaptation({BLOCK[0]: z})
+        self.windows = WarmupWindows.of(self.warmup_steps - self.settle_steps)
+        self.mass_matrix.configure({BLOCK: (size, size) if self.full_mass else (size,)}, options={"dtype": z.dtype, "device": z.device})
+        self._restart_step_size(z, self.initial_step_size)
         self._current = self.dynamics.state(z, torch.zeros_like(z))
         self._settle_divergences = 0
 
@@ -198,7 +193,7 @@ class MultinomialNUTS(MCMCKernel):
         self._initial_params = params
 
     def logging(self) -> dict[str, str]:
-        return {"step size": f"{self.adapter.step_size:.2e}"}
+        return {"step size": f"{self.step_size:.2e}"}
 
     def sample(self, params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         z = self.dynamics.flatten(params)
@@ -209,7 +204,7 @@ class MultinomialNUTS(MCMCKernel):
             if self.iteration == self.warmup_steps - 1:
                 self._restart_while_degenerate()
         else:
-            step_size = self.adapter.step_size
+            step_size = self.step_size
             energy, tree, depth, accept_prob = self._step(step_size)
             for name, value in (
                 ("diverging", tree.diverging), ("energy", energy), ("lp", -float(tree.proposal.potential)),
@@ -230,12 +225,32 @@ class MultinomialNUTS(MCMCKernel):
         return energy, tree, depth, tree.accept_sum / max(tree.steps, 1)
 
     def _warmup_transition(self, iteration: int) -> None:
-        r"""Warm-up transition ``iteration``: adapting (the adapter ignores the settling
-        transitions past its schedule), or settling, its divergences counted."""
-        _, tree, _, accept_prob = self._step(self.adapter.step_size)
-        self.adapter.step(iteration, {BLOCK[0]: tree.proposal.z}, torch.tensor(accept_prob), {BLOCK[0]: tree.proposal.grad})
+        r"""Warm-up transition ``iteration``: adapting, or settling (past the windows), its divergences counted.
+        In each window the step size follows dual averaging; a window of the metric's gives it
+        its draws, and at its end the metric, a step-size search and a fresh averaging; after the
+        last window the step size is the averaged one."""
+        _, tree, _, accept_prob = self._step(self.step_size)
         if iteration >= self.warmup_steps - self.settle_steps:
             self._settle_divergences += tree.diverging
+            return
+        # Read through a tensor of torch's default dtype, as Pyro's WarmupAdapter read it: the
+        # draws stay those of the adapter this replaced, to the bit (the horseshoe's seeded tests).
+        self.averaging = self.averaging.update(float(torch.tensor(accept_prob)))
+        self.step_size = self.averaging.step_size
+        slow, ends = self.windows.at(iteration)
+        if slow:
+            self.mass_matrix.update({BLOCK[0]: tree.proposal.z}, {BLOCK[0]: tree.proposal.grad})
+        if ends and iteration == self.windows.bounds[-1][1]:
+            self.step_size = self.averaging.averaged_step_size
+        elif ends and slow:
+            self.mass_matrix.end_adaptation()
+            self._restart_step_size(tree.proposal.z, self.step_size)
+
+    def _restart_step_size(self, z: torch.Tensor, step_size: float) -> None:
+        r"""The step-size search at ``z`` from ``step_size``, and a fresh dual averaging about it."""
+        with pyro.validation_enabled(False):
+            self.step_size = self.dynamics.reasonable_step_size(z, step_size)
+        self.averaging = DualAveraging.start(self.target_accept_prob, self.step_size)
 
     def _restart_while_degenerate(self) -> None:
         r"""Re-initialise the chain and repeat its warm-up while more than ``STUCK_DIVERGENT``
@@ -253,7 +268,7 @@ def chain_state(kernel: MultinomialNUTS) -> HMCState:
     current = kernel._current
     return HMCState(
         position=kernel.dynamics.unflatten(current.z), potential=float(current.potential), gradient=current.grad,
-        step_size=kernel.adapter.step_size, inverse_mass=kernel.dynamics.inverse_mass(),
+        step_size=kernel.step_size, inverse_mass=kernel.dynamics.inverse_mass(),
         choices=kernel.choices.getstate(), stream=global_state_tensors(),
     )
 
@@ -265,11 +280,11 @@ def continue_chain(kernel: MultinomialNUTS, state: HMCState, args: tuple, kwargs
     (the stream last: building the potential draws from it)."""
     built = model_gradient(kernel.model, args, kwargs, jit=kernel.jit_compile, initial_params=state.position)
     kernel.transforms, kernel.initial_params = built.transforms, state.position
-    kernel.dynamics = Hamiltonian(built.gradient, built.shapes, kernel.adapter)
+    kernel.dynamics = Hamiltonian(built.gradient, built.shapes, kernel.mass_matrix)
     kernel.warmup_steps, kernel.iteration = 0, 0
     kernel.records = {name: [] for name in SAMPLE_STATS}
-    kernel.adapter.step_size = state.step_size
-    kernel.adapter.mass_matrix_adapter.inverse_mass_matrix = {BLOCK: state.inverse_mass}
+    kernel.step_size = state.step_size
+    kernel.mass_matrix.inverse_mass_matrix = {BLOCK: state.inverse_mass}
     z = kernel.dynamics.flatten(state.position)
     kernel._current = kernel.dynamics.state(z, torch.zeros_like(z), state.potential, state.gradient)
     kernel.settle_steps, kernel.restarts = 0, 0
@@ -333,27 +348,27 @@ def model_gradient(
 class Hamiltonian:
     r"""Hamiltonian dynamics on the flat unconstrained latent vector: the potential energy
     :math:`U` (Pyro's, from ``initialize_model``) and its gradient, the kinetic energy
-    :math:`\tfrac12 r^\top M^{-1} r` with the warm-up adapter's current inverse mass matrix,
+    :math:`\tfrac12 r^\top M^{-1} r` with the warm-up's current inverse mass matrix,
     the leapfrog step (:func:`~aml_ppl.inference.hmc.integrator.velocity_verlet`), and the
-    step-size search the adapter calls. A state's potential energy is the evaluation's tensor,
+    step-size search. A state's potential energy is the evaluation's tensor,
     read as a number where the energy is.
 
     Attributes:
         gradient: The flat vector's potential energy and its gradient.
         shapes: Site name to its shape, in the flat vector's order.
-        adapter: The warm-up adapter holding the step size and the mass matrix.
+        mass_matrix: The warm-up's mass matrix (its ``inverse_mass_matrix``).
         state: ``(z, r, potential=None, grad=None)`` to the phase there (the integrator's ``init``).
     """
 
-    def __init__(self, gradient: Gradient, shapes: dict[str, torch.Size], adapter: WarmupAdapter) -> None:
-        self.gradient, self.shapes, self.adapter = gradient, shapes, adapter
+    def __init__(self, gradient: Gradient, shapes: dict[str, torch.Size], mass_matrix: WindowedMassMatrix) -> None:
+        self.gradient, self.shapes, self.mass_matrix = gradient, shapes, mass_matrix
         self.state, self._update = velocity_verlet(gradient, self.velocity)
 
     def leapfrog(self, state: Phase, step_size: float) -> Phase:
         return self._update(state, step_size)
 
     def inverse_mass(self) -> torch.Tensor:
-        return self.adapter.mass_matrix_adapter.inverse_mass_matrix[BLOCK]
+        return self.mass_matrix.inverse_mass_matrix[BLOCK]
 
     def velocity(self, r: torch.Tensor) -> torch.Tensor:
         inverse_mass = self.inverse_mass()
@@ -386,16 +401,16 @@ class Hamiltonian:
             "uniform draws in (-2, 2) on the unconstrained latents."
         )
 
-    def reasonable_step_size(self, params: dict[str, torch.Tensor]) -> float:
+    def reasonable_step_size(self, z: torch.Tensor, step_size: float) -> float:
         r"""Hoffman and Gelman's heuristic (:func:`~aml_ppl.inference.hmc.step_size.reasonable_step_sizes`)
-        from the adapter's step size: one leapfrog step accepted with probability above 0.8."""
-        start = self.with_fresh_momentum(self.state(params[BLOCK[0]], torch.zeros_like(params[BLOCK[0]])))
+        at ``z`` from ``step_size``: one leapfrog step accepted with probability above 0.8."""
+        start = self.with_fresh_momentum(self.state(z, torch.zeros_like(z)))
         energy = self.energy(start)
 
         def accepts(size: torch.Tensor) -> torch.Tensor:
             return one_step_accepted(torch.tensor(energy - self.energy(self.leapfrog(start, float(size)))))
 
-        return float(reasonable_step_sizes(accepts, torch.tensor(float(self.adapter.step_size), dtype=torch.float64)))
+        return float(reasonable_step_sizes(accepts, torch.tensor(float(step_size), dtype=torch.float64)))
 
     def flatten(self, values: dict[str, torch.Tensor]) -> torch.Tensor:
         return flatten(values, self.shapes)

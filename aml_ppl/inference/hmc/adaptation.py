@@ -1,11 +1,12 @@
-r"""The warm-up of the batch samplers (vectorised NUTS, ChEES-HMC) as records with an update:
-Stan's windows, the step size's dual averaging, ChEES's trajectory length and the restart of
-chains left in a minor mode (NumPyro's shape: ``dual_averaging`` and ``warmup_adapter`` of
-``numpyro/infer/hmc_util.py``). The window's metric is :mod:`~aml_ppl.inference.hmc.metric`'s,
+r"""The warm-up of every HMC sampler here (NUTS on one chain or a batch, ChEES-HMC) as records
+with an update: Stan's windows, the step size's dual averaging, ChEES's trajectory length and
+the batch samplers' restart of chains left in a minor mode (NumPyro's shape: ``dual_averaging``
+and ``warmup_adapter`` of ``numpyro/infer/hmc_util.py``). The window's metric is :mod:`~aml_ppl.inference.hmc.metric`'s,
 the first step size of a window :mod:`~aml_ppl.inference.hmc.step_size`'s.
 
-Each record holds a float for a batch adapted as one (ChEES) or a tensor ``C`` for chains
-adapted each on its own (vectorised NUTS); ``select`` gives a chain another's state.
+Each record holds a float for one chain (NUTS) or a batch adapted as one (ChEES), or a tensor
+``C`` for chains adapted each on its own (vectorised NUTS); ``select`` gives a chain another's
+state.
 """
 
 from __future__ import annotations
