@@ -94,7 +94,7 @@ def test_a_dense_metric_from_too_few_draws_no_longer_stalls_the_warm_up(monkeypa
         steps.append(0)
         pyro.set_rng_seed(0)
         kernel = MultinomialNUTS(correlated_30, full_mass=True)
-        kernel.adapter.mass_matrix_adapter = mass_matrix()
+        kernel.mass_matrix = mass_matrix()
         # 166 = Stan's 150 adapting steps and the 16 settling ones (nuts_kernel.SETTLE_STEPS).
         pyro.infer.MCMC(kernel, num_samples=1, warmup_steps=166, disable_progbar=True).run()
     assert steps[0] < steps[1] / 3
