@@ -154,17 +154,6 @@ class RandomStream:
         return stream
 
 
-def global_state_tensors() -> dict[str, torch.Tensor]:
-    r"""Where the global generators of Python, NumPy and torch (CPU) stand, as tensors that
-    :func:`set_global_state_tensors` puts back: a chain's random stream mid-run."""
-    return _states_as_tensors(_global_states())
-
-
-def set_global_state_tensors(tensors: dict[str, torch.Tensor]) -> None:
-    r"""Put the global generators where :func:`global_state_tensors` found them."""
-    _set_global_states(_states_from_tensors(tensors))
-
-
 def python_state_tensor(state: tuple) -> torch.Tensor:
     r"""A ``random.Random`` state (``getstate()``: version, 625 words, no cached Gaussian) as int64."""
     version, words, _ = state

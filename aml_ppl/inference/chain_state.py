@@ -2,7 +2,7 @@ r"""The checkpoint files that carry HMC chains' states (the records of
 :mod:`~aml_ppl.inference.hmc.state`).
 
 A chain past warm-up is a Markov chain with a fixed kernel: given its last point, its
-adapted step size and inverse mass matrix, and where its random streams stand, the next
+adapted step size and inverse mass matrix, and where its random stream stands, the next
 draws are determined. :class:`~aml_ppl.inference.hmc.state.HMCState` is that record;
 a posterior keeps one per chain for
 :meth:`~aml_ppl.inference.mcmc.SamplePosterior.resume`, and ``NUTS(checkpoint=...)``
@@ -26,8 +26,9 @@ from aml_ppl._core.files import atomic_write
 from aml_ppl.errors import InputDataError
 from aml_ppl.inference.hmc.state import HMCState
 
-CHECKPOINT_FORMAT = "aml_ppl.nuts-checkpoint/1"
-BATCH_CHECKPOINT_FORMAT = "aml_ppl.batch-checkpoint/1"
+# Version 2 (2026-12): each chain's own random stream in place of the global generators'.
+CHECKPOINT_FORMAT = "aml_ppl.nuts-checkpoint/2"
+BATCH_CHECKPOINT_FORMAT = "aml_ppl.batch-checkpoint/2"
 
 
 @dataclass
@@ -126,7 +127,11 @@ def checked_payload(path: Path, format: str, description: dict[str, str], kind: 
     except Exception as error:  # torch's readers fail in many ways on a broken file
         raise InputDataError(f"`checkpoint` file `{path}` is not {kind}.") from error
     if not isinstance(payload, dict) or payload.get("format") != format:
-        raise InputDataError(f"`checkpoint` file `{path}` is not {kind}.")
+        earlier = isinstance(payload, dict) and str(payload.get("format", "")).rsplit("/", 1)[0] == format.rsplit("/", 1)[0]
+        raise InputDataError(
+            f"`checkpoint` file `{path}` is not {kind}"
+            + (f" of this version: it is {payload['format']!r}, this aml_ppl writes {format!r}. Delete it to start afresh." if earlier else ".")
+        )
     written = payload["description"]
     differing = sorted(key for key in description if written.get(key) != description[key])
     if differing:

@@ -56,7 +56,6 @@ from typing import Any, Callable, ClassVar, Sequence
 
 import torch
 
-from aml_ppl._core.randomness import global_state_tensors, set_global_state_tensors
 from aml_ppl._core.streams import ChainStreams
 from aml_ppl._data import check_count
 from aml_ppl.errors import InputDataError, ModelFittingError
@@ -111,8 +110,9 @@ class ChEESSampler:
             (see the module's description).
         jit: Compile the batched potential and its gradient into one graph (kept only where
             it agrees with the model's potential).
-        seeds: One per chain, for its start (by default drawn from torch's generator); the
-            momenta and the acceptances come from torch's generator.
+        seeds: One per chain, for its stream (by default drawn from torch's generator): its
+            start, momenta, acceptances and restarts are drawn from it
+            (:class:`~aml_ppl._core.streams.ChainStreams`).
 
     Example:
         >>> import pyro, pyro.distributions as dist, torch
@@ -141,7 +141,8 @@ class ChEESSampler:
         r"""Warm up and sample. Returns the constrained draws (site to ``C x num_samples x ...``)
         and the per-draw statistics (name to ``C x num_samples``)."""
         self._set_up(args, kwargs)
-        current = initial_points(self.potential, ChainStreams(self.seeds, self.potential.start.device))
+        self.streams = ChainStreams(self.seeds, self.potential.start.device)
+        current = initial_points(self.potential, self.streams)
         self.metric = _Metric(torch.ones_like(current.z[0]))
         step_size = self._search_step_size(current, 1.0)
         averaging, length = DualAveraging.start(self.target_accept_prob, step_size), TrajectoryLength(math.log(step_size))
@@ -151,7 +152,7 @@ class ChEESSampler:
         for iteration in range(warmup_steps):
             steps = self._leapfrog_steps(iteration, length.log_length, step_size)
             proposal, energy, acceptance, diverging = self._propose(current, step_size, steps)
-            accepted = torch.rand_like(acceptance) < acceptance
+            accepted = self._accepts(acceptance)
             previous, current = current, _where(accepted, proposal, current)
             gradient = self._trajectory_gradient(previous, proposal, acceptance, diverging, steps * step_size)
             averaging = averaging.update(_harmonic_mean(acceptance, diverging))
@@ -159,7 +160,7 @@ class ChEESSampler:
             slow, ends = windows.at(iteration)
             potentials.update(current.potential)
             if ends:
-                current, _ = restart_stray(current, potentials.stray(), lambda stray, others: torch.randint(others, (int(stray.sum()),)))
+                current, _ = restart_stray(current, potentials.stray(), self.streams.choice)
                 potentials = WindowPotentials()
             if slow:
                 pooled.update(current.z)
@@ -181,18 +182,14 @@ class ChEESSampler:
 
     def resume(self, args: tuple, kwargs: dict, state: ChEESState, num_samples: int) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         r"""``num_samples`` more draws per chain from where ``state`` left the chains, with its
-        adapted kernel and random stream: the draws one longer :meth:`run` would have made
+        adapted kernel and random streams: the draws one longer :meth:`run` would have made
         (to the bit on the CPU). Returns what :meth:`run` returns, for the new draws."""
         self._set_up(args, kwargs)
         self.metric = _Metric(state.inverse_mass)
         self.step_size, self.log_trajectory_length = state.step_size, state.log_trajectory_length
+        self.streams = ChainStreams.at(state.streams.clone())
         current = self._init(state.position, torch.zeros_like(state.position), state.potential, state.gradient)
-        callers = global_state_tensors()
-        set_global_state_tensors(state.stream)  # after the potential's trace, as in the run
-        try:
-            return self._sample(current, state.transitions, num_samples)
-        finally:
-            set_global_state_tensors(callers)
+        return self._sample(current, state.transitions, num_samples)
 
     def _set_up(self, args: tuple, kwargs: dict) -> None:
         r"""The batched potential for the data, and the leapfrog integrator on it."""
@@ -216,13 +213,13 @@ class ChEESSampler:
         for iteration in range(first, first + num_samples):
             steps = self._leapfrog_steps(iteration, self.log_trajectory_length, self.step_size)
             proposal, energy, acceptance, diverging = self._propose(current, self.step_size, steps)
-            accepted = torch.rand_like(acceptance) < acceptance
+            accepted = self._accepts(acceptance)
             current = _where(accepted, proposal, current)
             kept.append(current.z)
             records.append((diverging, energy, -current.potential, acceptance, steps))
         self.state = ChEESState(
             current.z, current.potential, current.grad, self.step_size, self.log_trajectory_length,
-            self.metric.covariance, first + num_samples, global_state_tensors(),
+            self.metric.covariance, first + num_samples, self.streams.state.clone(),
         )
         return self._results(kept, records, current.z)
 
@@ -230,13 +227,19 @@ class ChEESSampler:
         r"""Fresh momenta :math:`r \sim \mathcal N(0, M)` and ``steps`` leapfrog steps for every
         chain: the proposals, the starting energies, the acceptance probabilities
         :math:`\min(1, e^{H_0 - H})` (0 where not finite) and the divergences."""
-        momenta, kinetic = self.metric.momenta(current.z)
+        every = torch.ones(current.z.shape[0], dtype=torch.bool, device=current.z.device)
+        momenta, kinetic = self.metric.momenta(self.streams.normal(every, current.z.shape[1]).to(current.z))
         proposal = self._update(self._init(current.z, momenta, current.potential, current.grad), step_size, steps)
         energy = current.potential + kinetic
         error = proposal.potential + 0.5 * (proposal.r * proposal.velocity).sum(-1) - energy
         finite = torch.isfinite(error) & torch.isfinite(proposal.grad).all(-1)
         acceptance = torch.where(finite, (-error).clamp(max=0.0).exp(), torch.zeros_like(error))
         return proposal, energy, acceptance, ~finite | (error > MAX_ENERGY_ERROR)
+
+    def _accepts(self, acceptance: torch.Tensor) -> torch.Tensor:
+        r"""Each chain's Metropolis decision: a uniform from its stream below its acceptance probability."""
+        every = torch.ones(acceptance.shape[0], dtype=torch.bool, device=acceptance.device)
+        return self.streams.uniform(every)[:, 0] < acceptance
 
     def _trajectory_gradient(
         self, start: Phase, proposal: Phase, acceptance: torch.Tensor, diverging: torch.Tensor, duration: float
@@ -298,10 +301,9 @@ class _Metric:
             self.scale, torch.eye(len(covariance), dtype=covariance.dtype, device=covariance.device), upper=False
         ) if self.dense else 1.0 / self.scale
 
-    def momenta(self, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        r""":math:`r = L^{-\top}\xi \sim \mathcal N(0, M)` per chain, and its kinetic energy
-        :math:`\tfrac12 r^\top \Sigma r = \tfrac12 \|\xi\|^2`."""
-        noise = torch.randn_like(like)
+    def momenta(self, noise: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        r""":math:`r = L^{-\top}\xi \sim \mathcal N(0, M)` per chain from standard normals
+        :math:`\xi` (``noise``), and its kinetic energy :math:`\tfrac12 r^\top \Sigma r = \tfrac12 \|\xi\|^2`."""
         kinetic = 0.5 * (noise * noise).sum(-1)
         return (noise @ self.inverse_scale if self.dense else noise * self.inverse_scale), kinetic
 

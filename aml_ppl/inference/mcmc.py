@@ -21,7 +21,7 @@ from aml_ppl.inference.chains import chain_executor, default_chains, run_chains
 from aml_ppl.inference.compiled import Gradient
 from aml_ppl.inference.context import isolated_param_store
 from aml_ppl.inference.fitted import Fitted
-from aml_ppl.inference.hmc.state import HMCState, VectorisedNUTSState
+from aml_ppl.inference.hmc.state import HMCState, VectorisedNUTSState, continuable
 from aml_ppl.inference.io import register_posterior, stored
 from aml_ppl.inference.mcmc_diagnostics import check_sampling, warn_if_untrustworthy
 from aml_ppl.inference.nuts_chain import ChainPlan, sample_chain
@@ -71,7 +71,7 @@ class SamplePosterior(Posterior):
         progress_bar: bool = False,
     ) -> "SamplePosterior":
         r"""``num_samples`` more draws per chain, continuing each chain where it stopped with its
-        adapted step size and mass matrix (no new warm-up) and its own random streams, so that
+        adapted step size and mass matrix (no new warm-up) and its own random stream, so that
         a fit of :math:`n` draws resumed for :math:`k` holds, to the bit on one machine, the
         draws of one fit of :math:`n + k` with the same seed; also after ``save`` and ``load``.
         The check at the end of a fit runs on all the draws.
@@ -95,7 +95,8 @@ class SamplePosterior(Posterior):
         if self.chain_states is None:
             raise InputDataError(
                 "`resume` needs each chain's state, which NUTS and ChEES keep; this posterior "
-                f"(engine {self.engine!r}) has none: it was saved before they kept them."
+                f"(engine {self.engine!r}) has none: it was saved before they kept them, or before "
+                "each chain drew from its own random stream (2026-12)."
             )
         settings = (self.kernel_options, num_samples, 0, progress_bar)
         plan = ChainPlan(seeds=[0] * len(self.chain_states), starts=[ChainProgress(state) for state in self.chain_states])
@@ -172,7 +173,9 @@ class SamplePosterior(Posterior):
         chain_states, batch = None, stored(tensors, cls.batch_prefix)
         if cls.options_key in meta and not batch:
             chains = len(next(iter(stored(tensors, "sample").values())))
-            chain_states = [HMCState.from_tensors(stored(tensors, f"chain{index}")) for index in range(chains)]
+            named = [stored(tensors, f"chain{index}") for index in range(chains)]
+            chain_states = [HMCState.from_tensors(chain) for chain in named] if all(map(continuable, named)) else None
+        batch = batch if continuable(batch) else None
         return cls(
             fitted, samples=stored(tensors, "sample"), stats=stored(tensors, "stat"), chain_states=chain_states,
             kernel_options=meta.get(cls.options_key), batch_state=cls.batch_record.from_tensors(batch) if batch else None,

@@ -36,7 +36,6 @@ chain still degenerate after that is kept as it is and named by the end-of-fit c
 from __future__ import annotations
 
 import math
-import random
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -45,7 +44,7 @@ import pyro
 from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 from pyro.infer.mcmc.util import initialize_model
 
-from aml_ppl._core.randomness import global_state_tensors, set_global_state_tensors
+from aml_ppl._core.streams import ChainStream
 from aml_ppl.errors import ModelFittingError
 from aml_ppl.inference.hmc.state import HMCState
 from aml_ppl.inference.compiled import Gradient, compiled_gradient, plain_gradient
@@ -93,9 +92,9 @@ class MultinomialNUTS(MCMCKernel):
             have been refused, so ``n_steps`` is at most :math:`2^{\text{depth} + 1} - 1`),
             ``acceptance_rate`` is the mean of :math:`\min(1, e^{H_0 - H})` over the
             trajectory's steps, ``energy`` is :math:`H_0`, ``lp`` is :math:`-U` at the draw.
-        choices: The generator of the tree's choices (direction, proposal), the kernel's own,
-            seeded in :meth:`setup` by one draw from torch's, so ``pyro.set_rng_seed`` and
-            ``fit(seed=...)`` fix it.
+        stream: The chain's stream (:class:`~aml_ppl._core.streams.ChainStream`: the start
+            unless given, momenta, the trees' choices, restarts), seeded in :meth:`setup` by a
+            draw from torch's generator, so ``fit(seed=...)`` fixes it.
         restarts: How many times the chain was re-initialised at the warm-up's end.
         positions: The flat unconstrained draws kept after warm-up.
         resume_from: A chain's state to continue in :meth:`setup` (:func:`continue_chain`).
@@ -159,18 +158,21 @@ class MultinomialNUTS(MCMCKernel):
     def setup(self, warmup_steps: int, *args: Any, **kwargs: Any) -> None:
         if self.resume_from is not None:
             return continue_chain(self, self.resume_from, args, kwargs)
+        given = self._initial_params is not None
         built = model_gradient(self.model, args, kwargs, jit=self.jit_compile, initial_params=self._initial_params, compiled=self.compiled)
-        start, shapes, self.transforms = built.start, built.shapes, built.transforms
-        z = flatten(start, shapes)
+        shapes, self.transforms = built.shapes, built.transforms
         self.dynamics = Hamiltonian(built.gradient, shapes, self.mass_matrix)
-        self._initial_params = start
+        self.stream = ChainStream(int(torch.randint(2**62, ()).item()))
+        z = flatten(built.start, shapes)
+        if not given:  # the start from the chain's stream, as Pyro's init_to_uniform draws one
+            z = self.dynamics.uniform_start(z, self.stream)
+        self._initial_params = unflatten(z, shapes)
         self.warmup_steps = warmup_steps
         self.settle_steps = min(SETTLE_STEPS, warmup_steps // 10) if warmup_steps >= SETTLE_FROM_WARMUP else 0
         self.iteration = 0
         self.restarts = 0
         self.records = {name: [] for name in SAMPLE_STATS}
-        self.choices = random.Random(int(torch.randint(2**62, ()).item()))
-        self.trajectory = Trajectory(self.dynamics, self.choices, self.max_tree_depth)
+        self.trajectory = Trajectory(self.dynamics, self.stream, self.max_tree_depth)
         self._start_warmup(z)
 
     def _start_warmup(self, z: torch.Tensor) -> None:
@@ -218,7 +220,7 @@ class MultinomialNUTS(MCMCKernel):
     def _step(self, step_size: float) -> tuple[float, _Tree, int, float]:
         r"""One transition from the current state with a fresh momentum: its starting energy,
         tree, depth and mean acceptance statistic; the proposal becomes the current state."""
-        start = self.dynamics.with_fresh_momentum(self._current)
+        start = self.dynamics.with_fresh_momentum(self._current, self.stream)
         energy = self.dynamics.energy(start)
         tree, depth = self.trajectory.transition(start, energy, step_size)
         self._current = tree.proposal
@@ -233,9 +235,7 @@ class MultinomialNUTS(MCMCKernel):
         if iteration >= self.warmup_steps - self.settle_steps:
             self._settle_divergences += tree.diverging
             return
-        # Read through a tensor of torch's default dtype, as Pyro's WarmupAdapter read it: the
-        # draws stay those of the adapter this replaced, to the bit (the horseshoe's seeded tests).
-        self.averaging = self.averaging.update(float(torch.tensor(accept_prob)))
+        self.averaging = self.averaging.update(accept_prob)
         self.step_size = self.averaging.step_size
         slow, ends = self.windows.at(iteration)
         if slow:
@@ -249,7 +249,7 @@ class MultinomialNUTS(MCMCKernel):
     def _restart_step_size(self, z: torch.Tensor, step_size: float) -> None:
         r"""The step-size search at ``z`` from ``step_size``, and a fresh dual averaging about it."""
         with pyro.validation_enabled(False):
-            self.step_size = self.dynamics.reasonable_step_size(z, step_size)
+            self.step_size = self.dynamics.reasonable_step_size(z, step_size, self.stream)
         self.averaging = DualAveraging.start(self.target_accept_prob, self.step_size)
 
     def _restart_while_degenerate(self) -> None:
@@ -257,7 +257,7 @@ class MultinomialNUTS(MCMCKernel):
         of its settling transitions diverged, ``MAX_RESTARTS`` times at most."""
         while self._settle_divergences > STUCK_DIVERGENT * self.settle_steps and self.restarts < MAX_RESTARTS:
             self.restarts += 1
-            self._start_warmup(self.dynamics.uniform_start(self._current.z))
+            self._start_warmup(self.dynamics.uniform_start(self._current.z, self.stream))
             for iteration in range(self.warmup_steps):
                 self._warmup_transition(iteration)
 
@@ -268,16 +268,14 @@ def chain_state(kernel: MultinomialNUTS) -> HMCState:
     current = kernel._current
     return HMCState(
         position=kernel.dynamics.unflatten(current.z), potential=float(current.potential), gradient=current.grad,
-        step_size=kernel.step_size, inverse_mass=kernel.dynamics.inverse_mass(),
-        choices=kernel.choices.getstate(), stream=global_state_tensors(),
+        step_size=kernel.step_size, inverse_mass=kernel.dynamics.inverse_mass(), stream=kernel.stream.state,
     )
 
 
 def continue_chain(kernel: MultinomialNUTS, state: HMCState, args: tuple, kwargs: dict) -> None:
     r"""Set ``kernel`` up to continue a chain at ``state`` with no warm-up (run it with
     ``warmup_steps=0``): the potential built at its position, the adapted step size and
-    inverse mass matrix, the tree's generator and the chain's random stream where they stood
-    (the stream last: building the potential draws from it)."""
+    inverse mass matrix, and the chain's random stream where they stood."""
     built = model_gradient(kernel.model, args, kwargs, jit=kernel.jit_compile, initial_params=state.position)
     kernel.transforms, kernel.initial_params = built.transforms, state.position
     kernel.dynamics = Hamiltonian(built.gradient, built.shapes, kernel.mass_matrix)
@@ -288,10 +286,8 @@ def continue_chain(kernel: MultinomialNUTS, state: HMCState, args: tuple, kwargs
     z = kernel.dynamics.flatten(state.position)
     kernel._current = kernel.dynamics.state(z, torch.zeros_like(z), state.potential, state.gradient)
     kernel.settle_steps, kernel.restarts = 0, 0
-    kernel.choices = random.Random()
-    kernel.choices.setstate(state.choices)
-    kernel.trajectory = Trajectory(kernel.dynamics, kernel.choices, kernel.max_tree_depth)
-    set_global_state_tensors(state.stream)
+    kernel.stream = ChainStream.at(state.stream)
+    kernel.trajectory = Trajectory(kernel.dynamics, kernel.stream, kernel.max_tree_depth)
 
 
 @dataclass
@@ -377,34 +373,35 @@ class Hamiltonian:
     def energy(self, state: Phase) -> float:
         return float(state.potential) + 0.5 * float(state.r @ state.velocity)
 
-    def with_fresh_momentum(self, state: Phase) -> Phase:
-        r"""``state`` with :math:`r \sim \mathcal{N}(0, M)`."""
+    def with_fresh_momentum(self, state: Phase, stream: ChainStream) -> Phase:
+        r"""``state`` with :math:`r \sim \mathcal{N}(0, M)` drawn from ``stream``."""
         inverse_mass = self.inverse_mass()
-        noise = torch.randn_like(state.z)
+        noise = stream.normal(state.z.numel()).to(state.z)
         if inverse_mass.dim() == 2:  # M = (M^{-1})^{-1} = L L^T with L = chol(M)
             momentum = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(inverse_mass))) @ noise
         else:
             momentum = noise / inverse_mass.sqrt()
         return self.state(state.z, momentum, state.potential, state.grad)
 
-    def uniform_start(self, z: torch.Tensor) -> torch.Tensor:
-        r"""A start drawn as Pyro's ``init_to_uniform`` draws one, from torch's generator:
+    def uniform_start(self, z: torch.Tensor, stream: ChainStream) -> torch.Tensor:
+        r"""A start drawn as Pyro's ``init_to_uniform`` draws one, from ``stream``:
         each unconstrained coordinate uniform in :math:`(-2, 2)`, drawn again (``INIT_TRIES``
         times at most) until the potential energy and its gradient are finite."""
         for _ in range(INIT_TRIES):
-            start = (torch.rand_like(z) * 2.0 - 1.0) * INIT_RADIUS
+            start = (stream.uniform(z.numel()).to(z) * 2.0 - 1.0) * INIT_RADIUS
             potential, grad = self.gradient(start)
             if math.isfinite(float(potential)) and bool(torch.isfinite(grad).all()):
                 return start
         raise ModelFittingError(
-            f"NUTS could not re-initialise a chain: no start with a finite potential energy in {INIT_TRIES} "
+            f"NUTS could not start a chain: no point with a finite potential energy and gradient in {INIT_TRIES} "
             "uniform draws in (-2, 2) on the unconstrained latents."
         )
 
-    def reasonable_step_size(self, z: torch.Tensor, step_size: float) -> float:
+    def reasonable_step_size(self, z: torch.Tensor, step_size: float, stream: ChainStream) -> float:
         r"""Hoffman and Gelman's heuristic (:func:`~aml_ppl.inference.hmc.step_size.reasonable_step_sizes`)
-        at ``z`` from ``step_size``: one leapfrog step accepted with probability above 0.8."""
-        start = self.with_fresh_momentum(self.state(z, torch.zeros_like(z)))
+        at ``z`` from ``step_size``, the momentum drawn from ``stream``: one leapfrog step
+        accepted with probability above 0.8."""
+        start = self.with_fresh_momentum(self.state(z, torch.zeros_like(z)), stream)
         energy = self.energy(start)
 
         def accepts(size: torch.Tensor) -> torch.Tensor:

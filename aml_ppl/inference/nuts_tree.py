@@ -7,12 +7,12 @@ leapfrog steps (:class:`~aml_ppl.inference.nuts_kernel.Hamiltonian`, whose integ
 from __future__ import annotations
 
 import math
-import random
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from aml_ppl._core.streams import ChainStream
 from aml_ppl.inference.hmc.integrator import Phase
 
 # An energy error beyond this is a divergence (Stan's and Pyro's threshold).
@@ -56,21 +56,21 @@ class Trajectory:
 
     Attributes:
         dynamics: The Hamiltonian dynamics the leapfrog steps follow.
-        choices: The generator of the tree's choices (direction, proposal).
+        stream: The chain's random stream, the source of the tree's choices (direction, proposal).
         max_tree_depth: Doublings at most per transition.
     """
 
-    def __init__(self, dynamics: Any, choices: random.Random, max_tree_depth: int) -> None:
-        self.dynamics, self.choices, self.max_tree_depth = dynamics, choices, max_tree_depth
+    def __init__(self, dynamics: Any, stream: ChainStream, max_tree_depth: int) -> None:
+        self.dynamics, self.stream, self.max_tree_depth = dynamics, stream, max_tree_depth
 
     def transition(self, start: Phase, energy: float, step_size: float) -> tuple[_Tree, int]:
         r"""Double the trajectory from ``start`` until it turns, diverges or reaches the depth
         cap; returns the whole tree (its ``proposal`` the next state) and the depth reached.
-        The choices (direction, proposal) are drawn from ``choices``."""
+        The choices (direction, proposal) are drawn from ``stream``."""
         tree = _Tree(start, start, start, 0.0, start.r, steps=0, accept_sum=0.0)
         depth = 0
         while depth < self.max_tree_depth:
-            forward = self.choices.random() < 0.5
+            forward = self.stream.random() < 0.5
             subtree = self._build(tree.right if forward else tree.left, forward, depth, energy, step_size)
             tree.steps += subtree.steps
             tree.accept_sum += subtree.accept_sum
@@ -78,7 +78,7 @@ class Trajectory:
                 tree.diverging = subtree.diverging
                 break
             depth += 1
-            if self.choices.random() < math.exp(min(subtree.log_weight - tree.log_weight, 0.0)):  # biased towards the new
+            if self.stream.random() < math.exp(min(subtree.log_weight - tree.log_weight, 0.0)):  # biased towards the new
                 tree.proposal = subtree.proposal
             first, second = (tree, subtree) if forward else (subtree, tree)
             tree = self._merge(first, second, tree.proposal, _logaddexp(tree.log_weight, subtree.log_weight), tree)
@@ -107,7 +107,7 @@ class Trajectory:
             counts.diverging, counts.turning = outer.diverging, outer.turning
             return counts
         log_weight = _logaddexp(inner.log_weight, outer.log_weight)
-        take_outer = self.choices.random() < math.exp(min(outer.log_weight - log_weight, 0.0))
+        take_outer = self.stream.random() < math.exp(min(outer.log_weight - log_weight, 0.0))
         first, second = (inner, outer) if forward else (outer, inner)
         return self._merge(first, second, outer.proposal if take_outer else inner.proposal, log_weight, counts)
 

@@ -55,6 +55,12 @@ def engine(**options):
     return NUTS(num_samples=30, warmup_steps=30, num_chains=2, progress_bar=False, **options)
 
 
+# Short runs on purpose (30 + 30 draws): where and how chains run is the point, not their ESS;
+# a 30-step warm-up leaves a chain a few divergences at some seeds.
+short_runs = pytest.mark.filterwarnings("ignore::aml_ppl.errors.SamplingWarning")
+
+
+@short_runs
 def test_chains_in_two_processes_equal_the_same_chains_in_turn():
     X, y = data()
     for model in (regression, aml.models.BayesianLinearRegression(noise_scale=0.3)):
@@ -100,6 +106,7 @@ def test_spawned_workers_draw_what_forked_ones_do_and_none_outlives_a_failed_run
     assert torch.equal(spawned.samples["beta"], in_turn.samples["beta"])
 
 
+@short_runs
 def test_a_model_from_main_runs_in_forked_workers_and_in_turn_where_only_spawning_is_safe():
     r"""On Linux with no other thread running, chains run in forked workers, which need not
     import or unpickle the model: one defined in ``__main__`` (a notebook's) runs there too,
@@ -130,6 +137,7 @@ def test_a_model_from_main_runs_in_forked_workers_and_in_turn_where_only_spawnin
         NUTS(executor="threads")
 
 
+@short_runs
 def test_no_fork_once_jax_runs(monkeypatch) -> None:
     r"""JAX's runtime threads are invisible to ``threading`` and deadlock a forked child
     (JAX warns so itself); with JAX's backends started (a stand-in JAX here) the chains take
@@ -156,6 +164,7 @@ def branches_on_a_latent(X, y=None):
         pyro.sample("obs", dist.Normal(X @ slope, 0.3), obs=y)
 
 
+@short_runs
 @pytest.mark.parametrize("model", [regression, aml.models.BayesianLinearRegression()], ids=["plain", "blr"])
 def test_nuts_traces_by_default_and_draws_what_it_draws_without_the_jit(model) -> None:
     r"""The JIT is on by default where the model traces; the traced potential is the

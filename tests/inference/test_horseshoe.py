@@ -79,15 +79,12 @@ def test_a_small_horseshoe_has_no_stuck_chain(seed):
     assert_no_chain_stuck_and_mixed(post, messages)
 
 
-# Seed 2 keeps no chain stuck but its tau mixes slowly over 100 draws per chain (split r-hat 1.105).
-REDUCED_SEEDS = [seed if seed != 2 else pytest.param(seed, marks=pytest.mark.xfail(
-    reason="tau's split r-hat 1.105 over 2 x 100 draws; no chain stuck", strict=False)) for seed in range(8)]
-
-
-@pytest.mark.slow  # about 40 s of CPU per seed: the centred funnel's trees are 4 to 10 doublings deep
-@pytest.mark.parametrize("seed", REDUCED_SEEDS)
+@pytest.mark.slow  # about 30 s of CPU per seed: the centred funnel's trees are 4 to 10 doublings deep
+@pytest.mark.parametrize("seed", range(8))
 def test_a_reduced_horseshoe_has_no_stuck_chain(seed):
-    post, messages = fit_horseshoe(8, 40, 150, 100, seed)
+    # 2 x 200 draws: tau mixes slowly in the funnel, and at 2 x 100 its split r-hat sat near 1.05
+    # on some seeds with no chain stuck.
+    post, messages = fit_horseshoe(8, 40, 150, 200, seed)
     assert_no_chain_stuck_and_mixed(post, messages)
 
 

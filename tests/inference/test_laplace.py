@@ -153,24 +153,39 @@ def test_laplace_refuses_what_it_cannot_do():
 
 
 @pytest.mark.slow
+# The weights' r-hat is high by design: the chains sit in mirror images of one mode (the hidden
+# units' permutations and sign flips); the network's outputs, compared below, are what they share.
+@pytest.mark.filterwarnings("ignore::aml_ppl.errors.SamplingWarning")
 def test_linearised_laplace_of_a_small_network_matches_nuts():
     r"""A 1-3-1 tanh network on 200 noisy points of a sine, the model's own prior (factor 1): the
     linearised predictive :math:`\mathcal N(f(x \mid \hat\theta), J\Sigma J^\top)` against the exact
-    posterior's (NUTS, 1 000 draws) at seven inputs, two beyond the data. The posterior is close to
-    Gaussian at this size (Bernstein-von Mises), so the Laplace's means lie within one posterior
-    sd of NUTS's (its bias is the mode's offset from the mean, measured at most 0.7 sd) and its sds
-    within a factor 1.25 (measured 0.92-1.15; NUTS's sd has a relative Monte Carlo error of about
-    :math:`1/\sqrt{2\,\mathrm{ESS}} \approx 4\%`). A Gauss-Newton matrix off by a factor of two
-    would put the sds off by 1.41."""
+    posterior's (NUTS, 2 chains x 1 000 draws) at seven inputs, two beyond the data. The MAP is
+    local: from seed 0 it stops in a mode whose log joint is 54 nats below the one seeds 1 and 2
+    reach, so the Laplace of the highest evidence among three restarts is the one compared (the
+    evidence ranks a network's modes, MacKay 1992). The posterior is close to Gaussian at this
+    size (Bernstein-von Mises), so the Laplace's means lie within one posterior sd of each chain's
+    (its bias is the mode's offset from the mean) and, within the data, its sds within a factor 1.25
+    of NUTS's (measured 0.99-1.12; NUTS's sd has a relative Monte Carlo error of about
+    :math:`1/\sqrt{2\,\mathrm{ESS}} \approx 3\%`); a Gauss-Newton matrix off by a factor of two would
+    put them off by 1.41. Beyond the data the tanh units saturate, the outputs' posterior is no
+    longer linear in the weights, and the linearised sds are wider than NUTS's (measured 1.38 and
+    1.46): asserted within a factor two."""
     generator = torch.Generator().manual_seed(0)
     X = torch.rand(200, 1, generator=generator, dtype=torch.float64) * 4 - 2
     y = torch.sin(1.5 * X[:, 0]) + 0.1 * torch.randn(200, generator=generator, dtype=torch.float64)
     X_new = torch.linspace(-2.5, 2.5, 7, dtype=torch.float64)[:, None]
     network = lambda: aml.models.BayesianNeuralNetwork(1, hidden=(3,), activation="tanh", noise_scale=0.1)  # noqa: E731
-    laplace = aml.fit(network(), X, y, engine=Laplace(prior_precision=1.0), seed=0)
+    restarts = [aml.fit(network(), X, y, engine=Laplace(prior_precision=1.0), seed=seed) for seed in range(3)]
+    laplace = max(restarts, key=lambda fit: fit.log_marginal_likelihood)
     mean, covariance = laplace.output_distribution(X_new)
-    exact = aml.fit(network(), X, y, engine=aml.inference.NUTS(num_samples=1000, warmup_steps=500, num_chains=1), seed=0)
-    outputs = laplace.network.forward_pass(X_new, exact.model_draws(1000))[..., 0]
+    engine = aml.inference.NUTS(num_samples=1000, warmup_steps=500, num_chains=2, progress_bar=False)
+    exact = aml.fit(network(), X, y, engine=engine, seed=0)
+    outputs = laplace.network.forward_pass(X_new, exact.model_draws(2000))[..., 0]
     sd = covariance[:, 0, 0].sqrt()
-    assert torch.all((mean[:, 0] - outputs.mean(0)).abs() <= outputs.std(0)), (mean[:, 0], outputs.mean(0))
-    assert torch.all((sd / outputs.std(0) - 1).abs() <= 0.25), (sd, outputs.std(0))
+    for chain in range(2):
+        chain_outputs = laplace.network.forward_pass(X_new, {k: v[chain] for k, v in exact.samples.items()})[..., 0]
+        assert torch.all((mean[:, 0] - chain_outputs.mean(0)).abs() <= outputs.std(0)), (chain, mean[:, 0], chain_outputs.mean(0))
+    ratio = sd / outputs.std(0)
+    inside = (X_new[:, 0] >= X.min()) & (X_new[:, 0] <= X.max())
+    assert torch.all((ratio[inside] - 1).abs() <= 0.25), (sd, outputs.std(0))
+    assert torch.all((ratio[~inside] >= 0.8) & (ratio[~inside] <= 2.0)), (sd, outputs.std(0))

@@ -104,9 +104,8 @@ def test_a_dense_metric_from_too_few_draws_no_longer_stalls_the_warm_up(monkeypa
 @pytest.mark.parametrize("model, args", [(correlated, ()), (eight_schools, (SCHOOLS_SIGMA, SCHOOLS_Y))], ids=["correlated", "eight schools"])
 def test_the_draws_agree_with_pyros_nuts_within_monte_carlo_error(model, args):
     """Pyro's NUTS (its multinomial sampling, Stan's windows, torch's random stream) and ours
-    (the generalised U-turn across subtrees as Stan 2.26, the tree's choices from Python's
-    generator, the metric chosen by the windows' correlations) are one algorithm up to the
-    random numbers, so their draws agree in distribution: each latent's mean and sd within 4
+    (the generalised U-turn across subtrees as Stan 2.26, the chain's own SplitMix64 stream,
+    the metric chosen by the windows' correlations) are one algorithm up to the random numbers, so their draws agree in distribution: each latent's mean and sd within 4
     of their combined Monte Carlo standard errors (ArviZ's ``mcse``; 4 and 20 checks
     fail for two correct samplers with probability about 24 x 6e-5 in all)."""
     draws = []

@@ -233,6 +233,29 @@ def test_resume_without_chains_is_refused():
 
 
 @short_runs
+def test_a_file_from_before_the_chains_own_streams_keeps_its_draws(tmp_path):
+    r"""Until 2026-12 a chain's state held the global generators' (keys ``stream:...``): such a
+    posterior loads with all its draws and refuses ``resume`` naming why; such a checkpoint is
+    refused naming its version."""
+    model, args = CASES["blr"]
+    post = aml.fit(model, *args, engine=nuts(10, executor=None, checkpoint=tmp_path / "run", checkpoint_every=5), seed=0)
+    post.save(tmp_path / "post.pt")
+    for path, key in ((tmp_path / "post.pt", "tensors"), (tmp_path / "run" / "chain-0.pt", "state")):
+        payload = torch.load(path, weights_only=True)
+        named = payload[key]
+        for name in [name for name in named if name.endswith("stream")]:
+            named[name.replace("stream", "stream:torch")] = named.pop(name)
+        payload["format"] = payload["format"].replace("/2", "/1")
+        torch.save(payload, path)
+    loaded = aml.load(tmp_path / "post.pt", model=model)
+    assert_same_draws(post, loaded)
+    with pytest.raises(InputDataError, match="own random stream"):
+        loaded.resume(5)
+    with pytest.raises(InputDataError, match="'aml_ppl.nuts-checkpoint/1', this aml_ppl writes"):
+        aml.fit(model, *args, engine=nuts(10, executor=None, checkpoint=tmp_path / "run"), seed=0)
+
+
+@short_runs
 @pytest.mark.parametrize("engine", ["chees", "vectorised"])
 def test_a_checkpointed_batch_continues_to_the_draws_of_one_run(engine, tmp_path):
     r"""ChEES's and vectorised NUTS's batch write ``batch.pt`` every ``checkpoint_every`` draws:

@@ -179,7 +179,11 @@ def test_botorch_model_matches_and_optimises_qlogei(gp_data):
 
 
 @pytest.mark.slow  # NUTS with a Cholesky per gradient: about 12 s
-@pytest.mark.filterwarnings("ignore::aml_ppl.errors.SamplingWarning")  # 30 + 30 draws: the sites and export are the point, not the sampling
+# 30 + 30 draws: the sites, the export and the BoTorch form are the point, not the sampling; at
+# S = 30 draws PSIS's own reliability threshold for k is 1 - 1 / log10(S) = 0.32, so loo's warning is
+# expected of some seeds.
+@pytest.mark.filterwarnings("ignore::aml_ppl.errors.SamplingWarning")
+@pytest.mark.filterwarnings("ignore::aml_ppl.analysis.ParetoKWarning")
 def test_nuts_over_hyperparameters_runs_and_exports(gp_data):
     X, y = gp_data
     post = aml.fit(GaussianProcess(), X[:20], y[:20], seed=0,

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from aml_ppl._core.randomness import python_state, python_state_tensor
+from aml_ppl._core.streams import word_tensor
 
 
 @dataclass
@@ -25,11 +25,8 @@ class HMCState:
         gradient: :math:`\nabla U` there, on the flat vector (sites in sorted order).
         step_size: The adapted leapfrog step size.
         inverse_mass: The adapted inverse mass matrix (a vector where diagonal).
-        choices: The state of the tree's own generator (direction, proposal), as
-            :func:`~aml_ppl._core.randomness.python_state_tensor` writes it.
-        stream: The chain's global random stream (Python, NumPy, torch), as
-            :func:`~aml_ppl._core.randomness.global_state_tensors` writes it; the
-            momenta are drawn from it.
+        stream: The chain's random stream, where it stands (its momenta and its trees'
+            choices are drawn from it: :attr:`~aml_ppl._core.streams.ChainStream.state`).
     """
 
     position: dict[str, torch.Tensor]
@@ -37,31 +34,25 @@ class HMCState:
     gradient: torch.Tensor
     step_size: float
     inverse_mass: torch.Tensor
-    choices: tuple
-    stream: dict[str, torch.Tensor]
+    stream: int
 
     def tensors(self) -> dict[str, torch.Tensor]:
         r"""The state as named tensors, for a file ``torch.load(weights_only=True)`` reads."""
         named = {f"position:{name}": value for name, value in self.position.items()}
-        named.update({f"stream:{name}": value for name, value in self.stream.items()})
         named.update(
             potential=torch.tensor(self.potential, dtype=torch.float64), gradient=self.gradient,
             step_size=torch.tensor(self.step_size, dtype=torch.float64), inverse_mass=self.inverse_mass,
-            choices=python_state_tensor(self.choices),
+            stream=word_tensor(self.stream),
         )
         return named
 
     @classmethod
     def from_tensors(cls, named: dict[str, torch.Tensor]) -> "HMCState":
         r"""The state :meth:`tensors` wrote."""
-
-        def prefixed(prefix: str) -> dict[str, torch.Tensor]:
-            return {key[len(prefix) + 1 :]: value for key, value in named.items() if key.startswith(prefix + ":")}
-
+        position = {key[len("position:") :]: value for key, value in named.items() if key.startswith("position:")}
         return cls(
-            position=prefixed("position"), potential=float(named["potential"]), gradient=named["gradient"],
-            step_size=float(named["step_size"]), inverse_mass=named["inverse_mass"],
-            choices=python_state(named["choices"]), stream=prefixed("stream"),
+            position=position, potential=float(named["potential"]), gradient=named["gradient"],
+            step_size=float(named["step_size"]), inverse_mass=named["inverse_mass"], stream=int(named["stream"]) % 2**64,
         )
 
 
@@ -80,9 +71,9 @@ class ChEESState:
         inverse_mass: The adapted inverse mass matrix (``D``, or ``D x D`` where dense).
         transitions: Transitions run so far, warm-up included: the next one's index in the
             Halton jitter.
-        stream: The global random streams (Python, NumPy, torch's CPU generator), as
-            :func:`~aml_ppl._core.randomness.global_state_tensors` writes them; the momenta
-            and the acceptances are drawn from torch's.
+        streams: Each chain's SplitMix64 stream state (``C``, ``int64``:
+            :class:`~aml_ppl._core.streams.ChainStreams`), the source of its momenta, its
+            acceptances and its restarts.
     """
 
     position: torch.Tensor
@@ -92,16 +83,15 @@ class ChEESState:
     log_trajectory_length: float
     inverse_mass: torch.Tensor
     transitions: int
-    stream: dict[str, torch.Tensor]
+    streams: torch.Tensor
 
     def tensors(self) -> dict[str, torch.Tensor]:
         r"""The state as named tensors, for a file ``torch.load(weights_only=True)`` reads."""
-        named = {f"stream:{name}": value for name, value in self.stream.items()}
+        named = {name: getattr(self, name) for name in self.__dataclass_fields__}
         named.update(
-            position=self.position, potential=self.potential, gradient=self.gradient,
             step_size=torch.tensor(self.step_size, dtype=torch.float64),
             log_trajectory_length=torch.tensor(self.log_trajectory_length, dtype=torch.float64),
-            inverse_mass=self.inverse_mass, transitions=torch.tensor(self.transitions),
+            transitions=torch.tensor(self.transitions),
         )
         return named
 
@@ -111,8 +101,7 @@ class ChEESState:
         return cls(
             position=named["position"], potential=named["potential"], gradient=named["gradient"],
             step_size=float(named["step_size"]), log_trajectory_length=float(named["log_trajectory_length"]),
-            inverse_mass=named["inverse_mass"], transitions=int(named["transitions"]),
-            stream={key[len("stream:"):]: value for key, value in named.items() if key.startswith("stream:")},
+            inverse_mass=named["inverse_mass"], transitions=int(named["transitions"]), streams=named["streams"],
         )
 
 
@@ -147,3 +136,10 @@ class VectorisedNUTSState:
     def from_tensors(cls, named: dict[str, torch.Tensor]) -> "VectorisedNUTSState":
         r"""The state :meth:`tensors` wrote."""
         return cls(**{name: named[name] for name in cls.__dataclass_fields__})
+
+
+def continuable(named: dict[str, torch.Tensor]) -> bool:
+    r"""Whether ``named`` (a record's :meth:`tensors`, from a file) is of the layout above. Until
+    2026-12 a NUTS or ChEES chain drew from the global random generators and its record kept
+    theirs (keys ``stream:...``): such a file's draws load, its chains cannot be continued."""
+    return not any(key.startswith("stream:") for key in named)
