@@ -67,14 +67,31 @@ class ChainStreams:
         streams.state = state
         return streams
 
+    @property
+    def state(self) -> torch.Tensor:
+        r"""Where each chain's stream stands (``C``, ``int64``, the bits of a word modulo :math:`2^{64}`).
+        On the CPU the words are kept as NumPy's ``uint64`` (a small tensor operation costs more than
+        the arithmetic); elsewhere as a tensor on the device."""
+        return self._on_device if self._words is None else torch.from_numpy(self._words.view(np.int64))
+
+    @state.setter
+    def state(self, value: torch.Tensor) -> None:
+        on_cpu = value.device.type == "cpu"
+        self._words = value.numpy().view(np.uint64).copy() if on_cpu else None
+        self._on_device = None if on_cpu else value
+
     def uniform(self, drawing: torch.Tensor, count: int = 1) -> torch.Tensor:
         r"""``count`` uniforms on :math:`(0, 1)` per chain (``C x count``, float64); the chains
         not ``drawing`` get values they must not use, and their streams stay where they are."""
-        steps = torch.arange(1, count + 1, dtype=torch.int64, device=self.state.device)
-        offsets = steps * _GAMMA  # wraps modulo 2^64, as the state does
-        words = mix(self.state[:, None] + offsets)
-        self.state = torch.where(drawing, self.state + offsets[-1], self.state)
-        return (_shifted(words, 11).to(torch.float64) + 0.5) * 2.0**-53
+        if self._words is None:
+            steps = torch.arange(1, count + 1, dtype=torch.int64, device=self._on_device.device)
+            offsets = steps * _GAMMA  # wraps modulo 2^64, as the state does
+            words = mix(self._on_device[:, None] + offsets)
+            self._on_device = torch.where(drawing, self._on_device + offsets[-1], self._on_device)
+            return (_shifted(words, 11).to(torch.float64) + 0.5) * 2.0**-53
+        words = self._words
+        self._words = np.where(drawing.numpy(), words + _steps(count)[-1], words)
+        return torch.from_numpy(_uniforms(words, count))
 
     def choice(self, drawing: torch.Tensor, options: int) -> torch.Tensor:
         r"""One index drawn uniformly from ``[0, options)`` for each chain ``drawing`` (in chain order)."""
@@ -172,10 +189,15 @@ class ChainStream:
         self._block = _uniforms(state, ahead).tolist() if ahead else []
 
 
-def _uniforms(state: int, count: int) -> np.ndarray:
-    r"""The ``count`` uniforms on :math:`(0, 1)` a SplitMix64 stream at ``state`` draws next (float64)."""
-    steps = _STEPS[:count] if count <= len(_STEPS) else np.arange(1, count + 1, dtype=np.uint64) * np.uint64(_GAMMA % _WORD)
-    words = _mix_words(np.uint64(state) + steps)
+def _steps(count: int) -> np.ndarray:
+    r"""The increments :math:`k\gamma`, :math:`k = 1, \dots,` ``count``, modulo :math:`2^{64}` (``uint64``)."""
+    return _STEPS[:count] if count <= len(_STEPS) else np.arange(1, count + 1, dtype=np.uint64) * np.uint64(_GAMMA % _WORD)
+
+
+def _uniforms(state: int | np.ndarray, count: int) -> np.ndarray:
+    r"""The ``count`` uniforms on :math:`(0, 1)` that SplitMix64 streams at ``state`` (a word, or
+    ``uint64`` words ``C``) draw next (float64, ``count`` or ``C x count``)."""
+    words = _mix_words(np.asarray(state, dtype=np.uint64)[..., None] + _steps(count))
     return ((words >> np.uint64(11)).astype(np.float64) + 0.5) * 2.0**-53
 
 
