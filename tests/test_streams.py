@@ -6,7 +6,7 @@ import random
 import numpy as np
 import torch
 
-from aml_ppl._core.streams import ChainStream, ChainStreams, mix, word_tensor
+from aml_ppl._core.streams import ChainStream, ChainStreams, _uniforms_on_device, mix, word_tensor
 
 # SplitMix64 from state 0 (Steele, Lea & Flood 2014; Vigna's splitmix64.c): its first outputs.
 REFERENCE = (0xE220A8397B1DCDAF, 0x6E789E6AA1B965F4, 0x06C45D188009454F)
@@ -37,6 +37,20 @@ def test_one_chains_stream_draws_what_the_batch_draws_for_that_chain():
     assert int(batch.state[0]) == int(ChainStreams([5]).state[0])  # the chain not drawing stayed
     again = ChainStream.at(int(word_tensor(alone.state)) % 2**64)
     assert [again.random() for _ in range(100)] == [alone.random() for _ in range(100)]
+
+
+def test_the_words_kept_as_a_tensor_draw_what_numpy_draws():
+    r"""Off the CPU the states stay an ``int64`` tensor (:func:`_uniforms_on_device`); run here on
+    CPU tensors, that path gives the NumPy path's uniforms and states to the bit, for random
+    masks and for every chain (``drawing=None``)."""
+    streams, on_device = ChainStreams(range(6)), ChainStreams(range(6)).state
+    order = torch.Generator().manual_seed(0)
+    for round in range(200):
+        count = int(torch.randint(1, 70, (), generator=order))
+        drawing = None if round % 5 == 0 else torch.rand(6, generator=order) < 0.5
+        uniforms, on_device = _uniforms_on_device(on_device, drawing, count)
+        assert torch.equal(uniforms, streams.uniform(drawing, count))
+        assert torch.equal(on_device, streams.state)
 
 
 def test_the_normals_have_the_standard_moments():

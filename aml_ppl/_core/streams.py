@@ -80,29 +80,36 @@ class ChainStreams:
         self._words = value.numpy().view(np.uint64).copy() if on_cpu else None
         self._on_device = None if on_cpu else value
 
-    def uniform(self, drawing: torch.Tensor, count: int = 1) -> torch.Tensor:
+    def uniform(self, drawing: torch.Tensor | None = None, count: int = 1) -> torch.Tensor:
         r"""``count`` uniforms on :math:`(0, 1)` per chain (``C x count``, float64); the chains
-        not ``drawing`` get values they must not use, and their streams stay where they are."""
+        not ``drawing`` (a ``C`` mask; ``None``: every chain draws) get values they must not
+        use, and their streams stay where they are."""
         if self._words is None:
-            steps = torch.arange(1, count + 1, dtype=torch.int64, device=self._on_device.device)
-            offsets = steps * _GAMMA  # wraps modulo 2^64, as the state does
-            words = mix(self._on_device[:, None] + offsets)
-            self._on_device = torch.where(drawing, self._on_device + offsets[-1], self._on_device)
-            return (_shifted(words, 11).to(torch.float64) + 0.5) * 2.0**-53
+            uniforms, self._on_device = _uniforms_on_device(self._on_device, drawing, count)
+            return uniforms
         words = self._words
-        self._words = np.where(drawing.numpy(), words + _steps(count)[-1], words)
+        self._words = words + _steps(count)[-1] if drawing is None else np.where(drawing.numpy(), words + _steps(count)[-1], words)
         return torch.from_numpy(_uniforms(words, count))
 
     def choice(self, drawing: torch.Tensor, options: int) -> torch.Tensor:
         r"""One index drawn uniformly from ``[0, options)`` for each chain ``drawing`` (in chain order)."""
         return (self.uniform(drawing)[drawing, 0] * options).long().clamp(max=options - 1)
 
-    def normal(self, drawing: torch.Tensor, count: int) -> torch.Tensor:
+    def normal(self, drawing: torch.Tensor | None, count: int) -> torch.Tensor:
         r"""``count`` standard normals per chain (``C x count``, float64), by Box and Muller's
-        transform of ``2 count`` uniforms."""
+        transform of ``2 count`` uniforms (``drawing`` as in :meth:`uniform`)."""
         uniforms = self.uniform(drawing, 2 * count)
         radius = (-2.0 * uniforms[:, :count].log()).sqrt()
         return radius * torch.cos(2 * math.pi * uniforms[:, count:])
+
+
+def _uniforms_on_device(state: torch.Tensor, drawing: torch.Tensor | None, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+    r""":meth:`ChainStreams.uniform` on ``int64`` words kept as a tensor (off the CPU): the uniforms
+    (``C x count``) and the states after them."""
+    offsets = torch.arange(1, count + 1, dtype=torch.int64, device=state.device) * _GAMMA  # wraps modulo 2^64
+    words = mix(state[:, None] + offsets)
+    advanced = state + offsets[-1]
+    return (_shifted(words, 11).to(torch.float64) + 0.5) * 2.0**-53, advanced if drawing is None else torch.where(drawing, advanced, state)
 
 
 def word_tensor(word: int) -> torch.Tensor:

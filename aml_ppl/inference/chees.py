@@ -227,8 +227,7 @@ class ChEESSampler:
         r"""Fresh momenta :math:`r \sim \mathcal N(0, M)` and ``steps`` leapfrog steps for every
         chain: the proposals, the starting energies, the acceptance probabilities
         :math:`\min(1, e^{H_0 - H})` (0 where not finite) and the divergences."""
-        every = torch.ones(current.z.shape[0], dtype=torch.bool, device=current.z.device)
-        momenta, kinetic = self.metric.momenta(self.streams.normal(every, current.z.shape[1]).to(current.z))
+        momenta, kinetic = self.metric.momenta(self.streams.normal(None, current.z.shape[1]).to(current.z))
         proposal = self._update(self._init(current.z, momenta, current.potential, current.grad), step_size, steps)
         energy = current.potential + kinetic
         error = proposal.potential + 0.5 * (proposal.r * proposal.velocity).sum(-1) - energy
@@ -238,8 +237,7 @@ class ChEESSampler:
 
     def _accepts(self, acceptance: torch.Tensor) -> torch.Tensor:
         r"""Each chain's Metropolis decision: a uniform from its stream below its acceptance probability."""
-        every = torch.ones(acceptance.shape[0], dtype=torch.bool, device=acceptance.device)
-        return self.streams.uniform(every)[:, 0] < acceptance
+        return self.streams.uniform()[:, 0] < acceptance
 
     def _trajectory_gradient(
         self, start: Phase, proposal: Phase, acceptance: torch.Tensor, diverging: torch.Tensor, duration: float

@@ -343,8 +343,7 @@ class VectorisedNUTS:
 
     def _momenta(self, current: Phase) -> Phase:
         r"""Each chain's fresh momentum :math:`r \sim \mathcal N(0, M)` from its own stream."""
-        every = torch.ones(current.z.shape[0], dtype=torch.bool, device=current.z.device)
-        noise = self.streams.normal(every, current.z.shape[1]).to(current.z)
+        noise = self.streams.normal(None, current.z.shape[1]).to(current.z)
         return self._init(current.z, noise / self.inverse_mass.sqrt(), current.potential, current.grad)
 
     def _transition(self, current: Phase, step_size: torch.Tensor) -> tuple[Phase, dict[str, torch.Tensor]]:
