@@ -70,7 +70,9 @@ def run_split(folder: Path, split: int, steps: int, batch: int, engine: str = "s
     rmse = (mean - y_test).square().mean().sqrt().item()
     # log p(y) in y's units = log p(standardised y) - log sd(y)
     log_likelihood = post.log_prob(inputs, standardised, num_samples=500).mean().item() - math.log(y_sd.item())
-    return rmse, log_likelihood, time.perf_counter() - start
+    seconds = time.perf_counter() - start
+    print(f"  split {split}: RMSE {rmse:.4f}, test LL {log_likelihood:.4f}, {seconds:.1f} s", flush=True)
+    return rmse, log_likelihood, seconds
 
 
 def main() -> None:
