@@ -315,7 +315,7 @@ def diffusion(report: Report) -> None:
     train = torch.tensor(make_moons(4000, noise=0.1, random_state=0)[0], dtype=torch.float32, device=report.device)
     held_out = torch.tensor(make_moons(1000, noise=0.1, random_state=1)[0], dtype=torch.float32, device=report.device)
     steps, timesteps = (200, 100) if report.quick else (4000, 1000)
-    model = aml.models.DDPM((2,), num_timesteps=timesteps, batch_size=256)
+    model = aml.models.DDPM((2,), num_timesteps=timesteps, batch_size=512)
     score = lambda posterior: posterior.log_prob(held_out).mean().item()  # noqa: E731
     engine = SVI(**{**aml.models.DDPM.default_engine_options, "num_steps": steps, "progress_bar": False})
     post = report.timed_fit("DDPM, MLP denoiser", "two moons", model, (train,), engine,
