@@ -79,7 +79,7 @@ def main(seeds: int, steps: int, samples: int, last_iterate: bool, json_path: st
         energies = [result["energy"] for result in results]
         bits = [result["bits"] for result in results if "bits" in result]
         seconds = [result["seconds"] for result in results if "seconds" in result]
-        rows.append([label, f"{statistics.median(energies):.4f}", ", ".join(f"{value:.4f}" for value in energies),
+        rows.append([label, f"{statistics.median(energies):.5f}", ", ".join(f"{value:.5f}" for value in energies),
                      f"{statistics.median(bits):.3f}" if bits else "", f"{statistics.median(seconds):.0f}" if seconds else ""])
         print(" | ".join(rows[-1]))
     if json_path:
