@@ -47,6 +47,7 @@ def moons(count: int, seed: int) -> torch.Tensor:
 
 
 def ddpm_run(train: torch.Tensor, held_out: torch.Tensor, seed: int, steps: int, samples: int, averaged: bool) -> dict:
+    torch.manual_seed(seed)  # the network's initial weights are drawn when it is built, before fit's seed
     model = aml.models.DDPM((2,), num_timesteps=1000, batch_size=512)
     settings = {**aml.models.DDPM.default_engine_options, "num_steps": steps, "lr": 2e-3, "progress_bar": False}
     if not averaged:
