@@ -75,10 +75,9 @@ class DDPM(DiffusionBound, Model):
     Fitting: ``aml_ppl.fit(ddpm, x0)`` maximises ``default_loss()``, a
     :class:`DiffusionELBO` over minibatches of ``batch_size`` points and one timestep per
     point, by SVI at lr 2e-3 with an exponential moving average of the weights, decay 0.999
-    (``default_engine_options``; Ho et al. 2020, App. B, average with 0.9999 over 800 000 steps).
-    SVI's warm-up caps the decay at :math:`(1 + t)/(10 + t)` after step :math:`t`, so it reaches
-    0.999 after about 9 000 steps: at the end of 4 000 it is 0.9978, an average over about the
-    last 450 steps (an ``SVI`` you configure is used as it is). A fitted posterior's ``log_prob(x0)`` is the bound per point in nats (the sum
+    (``default_engine_options``; Ho et al. 2020, App. B, use 0.9999 over 800 000 steps), which
+    SVI's warm-up caps at :math:`(1 + t)/(10 + t)` after step :math:`t`: 0.9978 after 4 000
+    steps, an average over about the last 450 (an ``SVI`` you configure is used as it is). A fitted posterior's ``log_prob(x0)`` is the bound per point in nats (the sum
     over all :math:`T` terms), and ``predict(num_samples=n, seed=0)`` draws by ancestral
     sampling (Ho et al. Algorithm 2).
 
