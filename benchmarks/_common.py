@@ -1,11 +1,14 @@
-"""Shared helpers for the benchmarks: machine line, interleaved timing."""
+"""Shared helpers for the benchmarks: machine line, interleaved timing, the results file."""
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import statistics
+import subprocess
 import time
+from pathlib import Path
 from typing import Callable
 
 import torch
@@ -37,3 +40,16 @@ def interleaved(runs: dict[str, Callable[[], object]], repeats: int, settle: flo
 def step_time(short: float, long: float, extra_steps: int) -> float:
     """Seconds per step from two runs that differ by `extra_steps` steps (one-off costs cancel)."""
     return (long - short) / extra_steps
+
+
+def write_results(path: str, *, title: str, benchmark: str, issues: list[int], command: str, load: str,
+                  tables: list[dict], notes: str = "") -> None:
+    """A benchmarks/results/ file (rendered into RESULTS.md by render_results.py): the
+    benchmark's ``tables`` (each a caption, columns and rows) with the commit, date and machine."""
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                            cwd=Path(__file__).parent).stdout.strip()
+    Path(path).write_text(json.dumps({
+        "title": title, "benchmark": benchmark, "issues": issues, "command": command, "commit": commit,
+        "date": time.strftime("%Y-%m-%d"), "machine": machine_line().removeprefix("machine: ").split(", load")[0],
+        "load": load, "tables": tables, "notes": notes,
+    }, indent=1))

@@ -31,9 +31,7 @@ Usage: pip install -e ".[bench]"; python benchmarks/bench_chains.py [--many-chai
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
 import sys
 import time
 import warnings
@@ -46,7 +44,7 @@ import pyro.distributions as dist
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _common import machine_line  # noqa: E402
+from _common import machine_line, write_results  # noqa: E402
 
 import aml_ppl as aml  # noqa: E402
 from aml_ppl.inference import NUTS, ChEES  # noqa: E402
@@ -287,16 +285,16 @@ def main() -> None:
     print(f"medians over {len(seeds)} seed(s); ESS/s's range over the seeds in brackets")
     table = []
     for name, rows in results.items():
-        base, against = median_rate(rows.get("Pyro MCMC(NUTS), default", [])), median_rate(rows[peer])
+        base, against = median_rate(rows.get("Pyro MCMC(NUTS), default", [])), median_rate(rows.get(peer, []))
         for label, runs in rows.items():
             rate = median_rate(runs)
             rates = [run[1] / run[0] for run in runs]
             gradients = float(np.median([run[2] for run in runs]))
             table.append([name, label, round(float(np.median([r[0] for r in runs])), 1), round(float(np.median([r[1] for r in runs]))),
-                          f"{rate:.1f} ({min(rates):.0f}-{max(rates):.0f})", f"{rate / base:.2f}x", f"{rate / against:.2f}x",
+                          f"{rate:.1f} ({min(rates):.0f}-{max(rates):.0f})", ratio(rate, base), ratio(rate, against),
                           "n/a" if np.isnan(gradients) else round(gradients, 1)])
             print(f"{name:28s} {label:38s} {np.median([r[0] for r in runs]):7.1f} s  min bulk ESS {np.median([r[1] for r in runs]):7.0f}  "
-                  f"ESS/s {rate:6.1f} ({min(rates):.0f}-{max(rates):.0f})  ESS/s vs Pyro {rate / base:5.2f}x  vs {peer} {rate / against:5.2f}x  "
+                  f"ESS/s {rate:6.1f} ({min(rates):.0f}-{max(rates):.0f})  ESS/s vs Pyro {ratio(rate, base):>7s}  vs {peer} {ratio(rate, against):>7s}  "
                   f"gradients/ESS {gradients:6.1f}", flush=True)
     if options.json:
         write_json(options.json, table, peer, sys.argv[1:], len(seeds))
@@ -304,18 +302,13 @@ def main() -> None:
 
 def write_json(path: str, rows: list[list], peer: str, arguments: list[str], seeds: int) -> None:
     """The summary as a benchmarks/results/ file (rendered into RESULTS.md by render_results.py)."""
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            cwd=Path(__file__).parent).stdout.strip()
-    Path(path).write_text(json.dumps({
-        "title": "NUTS and ChEES chains against Pyro and NumPyro", "benchmark": "bench_chains.py", "issues": [30, 51],
-        "command": " ".join(["python benchmarks/bench_chains.py", *arguments]), "commit": commit,
-        "date": time.strftime("%Y-%m-%d"), "machine": machine_line().removeprefix("machine: ").split(", load")[0],
-        "load": f"load average {os.getloadavg()[0]:.1f} at the end",
-        "tables": [{"caption": f"500 warm-up + 500 kept draws per chain, medians over {seeds} seed(s), compilation included",
-                    "columns": ["model", "run", "seconds", "min bulk ESS", "ESS/s (range)", "ESS/s vs Pyro default",
-                                f"ESS/s vs {peer}", "gradient evaluations per ESS"], "rows": rows}],
-        "notes": "",
-    }, indent=1))
+    write_results(
+        path, title="NUTS and ChEES chains against Pyro and NumPyro", benchmark="bench_chains.py", issues=[30, 51],
+        command=" ".join(["python benchmarks/bench_chains.py", *arguments]),
+        load=f"load average {os.getloadavg()[0]:.1f} at the end",
+        tables=[{"caption": f"500 warm-up + 500 kept draws per chain, medians over {seeds} seed(s), compilation included",
+                 "columns": ["model", "run", "seconds", "min bulk ESS", "ESS/s (range)", "ESS/s vs Pyro default",
+                             f"ESS/s vs {peer}", "gradient evaluations per ESS"], "rows": rows}])
 
 
 def finished(name: str, label: str, seed: int, run: tuple[float, float, float]) -> tuple[float, float, float]:
@@ -324,6 +317,11 @@ def finished(name: str, label: str, seed: int, run: tuple[float, float, float]) 
     print(f"  {name} | {label} | seed {seed}: {run[0]:.2f} s, min bulk ESS {run[1]:.0f}, gradients/ESS {run[2]:.1f}",
           flush=True)
     return run
+
+
+def ratio(rate: float, peer_rate: float) -> str:
+    """``rate`` over ``peer_rate`` as ``"1.23x"``, or ``"not run"`` where the peer was not run."""
+    return "not run" if np.isnan(peer_rate) else f"{rate / peer_rate:.2f}x"
 
 
 def median_rate(runs: list[tuple[float, float, float]]) -> float:

@@ -15,10 +15,8 @@ Usage: python benchmarks/bench_itl_step.py [--steps 300] [--repeats 3] [--json b
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -27,7 +25,7 @@ import torch
 from gpytorch.kernels import MaternKernel, ScaleKernel
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _common import machine_line  # noqa: E402
+from _common import machine_line, write_results  # noqa: E402
 
 import aml_ppl as aml  # noqa: E402
 from aml_ppl.bo.problems import SafeProblem  # noqa: E402
@@ -70,18 +68,12 @@ def run(acquisition: str, steps: int) -> tuple[float, int]:
 
 def write_json(path: str, rows: list[list], steps: int, repeats: int, load: float) -> None:
     r"""The results file of benchmarks/results/ (title, command, commit, machine, one table)."""
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            cwd=Path(__file__).parent).stdout.strip()
-    Path(path).write_text(json.dumps({
-        "title": "ITL and VTL per step", "benchmark": "bench_itl_step.py", "issues": [31, 53],
-        "command": f"python benchmarks/bench_itl_step.py --steps {steps} --repeats {repeats}",
-        "commit": commit, "date": time.strftime("%Y-%m-%d"),
-        "machine": machine_line().removeprefix("machine: ").split(", load")[0],
-        "load": f"load average {load:.1f} at the start, {os.getloadavg()[0]:.1f} at the end",
-        "tables": [{"caption": f"VTL then ITL in each round, {steps} steps, 1 000-point grid, one thread",
-                    "columns": ["round", "VTL ms/step", "ITL ms/step", "ITL / VTL"], "rows": rows}],
-        "notes": "",
-    }, indent=1))
+    write_results(
+        path, title="ITL and VTL per step", benchmark="bench_itl_step.py", issues=[31, 53],
+        command=f"python benchmarks/bench_itl_step.py --steps {steps} --repeats {repeats}",
+        load=f"load average {load:.1f} at the start, {os.getloadavg()[0]:.1f} at the end",
+        tables=[{"caption": f"VTL then ITL in each round, {steps} steps, 1 000-point grid, one thread",
+                 "columns": ["round", "VTL ms/step", "ITL ms/step", "ITL / VTL"], "rows": rows}])
 
 
 def main(steps: int, repeats: int, json_path: str | None) -> None:

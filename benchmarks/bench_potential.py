@@ -7,11 +7,13 @@ The three posteriors of `bench_chains.py`: eight schools (non-centred), a Bayesi
 regression (n = 1000, d = 10), a logistic regression (569 x 30). One thread, interleaved:
 each round times every way once at 2 000 evaluations on the same 100 points, 5 rounds,
 median per way.
-Usage: python benchmarks/bench_potential.py
+Usage: OMP_NUM_THREADS=1 python benchmarks/bench_potential.py [--json benchmarks/results/potential-backend.json]
 """
 
 from __future__ import annotations
 
+import argparse
+import os
 import statistics
 import sys
 import time
@@ -23,7 +25,7 @@ from pyro.infer.mcmc.util import initialize_model
 from pyro.ops.integrator import potential_grad
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _common import machine_line  # noqa: E402
+from _common import machine_line, write_results  # noqa: E402
 from bench_chains import problems  # noqa: E402
 
 from aml_ppl.inference.compiled import compiled_gradient, gradient_graph  # noqa: E402
@@ -63,9 +65,10 @@ def per_evaluation(evaluate, points) -> float:
     return (time.perf_counter() - started) / EVALUATIONS * 1e6
 
 
-def main() -> None:
+def main(json_path: str | None) -> None:
     torch.set_num_threads(1)
     print(machine_line())
+    load_at_start, rows = os.getloadavg()[0], []
     for name, (model, args) in problems().items():
         candidates, points, build_seconds, on_flat = ways(model, args)
         for evaluate in candidates.values():  # first calls: the JIT's profiling runs
@@ -82,10 +85,24 @@ def main() -> None:
         timings["torch.compile of the graph"] = [per_evaluation(inductor, points)]
         ours = statistics.median(timings["aml_ppl compiled graph"])
         print(f"{name}: compiled graph built in {build_seconds:.2f} s, torch.compile in {inductor_build:.1f} s")
-        for label, values in timings.items():
-            median = statistics.median(values)
+        medians = {label: statistics.median(values) for label, values in timings.items()}
+        for label, median in medians.items():
             print(f"  {label:32s} {median:8.1f} us per evaluation   ours vs this {median / ours:5.2f}x", flush=True)
+        rows.append([name, *(round(median, 1) for median in medians.values()),
+                     round(medians["torch.compile of the graph"] / ours, 2), round(build_seconds, 2), round(inductor_build, 1)])
+    if json_path:
+        write_results(
+            json_path, title="Potential and gradient per evaluation: the compiled graph against Pyro and torch.compile",
+            benchmark="bench_potential.py", issues=[51],
+            command=f"OMP_NUM_THREADS=1 python benchmarks/bench_potential.py --json {json_path}",
+            load=f"load average {load_at_start:.2f} at the start, {os.getloadavg()[0]:.2f} at the end",
+            tables=[{"caption": f"microseconds per evaluation of potential and gradient, one thread, medians of {ROUNDS} "
+                                f"rounds of {EVALUATIONS} evaluations (torch.compile: one round); build seconds once per process",
+                     "columns": ["model", *timings, "torch.compile / ours", "our build s", "torch.compile build s"],
+                     "rows": rows}])
 
 
 if __name__ == "__main__":
-    main()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", help="write the table as a benchmarks/results/ file")
+    main(parser.parse_args().json)

@@ -38,7 +38,6 @@ import argparse  # noqa: E402
 import json  # noqa: E402
 import multiprocessing  # noqa: E402
 import statistics  # noqa: E402
-import subprocess  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 import warnings  # noqa: E402
@@ -47,7 +46,7 @@ from pathlib import Path  # noqa: E402
 import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _common import machine_line  # noqa: E402
+from _common import machine_line, write_results  # noqa: E402
 
 from aml_ppl.bo import SafeBayesianOptimization  # noqa: E402
 from aml_ppl.bo.problems import constrained_hartmann6  # noqa: E402
@@ -184,20 +183,14 @@ def table_rows(finished: list, methods: list[str], budgets: list[int]) -> list[l
 
 def write_json(path: str, rows: list[list], seeds: int, budgets: list[int], methods: list[str]) -> None:
     r"""The results file of benchmarks/results/ (title, command, commit, machine, one table)."""
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            cwd=Path(__file__).parent).stdout.strip()
     command = (f"python benchmarks/bench_safe_hartmann.py --seeds {seeds} --budgets {' '.join(map(str, budgets))} "
                f"--methods {' '.join(methods)}")
-    Path(path).write_text(json.dumps({
-        "title": "Safe BO on a box: constrained Hartmann6", "benchmark": "bench_safe_hartmann.py", "issues": [49],
-        "command": command, "commit": commit, "date": time.strftime("%Y-%m-%d"),
-        "machine": machine_line().removeprefix("machine: ").split(", load")[0],
-        "load": f"load average {os.getloadavg()[0]:.1f}",
-        "tables": [{"caption": f"constrained Hartmann6, one safe seed, seeds 0 to {seeds - 1} (the 'seeds' column: "
-                               "those finished): median (max) over seeds; unsafe summed",
-                    "columns": COLUMNS, "rows": rows}],
-        "notes": "",
-    }, indent=1))
+    write_results(
+        path, title="Safe BO on a box: constrained Hartmann6", benchmark="bench_safe_hartmann.py", issues=[49],
+        command=command, load=f"load average {os.getloadavg()[0]:.1f}",
+        tables=[{"caption": f"constrained Hartmann6, one safe seed, seeds 0 to {seeds - 1} (the 'seeds' column: "
+                            "those finished): median (max) over seeds; unsafe summed",
+                 "columns": COLUMNS, "rows": rows}])
 
 
 def finished_runs(runs_file: str | None, budgets: list[int]) -> list:

@@ -88,7 +88,8 @@ class ChainStreams:
             uniforms, self._on_device = _uniforms_on_device(self._on_device, drawing, count)
             return uniforms
         words = self._words
-        self._words = words + _steps(count)[-1] if drawing is None else np.where(drawing.numpy(), words + _steps(count)[-1], words)
+        advanced = words + _steps(count)[-1]
+        self._words = advanced if drawing is None else np.where(drawing.numpy(), advanced, words)
         return torch.from_numpy(_uniforms(words, count))
 
     def choice(self, drawing: torch.Tensor, options: int) -> torch.Tensor:

@@ -148,8 +148,10 @@ def run(model, full_mass):
 def test_nuts_by_default_takes_a_dense_metric_for_correlated_coordinates_and_otherwise_runs_as_diagonal():
     draws, metric = run(correlated_pair, None)
     assert metric.shape == (2, 2)
-    # sd of a correlation from n_eff draws: (1 - rho^2) / sqrt(n_eff), 0.014 at n_eff = 50
-    assert abs(metric[0, 1] / metric.diagonal().prod().sqrt() - 0.95) < 0.05
+    # The window's estimate of the true 0.95, shrunk towards the diagonal by Stan's regularisation
+    # and drawn from an autocorrelated warm-up: over seeds 0-11 it measured 0.92 +- 0.03 (range
+    # 0.886-0.957), so the bound sits four of those sds below the mean; a diagonal metric reads 0.
+    assert 0.8 < metric[0, 1] / metric.diagonal().prod().sqrt() < 1.0
     by_default, diagonal = run(independent_pair, None), run(independent_pair, False)
     assert by_default[1].shape == (2,)
     assert torch.equal(by_default[0], diagonal[0])
