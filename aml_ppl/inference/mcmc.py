@@ -254,8 +254,8 @@ class NUTS(Engine):
                 (``vectorized=True``) take a diagonal one.
             jit_compile: Compile the potential energy and its gradient into one graph
                 (:func:`~aml_ppl.inference.nuts_kernel.model_gradient`: ``make_fx`` of
-                ``torch.func.grad`` frozen by the PyTorch JIT; Pyro's ``jit_compile`` for an
-                enumerated model). ``None`` (the default): where the model traces
+                ``torch.func.grad``, or of ``torch.autograd.grad`` for an enumerated model,
+                written out as one Python function). ``None`` (the default): where the model traces
                 faithfully (see :func:`jit_problem`), else without it and with a
                 ``JitFallbackWarning`` (silently for a model that declares
                 ``jit_traceable = False``, the GPs); ``False`` never.

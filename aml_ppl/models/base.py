@@ -63,8 +63,8 @@ class Model(PyroModule):
         default_engine_options: Settings of that engine when ``fit`` builds it from its
             name (none given, or the name given), such as the DDPM's averaged weights;
             an engine object a user configures is used as it is.
-        jit_traceable: Whether NUTS may trace the model's potential with the PyTorch JIT
-            (it still checks the trace); ``False`` runs it without, silently.
+        jit_traceable: Whether NUTS may trace the model's potential and gradient into one
+            graph (:mod:`aml_ppl.inference.compiled`; it still checks the trace); ``False`` runs it without, silently.
         feature_names: The columns of the pandas ``DataFrame`` it was last fitted on (as
             scikit-learn's ``feature_names_in_``), else ``None``; the ArviZ export labels
             the ``feature`` dimension with them.
