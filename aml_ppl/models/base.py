@@ -64,7 +64,7 @@ class Model(PyroModule):
             name (none given, or the name given), such as the DDPM's averaged weights;
             an engine object a user configures is used as it is.
         jit_traceable: Whether NUTS may trace the model's potential and gradient into one
-            graph (:mod:`aml_ppl.inference.compiled`; it still checks the trace); ``False`` runs it without, silently.
+            compiled graph (it still checks the trace); ``False`` runs it without, silently.
         feature_names: The columns of the pandas ``DataFrame`` it was last fitted on (as
             scikit-learn's ``feature_names_in_``), else ``None``; the ArviZ export labels
             the ``feature`` dimension with them.
