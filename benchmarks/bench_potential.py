@@ -3,8 +3,9 @@ leapfrog step (issue 30): aml_ppl's compiled graph (`inference/compiled.py`, NUT
 against Pyro's `potential_grad` through its JIT-traced potential (`jit_compile=True`) and
 through the plain model, and `torch.compile` of the same graph (build time included once).
 
-The three posteriors of `bench_chains.py`: eight schools (non-centred), a Bayesian linear
-regression (n = 1000, d = 10), a logistic regression (569 x 30). One thread, interleaved:
+The four posteriors of `bench_chains.py`: eight schools (non-centred), a Bayesian linear
+regression (n = 1000, d = 10), a logistic regression (569 x 30), a radon-like varying-intercept
+model (50 counties, centred). One thread, interleaved:
 each round times every way once at 2 000 evaluations on the same 100 points, 5 rounds,
 median per way.
 Usage: OMP_NUM_THREADS=1 python benchmarks/bench_potential.py [--json benchmarks/results/potential-backend.json]

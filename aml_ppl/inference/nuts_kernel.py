@@ -64,10 +64,11 @@ SETTLE_STEPS = 20
 SETTLE_FROM_WARMUP = 100
 # A chain re-starts its warm-up when more than this share of its settling transitions diverge,
 # at most ``MAX_RESTARTS`` times. A third, not the end-of-fit check's half (``STUCK_DIVERGENT``):
-# of 15 settling transitions, a healthy chain diverging on 5-10 % of them exceeds 5 with
-# probability 5e-5 to 2e-3, while a chain that goes on to diverge on 57 % of its kept draws
-# (the reduced horseshoe, issue 51) stays at or under 5 with probability 0.06 and under a half
-# (7.5) with probability 0.29. A needless restart costs one warm-up; a missed one, the chain.
+# of 15 settling transitions (a warm-up of 150), a healthy chain diverging on 5-10 % of them
+# exceeds 5 with probability 5e-5 to 2e-3, while a chain that goes on to diverge on 57 % of its
+# kept draws (the reduced horseshoe, issue 51) stays at or under 5 with probability 0.06 and
+# under a half (7.5) with probability 0.29; of 20 (a warm-up of 200 or more), 3e-5 to 2e-3
+# against 0.014 (the half: 0.34). A needless restart costs one warm-up; a missed one, the chain.
 RESTART_DIVERGENT, MAX_RESTARTS = 1 / 3, 2
 # Pyro's ``init_to_uniform``: each unconstrained coordinate uniform in (-radius, radius), drawn
 # again until the potential is finite, this many times at most (Pyro's numbers).
