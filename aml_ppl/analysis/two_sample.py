@@ -11,7 +11,7 @@ from aml_ppl._data import to_tensor
 from aml_ppl.errors import InputDataError
 
 
-def energy_distance(x: Any, y: Any) -> float:
+def energy_distance(x: Any, y: Any, *, unbiased: bool = False) -> float:
     r"""The squared energy distance between the empirical distributions of two samples
     (Székely & Rizzo 2013),
 
@@ -19,11 +19,18 @@ def energy_distance(x: Any, y: Any) -> float:
         - \mathbb{E}\lVert Y - Y'\rVert,
 
     zero exactly when :math:`P = Q`. In one dimension its square root is
-    ``scipy.stats.energy_distance``.
+    ``scipy.stats.energy_distance``. The within-sample means run over all :math:`n^2` pairs (the
+    V-statistic), so for independent draws the estimate exceeds :math:`D^2` by
+    :math:`\mathbb{E}\lVert X - X'\rVert / n + \mathbb{E}\lVert Y - Y'\rVert / m` on average;
+    with ``unbiased`` they run over the :math:`n(n - 1)` pairs :math:`i \ne j` (the U-statistic,
+    Székely & Rizzo 2013, §2), whose mean is :math:`D^2`, zero for two samples of one
+    distribution. The distances are summed in blocks of rows, so large samples need no
+    :math:`n \times m` matrix.
 
     Args:
-        x: ``n x d`` (or ``n``) points.
-        y: ``m x d`` (or ``m``) points.
+        x: ``n x d`` (or ``n``) points (``n >= 2`` where ``unbiased``).
+        y: ``m x d`` (or ``m``) points (``m >= 2`` where ``unbiased``).
+        unbiased: The U-statistic instead of the V-statistic.
 
     Example:
         >>> import torch
@@ -31,7 +38,22 @@ def energy_distance(x: Any, y: Any) -> float:
         0.0
     """
     x, y = _pair(x, y)
-    return (2 * torch.cdist(x, y).mean() - torch.cdist(x, x).mean() - torch.cdist(y, y).mean()).item()
+    if unbiased and (x.shape[0] < 2 or y.shape[0] < 2):
+        raise InputDataError("`x` and `y` need two points or more each for the unbiased energy distance.")
+
+    def within(a: torch.Tensor) -> float:
+        count = a.shape[0]
+        return _mean_distance(a, a) * (count / (count - 1) if unbiased else 1.0)
+
+    return 2 * _mean_distance(x, y) - within(x) - within(y)
+
+
+def _mean_distance(a: torch.Tensor, b: torch.Tensor) -> float:
+    r"""The mean Euclidean distance over all pairs of a row of ``a`` and a row of ``b``, summed
+    in blocks of rows of about :math:`2^{24}` distances each."""
+    rows = max(1, 2**24 // b.shape[0])
+    total = sum(torch.cdist(a[start:start + rows], b).sum().item() for start in range(0, a.shape[0], rows))
+    return total / (a.shape[0] * b.shape[0])
 
 
 def mmd(x: Any, y: Any, bandwidth: float | None = None) -> float:
