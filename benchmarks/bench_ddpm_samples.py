@@ -119,6 +119,7 @@ def main(seeds: int, steps: int, samples: int, reference_size: int | None, last_
                                  "held-out bound, bits/dim (median; entropy 0.726)", "training s (median)"],
                      "rows": rows}])
 
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--seeds", type=int, default=3)
