@@ -81,8 +81,6 @@ HMC_ACCEPTANCE = 0.651
 # By default a window's pooled covariance is the (dense) metric where it holds at least this
 # many draws per coordinate and there are at most DENSE_AT_MOST coordinates (NUTS's bound).
 DRAWS_PER_COORDINATE = 10
-# The statistics each draw records (ArviZ's names): no tree, so no tree_depth.
-CHEES_STATS = ("diverging", "energy", "lp", "step_size", "acceptance_rate", "n_steps")
 
 
 def halton(index: int, base: int = 2) -> float:

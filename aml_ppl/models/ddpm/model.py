@@ -136,10 +136,11 @@ class DDPM(DiffusionBound, Model):
             objective: ``"simple"`` (Ho et al.'s :math:`L_\text{simple}`) or ``"bound"`` (the
                 bound itself, its timesteps drawn in proportion to their terms' weight,
                 :meth:`bound_estimate`); see :class:`DiffusionELBO`. ``None`` (default):
-                ``"bound"`` for vector data, whose proposal puts most draws at small :math:`t`,
-                where uniform timesteps leave the network's denoising short and the samples too
-                wide; ``"simple"`` for images, where Ho et al. (2020, Table 2) found it gives the
-                better samples, and with ``reverse_variance="interpolated"`` (:math:`L_\text{hybrid}`).
+                ``"bound"`` for vector data, whose proposal draws the small-noise timesteps several
+                times as often as uniform ones, where ``L_simple`` leaves the network's denoising
+                short and the samples too wide; ``"simple"`` for images, where Ho et al. (2020,
+                Table 2) found it gives the better samples, and with
+                ``reverse_variance="interpolated"`` (:math:`L_\text{hybrid}`).
             batch_size: Data points per training step (the data plate's subsample size).
             levels: For discrete data, the number of values on its grid (17 for pixels 0–16);
                 ``None`` for continuous data.
