@@ -70,7 +70,7 @@ class DiffusionELBO(ModelLoss):
     the rare draws of small :math:`t`); see :meth:`DDPM.bound_estimate`.
     ``weighting="simple"``: Ho et al.'s :math:`L_\text{simple} = \mathbb{E}_{t,\epsilon}
     \lVert \epsilon - \epsilon_\theta(x_t, t)\rVert^2` (mean over the batch and the data's
-    coordinates), the default training objective for images; it is not a bound, so read the bound
+    coordinates), ``DiffusionELBO``'s default and the DDPM's for images and learned variances; it is not a bound, so read the bound
     with ``Posterior.log_prob``.
 
     Args:

@@ -136,11 +136,12 @@ class DDPM(DiffusionBound, Model):
             objective: ``"simple"`` (Ho et al.'s :math:`L_\text{simple}`) or ``"bound"`` (the
                 bound itself, its timesteps drawn in proportion to their terms' weight,
                 :meth:`bound_estimate`); see :class:`DiffusionELBO`. ``None`` (default):
-                ``"bound"`` for vector data, whose proposal draws the small-noise timesteps several
-                times as often as uniform ones, where ``L_simple`` leaves the network's denoising
-                short and the samples too wide; ``"simple"`` for images, where Ho et al. (2020,
-                Table 2) found it gives the better samples, and with
-                ``reverse_variance="interpolated"`` (:math:`L_\text{hybrid}`).
+                ``"bound"`` for vector data with fixed variances (``"beta"``, ``"posterior"``),
+                whose proposal draws the small-noise timesteps several times as often as uniform
+                ones, where ``L_simple`` leaves the network's denoising short and the samples too
+                wide; ``"simple"`` for images, where Ho et al. (2020, Table 2) found it gives the
+                better samples, and for learned variances (``"learned"``, ``"interpolated"``:
+                :math:`L_\text{hybrid}`).
             batch_size: Data points per training step (the data plate's subsample size).
             levels: For discrete data, the number of values on its grid (17 for pixels 0–16);
                 ``None`` for continuous data.
@@ -152,7 +153,7 @@ class DDPM(DiffusionBound, Model):
             raise InputDataError(f"`data_shape` must be a non-empty sequence of positive sizes; got {data_shape!r}.")
         check_count("num_timesteps", num_timesteps)
         if objective is None:
-            objective = "simple" if len(self.data_shape) > 1 or reverse_variance == "interpolated" else "bound"
+            objective = "bound" if len(self.data_shape) == 1 and reverse_variance in ("beta", "posterior") else "simple"
         check_count("batch_size", batch_size)
         for option, value, allowed in (
             ("reverse_variance", reverse_variance, REVERSE_VARIANCES),
