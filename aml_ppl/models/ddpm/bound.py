@@ -70,8 +70,8 @@ class DiffusionELBO(ModelLoss):
     the rare draws of small :math:`t`); see :meth:`DDPM.bound_estimate`.
     ``weighting="simple"``: Ho et al.'s :math:`L_\text{simple} = \mathbb{E}_{t,\epsilon}
     \lVert \epsilon - \epsilon_\theta(x_t, t)\rVert^2` (mean over the batch and the data's
-    coordinates), ``DiffusionELBO``'s default and the DDPM's for images and learned variances; it is not a bound, so read the bound
-    with ``Posterior.log_prob``.
+    coordinates), ``DiffusionELBO``'s default and the DDPM's for images and learned variances;
+    it is not a bound, so read the bound with ``Posterior.log_prob``.
 
     Args:
         weighting: ``"simple"`` or ``"bound"``.
@@ -178,8 +178,7 @@ class DiffusionBound:
         Returns:
             :math:`T` probabilities (float64) for :math:`t = 1, \dots, T`.
         """
-        weights = self.term_coefficients()[1].detach()
-        return weights / weights.sum()
+        return _proposal(self.term_coefficients()[1])
 
     def subsampled_loss(
         self, x0: torch.Tensor, weighting: str, num_particles: int = 1, data_scale: float = 1.0
@@ -220,8 +219,8 @@ class DiffusionBound:
             ``b`` estimates in nats.
         """
         x0 = self.to_model_scale(x0)
-        constants = self.term_coefficients()[0].to(x0.device)
-        proposal = self.timestep_proposal().to(x0.device)
+        constants, weights = self.term_coefficients()
+        constants, proposal = constants.to(x0.device), _proposal(weights).to(x0.device)  # timestep_proposal()
         timesteps = torch.multinomial(proposal, num_particles * x0.shape[0], replacement=True).reshape(num_particles, -1) + 1
         noise = torch.randn((num_particles, *x0.shape), dtype=x0.dtype, device=x0.device)
         x_t = self.schedule.marginal_sample(x0, timesteps, noise)
@@ -261,3 +260,9 @@ class DiffusionBound:
     def bits_per_dim(self, x0: torch.Tensor) -> torch.Tensor:
         r"""The negative bound per point in bits per coordinate: :math:`-\mathcal{L}/(D \ln 2)`."""
         return -self.log_prob_bound(x0) / (self.dimension * math.log(2))
+
+
+def _proposal(weights: torch.Tensor) -> torch.Tensor:
+    r""":math:`\pi_t = w_t / \sum_s w_s`, held fixed (no gradient)."""
+    weights = weights.detach()
+    return weights / weights.sum()

@@ -152,9 +152,9 @@ class DDPM(DiffusionBound, Model):
         if not self.data_shape or any(size < 1 for size in self.data_shape):
             raise InputDataError(f"`data_shape` must be a non-empty sequence of positive sizes; got {data_shape!r}.")
         check_count("num_timesteps", num_timesteps)
+        check_count("batch_size", batch_size)
         if objective is None:
             objective = "bound" if len(self.data_shape) == 1 and reverse_variance in ("beta", "posterior") else "simple"
-        check_count("batch_size", batch_size)
         for option, value, allowed in (
             ("reverse_variance", reverse_variance, REVERSE_VARIANCES),
             ("objective", objective, OBJECTIVES),
