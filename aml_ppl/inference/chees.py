@@ -66,7 +66,7 @@ from aml_ppl.inference.context import isolated_param_store
 from aml_ppl.inference.fitted import Fitted
 from aml_ppl.inference.hmc.adaptation import DualAveraging, TrajectoryLength, WarmupWindows, WindowPotentials, restart_stray
 from aml_ppl.inference.hmc.integrator import Phase, velocity_verlet
-from aml_ppl.inference.hmc.metric import DENSE_AT_MOST, PooledCovariance
+from aml_ppl.inference.hmc.metric import DENSE_AT_MOST, Metric, PooledCovariance
 from aml_ppl.inference.hmc.step_size import reasonable_step_sizes
 from aml_ppl.inference.io import register_posterior
 from aml_ppl.inference.mcmc import SamplePosterior, sampler_incompatibility
@@ -141,7 +141,7 @@ class ChEESSampler:
         self._set_up(args, kwargs)
         self.streams = ChainStreams(self.seeds, self.potential.start.device)
         current = initial_points(self.potential, self.streams)
-        self.metric = _Metric(torch.ones_like(current.z[0]))
+        self.metric = Metric(torch.ones_like(current.z[0]), dense=False)
         step_size = self._search_step_size(current, 1.0)
         averaging, length = DualAveraging.start(self.target_accept_prob, step_size), TrajectoryLength(math.log(step_size))
         coordinates = current.z.shape[-1]
@@ -164,7 +164,7 @@ class ChEESSampler:
                 pooled.update(current.z)
                 if ends:
                     dense = tracked and (self.full_mass is True or pooled.count >= DRAWS_PER_COORDINATE * coordinates)
-                    self.metric = _Metric(pooled.covariance(dense))
+                    self.metric = Metric(pooled.covariance(dense), dense=dense)
                     pooled = PooledCovariance(tracked)
                     step_size = self._search_step_size(current, step_size)
                     averaging = DualAveraging.start(self.target_accept_prob, step_size)
@@ -183,7 +183,7 @@ class ChEESSampler:
         adapted kernel and random streams: the draws one longer :meth:`run` would have made
         (to the bit on the CPU). Returns what :meth:`run` returns, for the new draws."""
         self._set_up(args, kwargs)
-        self.metric = _Metric(state.inverse_mass)
+        self.metric = Metric(state.inverse_mass, dense=state.inverse_mass.dim() == 2)
         self.step_size, self.log_trajectory_length = state.step_size, state.log_trajectory_length
         self.streams = ChainStreams.at(state.streams.clone())
         current = self._init(state.position, torch.zeros_like(state.position), state.potential, state.gradient)
@@ -225,7 +225,8 @@ class ChEESSampler:
         r"""Fresh momenta :math:`r \sim \mathcal N(0, M)` and ``steps`` leapfrog steps for every
         chain: the proposals, the starting energies, the acceptance probabilities
         :math:`\min(1, e^{H_0 - H})` (0 where not finite) and the divergences."""
-        momenta, kinetic = self.metric.momenta(self.streams.normal(None, current.z.shape[1]).to(current.z))
+        noise = self.streams.normal(None, current.z.shape[1]).to(current.z)
+        momenta, kinetic = self.metric.momenta(noise), 0.5 * (noise * noise).sum(-1)
         proposal = self._update(self._init(current.z, momenta, current.potential, current.grad), step_size, steps)
         energy = current.potential + kinetic
         error = proposal.potential + 0.5 * (proposal.r * proposal.velocity).sum(-1) - energy
@@ -282,37 +283,6 @@ class ChEESSampler:
             "n_steps": torch.tensor(columns[4], dtype=torch.long).expand(chains, len(kept)).clone(),
         }
         return samples, {name: value.detach().cpu() for name, value in stats.items()}
-
-
-class _Metric:
-    r"""The kinetic energy :math:`\tfrac12 r^\top \Sigma r` of the inverse mass matrix
-    :math:`\Sigma = M^{-1}` (a covariance ``D x D``, or its diagonal ``D``), and the whitening
-    :math:`x = L^{-1}\theta` with :math:`\Sigma = LL^\top`, on rows of chains."""
-
-    def __init__(self, covariance: torch.Tensor) -> None:
-        self.covariance, self.dense = covariance, covariance.dim() == 2
-        self.scale = torch.linalg.cholesky(covariance) if self.dense else covariance.sqrt()
-        # L^{-1}, once: on rows of chains a product costs a third of a triangular solve.
-        self.inverse_scale = torch.linalg.solve_triangular(
-            self.scale, torch.eye(len(covariance), dtype=covariance.dtype, device=covariance.device), upper=False
-        ) if self.dense else 1.0 / self.scale
-
-    def momenta(self, noise: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        r""":math:`r = L^{-\top}\xi \sim \mathcal N(0, M)` per chain from standard normals
-        :math:`\xi` (``noise``), and its kinetic energy :math:`\tfrac12 r^\top \Sigma r = \tfrac12 \|\xi\|^2`."""
-        kinetic = 0.5 * (noise * noise).sum(-1)
-        return (noise @ self.inverse_scale if self.dense else noise * self.inverse_scale), kinetic
-
-    def velocity(self, momentum: torch.Tensor) -> torch.Tensor:
-        r""":math:`\Sigma r`, the leapfrog's drift per unit time."""
-        return momentum @ self.covariance if self.dense else self.covariance * momentum
-
-    def whiten(self, z: torch.Tensor) -> torch.Tensor:
-        return z @ self.inverse_scale.T if self.dense else z * self.inverse_scale
-
-    def whitened_velocity(self, momentum: torch.Tensor) -> torch.Tensor:
-        r""":math:`L^{-1}\Sigma r = L^\top r`, the velocity in the whitened coordinates."""
-        return momentum @ self.scale if self.dense else self.scale * momentum
 
 
 def _harmonic_mean(acceptance: torch.Tensor, diverging: torch.Tensor) -> float:

@@ -50,7 +50,7 @@ from aml_ppl.inference.hmc.state import HMCState
 from aml_ppl.inference.compiled import Gradient, compiled_gradient, plain_gradient
 from aml_ppl.inference.hmc.adaptation import DualAveraging, WarmupWindows
 from aml_ppl.inference.hmc.integrator import Phase, velocity_verlet
-from aml_ppl.inference.hmc.metric import WindowedMassMatrix
+from aml_ppl.inference.hmc.metric import Metric, WindowedMassMatrix
 from aml_ppl.inference.hmc.step_size import one_step_accepted, reasonable_step_sizes
 from aml_ppl.inference.nuts_tree import MAX_ENERGY_ERROR, Trajectory, _Tree  # noqa: F401 (MAX_ENERGY_ERROR: the samplers' import)
 
@@ -363,29 +363,30 @@ class Hamiltonian:
 
     def __init__(self, gradient: Gradient, shapes: dict[str, torch.Size], mass_matrix: WindowedMassMatrix) -> None:
         self.gradient, self.shapes, self.mass_matrix = gradient, shapes, mass_matrix
-        self.state, self._update = velocity_verlet(gradient, self.velocity)
+        self._metric: Metric | None = None
+        self.state, self._update = velocity_verlet(gradient, lambda r: self.metric.velocity(r))
 
     def leapfrog(self, state: Phase, step_size: float) -> Phase:
         return self._update(state, step_size)
 
-    def inverse_mass(self) -> torch.Tensor:
-        return self.mass_matrix.inverse_mass_matrix[BLOCK]
+    @property
+    def metric(self) -> Metric:
+        r"""The :class:`~aml_ppl.inference.hmc.metric.Metric` of the mass matrix's current estimate
+        (built again when a warm-up window ends with a new one)."""
+        inverse_mass = self.mass_matrix.inverse_mass_matrix[BLOCK]
+        if self._metric is None or self._metric.covariance is not inverse_mass:
+            self._metric = Metric(inverse_mass, dense=inverse_mass.dim() == 2)
+        return self._metric
 
-    def velocity(self, r: torch.Tensor) -> torch.Tensor:
-        inverse_mass = self.inverse_mass()
-        return inverse_mass @ r if inverse_mass.dim() == 2 else inverse_mass * r
+    def inverse_mass(self) -> torch.Tensor:
+        return self.metric.covariance
 
     def energy(self, state: Phase) -> float:
         return float(state.potential) + 0.5 * float(state.r @ state.velocity)
 
     def with_fresh_momentum(self, state: Phase, stream: ChainStream) -> Phase:
         r"""``state`` with :math:`r \sim \mathcal{N}(0, M)` drawn from ``stream``."""
-        inverse_mass = self.inverse_mass()
-        noise = stream.normal(state.z.numel()).to(state.z)
-        if inverse_mass.dim() == 2:  # M = (M^{-1})^{-1} = L L^T with L = chol(M)
-            momentum = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(inverse_mass))) @ noise
-        else:
-            momentum = noise / inverse_mass.sqrt()
+        momentum = self.metric.momenta(stream.normal(state.z.numel()).to(state.z))
         return self.state(state.z, momentum, state.potential, state.grad)
 
     def uniform_start(self, z: torch.Tensor, stream: ChainStream) -> torch.Tensor:

@@ -37,6 +37,7 @@ from aml_ppl.inference.compiled import compiled_gradient, compiled_mapped_gradie
 from aml_ppl.inference.density import log_joint
 from aml_ppl.inference.hmc.adaptation import DualAveraging, WarmupWindows, WindowPotentials, restart_stray
 from aml_ppl.inference.hmc.integrator import Phase, velocity_verlet
+from aml_ppl.inference.hmc.metric import Metric
 from aml_ppl.inference.hmc.step_size import one_step_accepted, reasonable_step_sizes
 from aml_ppl.inference.nuts_kernel import MAX_ENERGY_ERROR, SAMPLE_STATS, unflatten
 from aml_ppl.inference.structure import inspect_model
@@ -86,9 +87,9 @@ def _select(mask: torch.Tensor, column: torch.Tensor, first: Any, second: Any) -
     return type(first)(*(_select(mask, column, a, b) for a, b in zip(first.__dict__.values(), second.__dict__.values())))
 
 
-def _turns(inverse_mass: torch.Tensor, left: torch.Tensor, right: torch.Tensor, momentum_sum: torch.Tensor) -> torch.Tensor:
+def _turns(metric: Metric, left: torch.Tensor, right: torch.Tensor, momentum_sum: torch.Tensor) -> torch.Tensor:
     r"""The generalised U-turn criterion, per chain, from the ends' momenta and the momentum sum."""
-    sharp_sum = inverse_mass * momentum_sum
+    sharp_sum = metric.velocity(momentum_sum)
     return ((left * sharp_sum).sum(-1) <= 0) | ((right * sharp_sum).sum(-1) <= 0)
 
 
@@ -276,7 +277,7 @@ class VectorisedNUTS:
         self._set_up(args, kwargs)
         self.streams = ChainStreams(self.seeds, self.potential.start.device)
         current = initial_points(self.potential, self.streams)
-        self.inverse_mass = torch.ones_like(current.z)
+        self.metric = Metric(torch.ones_like(current.z), dense=False)
         step_size = self._reasonable_step_sizes(current, torch.ones_like(current.potential))
         averaging, variances = DualAveraging.start(self.target_accept_prob, step_size), WelfordCovariance(diagonal=True)
         windows, potentials = WarmupWindows.of(warmup_steps), WindowPotentials()
@@ -289,11 +290,11 @@ class VectorisedNUTS:
             if ends:  # a chain in a minor mode takes another's point, metric and step size
                 current, donors = restart_stray(current, potentials.stray(), self.streams.choice)
                 averaging, step_size, potentials = averaging.select(donors), step_size[donors], WindowPotentials()
-                self.inverse_mass = self.inverse_mass[donors]
+                self.metric = self.metric.select(donors)
             if slow:
                 variances.update(current.z)
                 if ends:
-                    self.inverse_mass = variances.get_covariance(regularize=True)
+                    self.metric = Metric(variances.get_covariance(regularize=True), dense=False)
                     variances.reset()
                     step_size = self._reasonable_step_sizes(current, step_size)
                     averaging = DualAveraging.start(self.target_accept_prob, step_size)
@@ -310,14 +311,14 @@ class VectorisedNUTS:
         self._set_up(args, kwargs)
         self.streams = ChainStreams(self.seeds, state.position.device)
         self.streams.state = state.streams.clone()
-        self.inverse_mass = state.inverse_mass
+        self.metric = Metric(state.inverse_mass, dense=False)
         current = self._init(state.position, torch.zeros_like(state.position), state.potential, state.gradient)
         return self._sample(current, state.step_size, num_samples)
 
     def _set_up(self, args: tuple, kwargs: dict) -> None:
         r"""The batched potential for the data, and the leapfrog integrator on it."""
         self.potential = ChainPotential(self.model, args, kwargs, self.num_chains, jit=self.jit)
-        self._init, self._update = velocity_verlet(self.potential, lambda r: self.inverse_mass * r)
+        self._init, self._update = velocity_verlet(self.potential, lambda r: self.metric.velocity(r))
 
     def _sample(
         self, current: Phase, step_size: torch.Tensor, num_samples: int
@@ -332,7 +333,7 @@ class VectorisedNUTS:
                 stats[name].append(value)
         self.state = VectorisedNUTSState(
             position=current.z, potential=current.potential, gradient=current.grad, step_size=step_size,
-            inverse_mass=self.inverse_mass, streams=self.streams.state.clone(),
+            inverse_mass=self.metric.covariance, streams=self.streams.state.clone(),
         )
         z = current.z
         flat = torch.stack(kept, 1) if kept else z.new_zeros(self.num_chains, 0, z.shape[1])
@@ -344,7 +345,7 @@ class VectorisedNUTS:
     def _momenta(self, current: Phase) -> Phase:
         r"""Each chain's fresh momentum :math:`r \sim \mathcal N(0, M)` from its own stream."""
         noise = self.streams.normal(None, current.z.shape[1]).to(current.z)
-        return self._init(current.z, noise / self.inverse_mass.sqrt(), current.potential, current.grad)
+        return self._init(current.z, self.metric.momenta(noise), current.potential, current.grad)
 
     def _transition(self, current: Phase, step_size: torch.Tensor) -> tuple[Phase, dict[str, torch.Tensor]]:
         start = self._momenta(current)
@@ -418,9 +419,9 @@ class VectorisedNUTS:
         left, right = _where(forward, inner.left, outer.left), _where(forward, outer.right, inner.right)
         first_last, second_first = torch.where(column, inner.right.r, outer.right.r), torch.where(column, outer.left.r, inner.left.r)
         turning = (
-            _turns(self.inverse_mass, left.r, right.r, momentum_sum)
-            | _turns(self.inverse_mass, left.r, second_first, first_sum + second_first)
-            | _turns(self.inverse_mass, first_last, right.r, first_last + second_sum)
+            _turns(self.metric, left.r, right.r, momentum_sum)
+            | _turns(self.metric, left.r, second_first, first_sum + second_first)
+            | _turns(self.metric, first_last, right.r, first_last + second_sum)
         )
         return _Trees(left, right, proposal, log_weight, momentum_sum, inner.steps, inner.accept_sum, inner.diverging, turning)
 

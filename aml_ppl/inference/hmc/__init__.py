@@ -1,12 +1,14 @@
 r"""What the HMC samplers (NUTS on one chain or a batch, ChEES-HMC) share: the records of where
 chains stand (:mod:`~aml_ppl.inference.hmc.state`), the leapfrog integrator
 (:mod:`~aml_ppl.inference.hmc.integrator`), the step-size search
-(:mod:`~aml_ppl.inference.hmc.step_size`), the warm-up's metric
-(:mod:`~aml_ppl.inference.hmc.metric`) and the batch samplers' warm-up: Stan's windows, dual
-averaging, ChEES's trajectory length, the restart of chains left in a minor mode
+(:mod:`~aml_ppl.inference.hmc.step_size`), the metric (:class:`~aml_ppl.inference.hmc.metric.Metric`:
+momenta, velocity, whitening) and the warm-up's choice of a diagonal or dense one
+(:mod:`~aml_ppl.inference.hmc.metric`), and the warm-up: Stan's windows, dual averaging,
+ChEES's trajectory length, the restart of chains left in a minor mode
 (:mod:`~aml_ppl.inference.hmc.adaptation`)."""
 
 from aml_ppl.inference.hmc.integrator import Phase, velocity_verlet
+from aml_ppl.inference.hmc.metric import Metric
 from aml_ppl.inference.hmc.state import ChEESState, HMCState, VectorisedNUTSState
 
-__all__ = ["ChEESState", "HMCState", "Phase", "VectorisedNUTSState", "velocity_verlet"]
+__all__ = ["ChEESState", "HMCState", "Metric", "Phase", "VectorisedNUTSState", "velocity_verlet"]

@@ -1,4 +1,5 @@
-r"""When a dense mass matrix pays: the warm-up window's correlations against sampling noise.
+r"""The Euclidean metric of every HMC sampler here (:class:`Metric`), and when a dense mass
+matrix pays: the warm-up window's correlations against sampling noise.
 
 A diagonal metric rescales each coordinate; a dense one also undoes the correlations, which
 lets a correlated posterior take a step several times longer. But a dense metric estimated
@@ -35,6 +36,8 @@ examples: docs/design-notes.md, "NUTS's metric".)
 
 from __future__ import annotations
 
+from functools import cached_property
+
 import torch
 from pyro.infer.mcmc.adaptation import BlockMassMatrix
 
@@ -59,6 +62,76 @@ DENSE_DRAWS_AT_LEAST = 50
 # predictors) and 7 (50 independent coordinates), the radon-like hierarchy's county
 # intercepts 14 to 17 (docs/design-notes.md, "NUTS's metric").
 SPIKE_MARGIN, SPREAD_PAST_NOISE, DENSE_AT_MOST = 10.0, 4.0, 100
+
+
+class Metric:
+    r"""The kinetic energy :math:`K(r) = \tfrac12 r^\top \Sigma r` of an inverse mass matrix
+    :math:`\Sigma = M^{-1}` (Neal 2011, §5.4.1): the momenta :math:`r \sim \mathcal N(0, M)` a
+    transition starts from, the velocity :math:`\Sigma r` the leapfrog steps and the U-turn
+    criterion read, and the whitening :math:`x = L^{-1}\theta`, :math:`\Sigma = LL^\top`, in
+    which ChEES measures its criterion. NUTS on one chain, NUTS on a batch and ChEES-HMC all
+    hold their metric as one of these.
+
+    Args:
+        covariance: :math:`\Sigma`: ``D x D`` (dense), ``D`` (diagonal), or ``C x D`` (a batch of
+            chains, each with its own diagonal).
+        dense: Whether ``covariance`` is one dense ``D x D`` matrix (a ``C x D`` batch of
+            diagonals with ``C = D`` has the same shape).
+
+    Example:
+        >>> import torch
+        >>> metric = Metric(torch.tensor([[2.0, 0.5], [0.5, 1.0]], dtype=torch.float64), dense=True)
+        >>> momenta = metric.momenta(torch.randn(200_000, 2, dtype=torch.float64))
+        >>> bool(torch.allclose(torch.cov(momenta.T).inverse(), metric.covariance, atol=0.02))
+        True
+    """
+
+    def __init__(self, covariance: torch.Tensor, *, dense: bool) -> None:
+        self.covariance, self.dense = covariance, dense
+
+    def momenta(self, noise: torch.Tensor) -> torch.Tensor:
+        r""":math:`r \sim \mathcal N(0, M)` from standard normals ``noise`` (``D``, or rows of chains
+        ``C x D``): :math:`F\xi` with :math:`FF^\top = M` (dense), :math:`\xi / \sqrt{\Sigma}`
+        (diagonal); either way :math:`K(r) = \tfrac12\|\xi\|^2`."""
+        if not self.dense:
+            return noise / self.scale
+        return self.momentum_factor @ noise if noise.dim() == 1 else noise @ self.momentum_factor.T
+
+    @cached_property
+    def momentum_factor(self) -> torch.Tensor:
+        r""":math:`F = \operatorname{chol}(M)`, :math:`M = \Sigma^{-1}` (dense only)."""
+        return torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(self.covariance)))
+
+    def velocity(self, momentum: torch.Tensor) -> torch.Tensor:
+        r""":math:`\Sigma r`, the leapfrog's drift per unit time (``D`` or rows ``C x D``)."""
+        if not self.dense:
+            return self.covariance * momentum
+        return self.covariance @ momentum if momentum.dim() == 1 else momentum @ self.covariance
+
+    @cached_property
+    def scale(self) -> torch.Tensor:
+        r""":math:`L`, :math:`\Sigma = LL^\top` (the Cholesky factor, or the sds)."""
+        return torch.linalg.cholesky(self.covariance) if self.dense else self.covariance.sqrt()
+
+    @cached_property
+    def inverse_scale(self) -> torch.Tensor:
+        r""":math:`L^{-1}`, once: on rows of chains a product costs a third of a triangular solve."""
+        if not self.dense:
+            return 1.0 / self.scale
+        eye = torch.eye(len(self.covariance), dtype=self.covariance.dtype, device=self.covariance.device)
+        return torch.linalg.solve_triangular(self.scale, eye, upper=False)
+
+    def whiten(self, z: torch.Tensor) -> torch.Tensor:
+        r""":math:`L^{-1}\theta` for rows ``z``: coordinates in which the posterior is near isotropic."""
+        return z @ self.inverse_scale.T if self.dense else z * self.inverse_scale
+
+    def whitened_velocity(self, momentum: torch.Tensor) -> torch.Tensor:
+        r""":math:`L^{-1}\Sigma r = L^\top r`, the velocity in the whitened coordinates (rows)."""
+        return momentum @ self.scale if self.dense else self.scale * momentum
+
+    def select(self, index: torch.Tensor) -> "Metric":
+        r"""A batch of per-chain diagonals (``C x D``) with chain ``c`` given chain ``index[c]``'s."""
+        return Metric(self.covariance[index], dense=self.dense)
 
 
 def noise_spread(draws: int, coordinates: int) -> float:
