@@ -114,6 +114,12 @@ class MAP(Engine):
 
     def fit(self, model: Callable, *args: Any, **kwargs: Any) -> GuidePosterior:
         self.check_supports(model, args, kwargs)
+        return self.fit_supported(model, args, kwargs)
+
+    def fit_supported(self, model: Callable, args: tuple, kwargs: dict) -> GuidePosterior:
+        r""":meth:`fit` without its check, for an engine that has run :meth:`incompatibility`
+        already: the check traces the model, drawing from the global generators, so a second one
+        would start the fit elsewhere than ``fit`` with the same seed starts it."""
         name = "laplace" if self.laplace else "delta"
         return fit_guide(
             model, args, kwargs, engine=self.name, objective=self.objective, advice=self.non_finite_advice,
