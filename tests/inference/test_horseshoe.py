@@ -88,7 +88,10 @@ def test_a_reduced_horseshoe_has_no_stuck_chain(seed):
     assert_no_chain_stuck_and_mixed(post, messages)
 
 
-@pytest.mark.slow  # several minutes of CPU at this size: the issue's seed only; the seeds are covered above
+# The issue's seed only (about two minutes of CPU; the seeds are covered above). At this size the
+# centred funnel defeats NUTS at some seeds (4 and 5: r-hat above 1.05, and the fit warns), Pyro's
+# own NUTS there as well.
+@pytest.mark.slow
 def test_the_issue_horseshoe_has_no_stuck_chain():
     post, messages = fit_horseshoe(50, 100, 400, 400, seed=0)
     assert_no_chain_stuck_and_mixed(post, messages)
