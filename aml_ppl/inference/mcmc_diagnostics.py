@@ -12,8 +12,12 @@ localization: an improved* :math:`\widehat R`, Bayesian Analysis 16(2)):
 - **Divergent transitions** after warm-up, any (Stan): the trajectory met curvature the step
   size cannot follow, and the region behind it is under-explored (a funnel's neck).
 - **A chain that stuck**: most of its kept transitions divergent (``STUCK_DIVERGENT``), or,
-  against the other chains, a step size more than ``STEP_SIZE_SPREAD`` times smaller: its
-  warm-up ended in a degenerate state, and its draws do not explore the posterior.
+  against the other chains, a step size more than ``STEP_SIZE_SPREAD`` times smaller; its
+  draws do not explore the posterior. Where most of its first ``ONSET_SHARE`` of draws
+  diverged too, its warm-up ended in a degenerate state (more warm-up); where they did not, it
+  moved at first and then entered a region its step size cannot integrate (a funnel's neck,
+  as a centred horseshoe's chains do at some seeds) and stayed there, which no warm-up
+  prevents: a smaller step size or a non-centred model does.
 - **Transitions that hit the tree-depth cap** (NUTS) or the leapfrog-step cap (ChEES), any
   (Stan): the trajectories were cut short, an efficiency problem.
 - **E-BFMI** below 0.3 in a chain (Betancourt 2016, *Diagnosing suboptimal cotangent
@@ -54,6 +58,8 @@ MIN_DRAWS = 100
 # many times below the median of the chains' (orders of magnitude: a healthy run's chains adapt
 # step sizes within a factor of about 2 of each other).
 STUCK_DIVERGENT, STEP_SIZE_SPREAD = 0.5, 30.0
+# A stuck chain's first draws, this share of them, tell whether it stuck from its warm-up's end.
+ONSET_SHARE = 0.25
 # At most this many parameters are named per problem.
 NAMED = 5
 
@@ -164,10 +170,20 @@ def _check_divergences(report: SamplingReport, diverging: torch.Tensor) -> None:
         RAISE_TARGET, NON_CENTRE,
     )
     stuck = [chain for chain, count in enumerate(per_chain.tolist()) if count > STUCK_DIVERGENT * draws]
-    if stuck:
+    first = diverging[:, : max(1, int(ONSET_SHARE * draws))].double().mean(1)
+    from_start = [chain for chain in stuck if first[chain] > STUCK_DIVERGENT]
+    later = [chain for chain in stuck if chain not in from_start]
+    if from_start:
         report.add(
-            f"chain(s) {stuck} stuck, more than half of their transitions divergent: their warm-up ended in a "
-            "degenerate state", MORE_WARMUP,
+            f"chain(s) {from_start} stuck, more than half of their transitions divergent from their first draws: "
+            "their warm-up ended in a degenerate state", MORE_WARMUP,
+        )
+    if later:
+        shares = ", ".join(f"{first[chain]:.0%}" for chain in later)
+        report.add(
+            f"chain(s) {later} stuck, more than half of their transitions divergent, after a first {ONSET_SHARE:.0%} "
+            f"of their draws divergent on {shares}: they entered a region their step size cannot integrate "
+            "(a funnel's neck) and stayed there",
         )
 
 

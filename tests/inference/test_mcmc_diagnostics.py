@@ -58,6 +58,23 @@ def test_each_problem_is_named_with_its_chain_or_parameter():
     assert any("target_accept_prob" in fix for fix in report.fixes)
 
 
+def test_a_chain_that_sticks_after_moving_is_told_from_one_stuck_since_its_warmup():
+    r"""A chain divergent on all of its draws stuck at its warm-up's end (more warm-up); one that
+    moved for its first half and then diverged on every draw entered a funnel's neck after its
+    warm-up (a smaller step size or a non-centred model, which the divergences already name)."""
+    generator = torch.Generator().manual_seed(3)
+    draws = {"mu": torch.randn(3, 200, generator=generator, dtype=torch.float64)}
+    stats = clean_stats(3, 200, generator)
+    stats["diverging"][0] = True
+    stats["diverging"][2, 90:] = True
+    stats["diverging"][2, :10] = True
+    report = check_sampling(draws, stats)
+    text = " | ".join(report.problems)
+    assert "chain(s) [0] stuck, more than half of their transitions divergent from their first draws" in text
+    assert "chain(s) [2] stuck" in text and "first 25% of their draws divergent on 20%" in text and "funnel's neck" in text
+    assert any("target_accept_prob" in fix for fix in report.fixes) and any("non-centre" in fix for fix in report.fixes)
+
+
 def test_short_runs_are_judged_on_divergences_only():
     generator = torch.Generator().manual_seed(2)
     stuck = torch.cat([torch.randn(1, 50, generator=generator), torch.full((1, 50), 3.0)]).double()
