@@ -30,7 +30,7 @@ from _common import machine_line, write_results  # noqa: E402
 from bench_chains import problems  # noqa: E402
 
 from aml_ppl.inference.compiled import compiled_gradient, gradient_graph  # noqa: E402
-from aml_ppl.inference.nuts_kernel import flatten, unflatten  # noqa: E402
+from aml_ppl.inference.hmc.potential import flatten, unflatten  # noqa: E402
 
 EVALUATIONS, ROUNDS = 2000, 5
 

@@ -1,6 +1,6 @@
 r"""Independent random streams, one per chain, drawn for every chain in one vectorised step.
 
-A sampler that advances many chains in one batch (:mod:`aml_ppl.inference.vectorised_nuts`)
+A sampler that advances many chains in one batch (:mod:`aml_ppl.inference.vectorised_nuts`, :mod:`aml_ppl.inference.chees`)
 draws for all of them at once; from one shared generator a chain's draws would depend on how
 many the other chains took (their trees' depths). Here each chain has a SplitMix64 stream
 (Steele, Lea & Flood 2014: the state advances by the golden-ratio increment :math:`\gamma`,
@@ -130,7 +130,7 @@ class ChainStream:
     r"""One chain's SplitMix64 stream in NumPy, drawing what ``ChainStreams([seed])`` draws.
 
     For a sampler that runs one chain in Python (:class:`~aml_ppl.inference.nuts_kernel.MultinomialNUTS`,
-    whose tree draws a uniform per doubling): :meth:`random` hands out Python floats from a
+    whose tree draws each choice as it reaches it: :class:`~aml_ppl.inference.hmc.nuts.OneChain`): :meth:`random` hands out Python floats from a
     block of ``BLOCK`` drawn ahead, and :meth:`normal` and :meth:`uniform` draw vectors; a small
     tensor operation would cost more than the arithmetic. The uniforms are those of
     :class:`ChainStreams` at the same state, drawn in the same order, the normals theirs to the

@@ -65,16 +65,14 @@ from aml_ppl.inference.hmc.state import ChEESState
 from aml_ppl.inference.context import isolated_param_store
 from aml_ppl.inference.fitted import Fitted
 from aml_ppl.inference.hmc.adaptation import DualAveraging, TrajectoryLength, WarmupWindows, WindowPotentials, restart_stray
-from aml_ppl.inference.hmc.integrator import Phase, velocity_verlet
+from aml_ppl.inference.hmc.integrator import Phase, velocity_verlet, where_chains
 from aml_ppl.inference.hmc.metric import DENSE_AT_MOST, Metric, PooledCovariance
 from aml_ppl.inference.hmc.step_size import reasonable_step_sizes
 from aml_ppl.inference.io import register_posterior
 from aml_ppl.inference.mcmc import SamplePosterior, sampler_incompatibility
 from aml_ppl.inference.mcmc_diagnostics import check_sampling, warn_if_untrustworthy
-from aml_ppl.inference.nuts_kernel import MAX_ENERGY_ERROR
-from aml_ppl.inference.vectorised_nuts import (
-    BatchingError, ChainPotential, _where, chain_seeds, initial_points,
-)
+from aml_ppl.inference.hmc.nuts import MAX_ENERGY_ERROR
+from aml_ppl.inference.hmc.potential import BatchingError, ChainPotential, chain_seeds, initial_points
 
 # The optimal acceptance probability of HMC in high dimension (Beskos et al. 2013).
 HMC_ACCEPTANCE = 0.651
@@ -151,7 +149,7 @@ class ChEESSampler:
             steps = self._leapfrog_steps(iteration, length.log_length, step_size)
             proposal, energy, acceptance, diverging = self._propose(current, step_size, steps)
             accepted = self._accepts(acceptance)
-            previous, current = current, _where(accepted, proposal, current)
+            previous, current = current, where_chains(accepted, proposal, current)
             gradient = self._trajectory_gradient(previous, proposal, acceptance, diverging, steps * step_size)
             averaging = averaging.update(_harmonic_mean(acceptance, diverging))
             step_size, length = averaging.step_size, length.update(gradient, iteration)
@@ -212,7 +210,7 @@ class ChEESSampler:
             steps = self._leapfrog_steps(iteration, self.log_trajectory_length, self.step_size)
             proposal, energy, acceptance, diverging = self._propose(current, self.step_size, steps)
             accepted = self._accepts(acceptance)
-            current = _where(accepted, proposal, current)
+            current = where_chains(accepted, proposal, current)
             kept.append(current.z)
             records.append((diverging, energy, -current.potential, acceptance, steps))
         self.state = ChEESState(
@@ -344,7 +342,7 @@ class ChEES(Engine):
                 rescaling's long and short directions at once.
             jit_compile: Compile the batched potential energy and its gradient into one graph,
                 where it agrees with the model's potential (see
-                :class:`~aml_ppl.inference.vectorised_nuts.ChainPotential`).
+                :class:`~aml_ppl.inference.hmc.potential.ChainPotential`).
             checkpoint: A folder where the batch writes its state and kept draws (``batch.pt``,
                 whole or not at all) every ``checkpoint_every`` draws and at its last; a fit that finds
                 the file continues from it (no warm-up again) and ends with the draws of an

@@ -21,8 +21,8 @@ from aml_ppl.inference.context import evaluation_mode
 from aml_ppl.inference.fitted import Fitted
 from aml_ppl.inference.io import register_posterior, stored
 from aml_ppl.inference.map import MAP
-from aml_ppl.inference.nuts_kernel import flatten as flatten_sites
-from aml_ppl.inference.nuts_kernel import unflatten as unflatten_sites
+from aml_ppl.inference.hmc.potential import flatten as flatten_sites
+from aml_ppl.inference.hmc.potential import unflatten as unflatten_sites
 from aml_ppl.models.protocols import LinearisableNetwork
 
 #: Data points per Jacobian: each holds ``points x out x P`` values.

@@ -25,8 +25,9 @@ from aml_ppl.inference.hmc.state import HMCState, VectorisedNUTSState, continuab
 from aml_ppl.inference.io import register_posterior, stored
 from aml_ppl.inference.mcmc_diagnostics import check_sampling, warn_if_untrustworthy
 from aml_ppl.inference.nuts_chain import ChainPlan, sample_chain
-from aml_ppl.inference.nuts_kernel import SAMPLE_STATS, flatten, model_gradient
-from aml_ppl.inference.vectorised_nuts import BatchingError, VectorisedNUTS
+from aml_ppl.inference.hmc.potential import BatchingError, flatten, model_gradient
+from aml_ppl.inference.nuts_kernel import SAMPLE_STATS
+from aml_ppl.inference.vectorised_nuts import VectorisedNUTS
 from aml_ppl.inference.structure import inspect_model
 from aml_ppl.inference.tracing import agree, untraceable
 
@@ -253,7 +254,7 @@ class NUTS(Engine):
                 ``False``: diagonal (Stan's, Pyro's and NumPyro's default). Vectorised chains
                 (``vectorized=True``) take a diagonal one.
             jit_compile: Compile the potential energy and its gradient into one graph
-                (:func:`~aml_ppl.inference.nuts_kernel.model_gradient`: ``make_fx`` of
+                (:func:`~aml_ppl.inference.hmc.potential.model_gradient`: ``make_fx`` of
                 ``torch.func.grad``, or of ``torch.autograd.grad`` for an enumerated model,
                 written out as one Python function). ``None`` (the default): where the model traces
                 faithfully (see :func:`jit_problem`), else without it and with a
@@ -393,14 +394,14 @@ def sampler_incompatibility(sampler: str, model: Callable, args: tuple, kwargs: 
 
 def jit_problem(model: Callable, args: tuple, kwargs: dict, num_points: int = 4) -> str | None:
     r"""Why the compiled potential energy and gradient of ``model``
-    (:func:`~aml_ppl.inference.nuts_kernel.model_gradient` with ``jit=True``) cannot be
+    (:func:`~aml_ppl.inference.hmc.potential.model_gradient` with ``jit=True``) cannot be
     trusted, or ``None`` (:func:`checked_gradient`'s reason)."""
     return checked_gradient(model, args, kwargs, num_points)[1]
 
 
 def checked_gradient(model: Callable, args: tuple, kwargs: dict, num_points: int = 4) -> tuple[Gradient | None, str | None]:
     r"""``model``'s potential energy and gradient compiled into one graph
-    (:func:`~aml_ppl.inference.nuts_kernel.model_gradient` with ``jit=True``) and checked:
+    (:func:`~aml_ppl.inference.hmc.potential.model_gradient` with ``jit=True``) and checked:
     ``(graph, None)``, or ``(None, why it cannot be trusted)``.
 
     A trace records one run; a branch on a latent value, or a tensor turned into a Python

@@ -16,7 +16,8 @@ from aml_ppl.inference.chain_state import ChainProgress, Checkpointing
 from aml_ppl.inference.hmc.state import HMCState
 from aml_ppl.inference.compiled import Gradient
 from aml_ppl.inference.context import isolated_param_store
-from aml_ppl.inference.nuts_kernel import SAMPLE_STATS, MultinomialNUTS, chain_state, unflatten
+from aml_ppl.inference.hmc.potential import unflatten
+from aml_ppl.inference.nuts_kernel import SAMPLE_STATS, MultinomialNUTS, chain_state
 
 
 @dataclasses.dataclass(frozen=True)

@@ -11,8 +11,11 @@ sites summed out there), compiled with its gradient into one graph on request
 (:mod:`~aml_ppl.inference.hmc.adaptation`: Stan's windows, dual averaging of the step size)
 with a diagonal or dense mass matrix from the windows' draws, by default dense where a
 window's correlations stand out of its sampling noise (:class:`~aml_ppl.inference.hmc.metric.WindowedMassMatrix`).
-The trajectory works on one flat vector of the unconstrained latents; its leapfrog steps are
-the integrator that every HMC sampler here shares (:mod:`aml_ppl.inference.hmc.integrator`).
+The trajectory works on one flat vector of the unconstrained latents (its potential
+:func:`~aml_ppl.inference.hmc.potential.model_gradient`); the transition is the one every NUTS
+chain here runs, apart or in a batch (:mod:`~aml_ppl.inference.hmc.nuts`, on
+:class:`~aml_ppl.inference.hmc.nuts.OneChain` lanes), over the leapfrog integrator that every
+HMC sampler shares (:mod:`aml_ppl.inference.hmc.integrator`).
 
 **The warm-up's end.** Stan's schedule adapts the step size up to the last warm-up transition and then switches to the dual
 averaging's mean :math:`\exp \bar x` (Hoffman and Gelman 2014, §3.2.1). On a funnel the
@@ -36,23 +39,22 @@ chain still degenerate after that is kept as it is and named by the end-of-fit c
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
 import pyro
 from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
-from pyro.infer.mcmc.util import initialize_model
 
 from aml_ppl._core.streams import ChainStream
 from aml_ppl.errors import ModelFittingError
 from aml_ppl.inference.hmc.state import HMCState
-from aml_ppl.inference.compiled import Gradient, compiled_gradient, plain_gradient
+from aml_ppl.inference.compiled import Gradient
 from aml_ppl.inference.hmc.adaptation import DualAveraging, WarmupWindows
 from aml_ppl.inference.hmc.integrator import Phase, velocity_verlet
 from aml_ppl.inference.hmc.metric import Metric, WindowedMassMatrix
 from aml_ppl.inference.hmc.step_size import one_step_accepted, reasonable_step_sizes
-from aml_ppl.inference.nuts_tree import MAX_ENERGY_ERROR, Trajectory, _Tree  # noqa: F401 (MAX_ENERGY_ERROR: the samplers' import)
+from aml_ppl.inference.hmc.nuts import OneChain, Trajectory, Tree
+from aml_ppl.inference.hmc.potential import flatten, model_gradient, unflatten
 
 # ArviZ's names for the per-draw statistics a chain records.
 SAMPLE_STATS = ("diverging", "energy", "lp", "step_size", "tree_depth", "acceptance_rate", "n_steps")
@@ -177,7 +179,7 @@ class MultinomialNUTS(MCMCKernel):
         self.iteration = 0
         self.restarts = 0
         self.records = {name: [] for name in SAMPLE_STATS}
-        self.trajectory = Trajectory(self.dynamics, self.stream, self.max_tree_depth)
+        self.trajectory = Trajectory(OneChain(self.stream), self.dynamics.leapfrog, self.dynamics.energy, self.max_tree_depth)
         self._start_warmup(z)
 
     def _start_warmup(self, z: torch.Tensor) -> None:
@@ -222,7 +224,7 @@ class MultinomialNUTS(MCMCKernel):
         self.iteration += 1
         return self.dynamics.unflatten(self._current.z)
 
-    def _step(self, step_size: float) -> tuple[float, _Tree, int, float]:
+    def _step(self, step_size: float) -> tuple[float, Tree, int, float]:
         r"""One transition from the current state with a fresh momentum: its starting energy,
         tree, depth and mean acceptance statistic; the proposal becomes the current state."""
         start = self.dynamics.with_fresh_momentum(self._current, self.stream)
@@ -292,58 +294,7 @@ def continue_chain(kernel: MultinomialNUTS, state: HMCState, args: tuple, kwargs
     kernel._current = kernel.dynamics.state(z, torch.zeros_like(z), state.potential, state.gradient)
     kernel.settle_steps, kernel.restarts = 0, 0
     kernel.stream = ChainStream.at(state.stream)
-    kernel.trajectory = Trajectory(kernel.dynamics, kernel.stream, kernel.max_tree_depth)
-
-
-@dataclass
-class ModelGradient:
-    r"""A Pyro program's potential energy on the flat unconstrained vector, with its gradient.
-
-    Attributes:
-        start: Site name to its unconstrained initial value.
-        shapes: Site name to its shape, in the flat vector's order.
-        transforms: Site name to its transform to the unconstrained space.
-        gradient: The flat vector's potential energy and its gradient.
-        how: ``"compiled"`` (one graph: :func:`~aml_ppl.inference.compiled.compiled_gradient`)
-            or ``"autograd"``.
-    """
-
-    start: dict[str, torch.Tensor]
-    shapes: dict[str, torch.Size]
-    transforms: dict[str, Any]
-    gradient: Gradient
-    how: str
-
-
-def model_gradient(
-    model: Callable, args: tuple, kwargs: dict, *, jit: bool, initial_params: dict[str, torch.Tensor] | None = None,
-    fallback: bool = True, compiled: Gradient | None = None,
-) -> ModelGradient:
-    r"""``model``'s potential energy from :func:`pyro.infer.mcmc.util.initialize_model`
-    (enumerated discrete sites summed out; the start ``initial_params``, else Pyro's
-    ``init_to_uniform``) and its gradient: with ``jit``, compiled with its gradient into one
-    graph, or where that fails (a value read into Python) and ``fallback``, autograd through
-    the model (without ``fallback`` the error is raised); else autograd through the model. A
-    ``compiled`` graph of the same model and data is used as it is (the graph holds for any
-    point: it is traced with the point as its input, and checked at several by
-    :func:`~aml_ppl.inference.mcmc.checked_gradient`)."""
-    start, potential_fn, transforms, _ = initialize_model(model, args, kwargs, initial_params=initial_params)
-    shapes = {name: value.shape for name, value in sorted(start.items())}
-
-    def on_flat(potential: Callable) -> Callable[[torch.Tensor], torch.Tensor]:
-        return lambda z: potential(unflatten(z, shapes))
-
-    plain = ModelGradient(start, shapes, transforms, plain_gradient(on_flat(potential_fn)), "autograd")
-    if not jit:
-        return plain
-    if compiled is not None:
-        return ModelGradient(start, shapes, transforms, compiled, "compiled")
-    try:
-        return ModelGradient(start, shapes, transforms, compiled_gradient(on_flat(potential_fn), flatten(start, shapes)), "compiled")
-    except Exception:  # make_fx refuses in many ways: the plain evaluation remains
-        if not fallback:
-            raise
-        return plain
+    kernel.trajectory = Trajectory(OneChain(kernel.stream), kernel.dynamics.leapfrog, kernel.dynamics.energy, kernel.max_tree_depth)
 
 
 class Hamiltonian:
@@ -420,19 +371,3 @@ class Hamiltonian:
 
     def unflatten(self, z: torch.Tensor) -> dict[str, torch.Tensor]:
         return unflatten(z, self.shapes)
-
-
-def flatten(values: dict[str, torch.Tensor], shapes: dict[str, torch.Size]) -> torch.Tensor:
-    r"""Site values as one flat vector, in the order of ``shapes``."""
-    return torch.cat([values[name].reshape(-1) for name in shapes])
-
-
-def unflatten(z: torch.Tensor, shapes: dict[str, torch.Size]) -> dict[str, torch.Tensor]:
-    r"""A flat vector (or a batch of them, on the last dimension) as site name to its value
-    of the shape in ``shapes`` (after the batch's)."""
-    values, start = {}, 0
-    for name, shape in shapes.items():
-        size = math.prod(shape)
-        values[name] = z[..., start : start + size].reshape(z.shape[:-1] + torch.Size(shape))
-        start += size
-    return values

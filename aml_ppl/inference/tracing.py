@@ -61,7 +61,7 @@ def agree(traced: torch.Tensor, plain: torch.Tensor) -> bool:
     condition number :math:`\kappa` (a GP's kernel: 1e-6 covers :math:`\kappa` to about 5e9 in
     float64); a branch frozen into the trace moves the leading digits. The one check of every
     compiled or batched potential here (:func:`~aml_ppl.inference.mcmc.checked_gradient`,
-    :class:`~aml_ppl.inference.vectorised_nuts.ChainPotential`)."""
+    :class:`~aml_ppl.inference.hmc.potential.ChainPotential`)."""
     finite = torch.isfinite(plain)
     if not torch.equal(finite, torch.isfinite(traced)):
         return False

@@ -15,9 +15,9 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from aml_ppl.inference.compiled import compiled_gradient, few_operation_log_probs, gradient_graph, plain_gradient
 from aml_ppl.inference.graph_function import _public, as_function, python_scalars
-from aml_ppl.inference.nuts_kernel import flatten, model_gradient, unflatten
+from aml_ppl.inference.hmc.potential import flatten, model_gradient, unflatten
 from aml_ppl.inference.tracing import agree
-from aml_ppl.inference.vectorised_nuts import ChainPotential
+from aml_ppl.inference.hmc.potential import ChainPotential
 from aml_ppl.testing.cases import MIX_Y, SCHOOLS_SIGMA, SCHOOLS_Y, eight_schools, enumerated_mixture
 from tests.inference.test_jit_check import gp_tutorial_regression, lkj_covariance
 

@@ -11,7 +11,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from aml_ppl.inference.compiled import gradient_graph
 from aml_ppl.inference.graph_simplify import simplify
-from aml_ppl.inference.nuts_kernel import flatten, unflatten
+from aml_ppl.inference.hmc.potential import flatten, unflatten
 from aml_ppl.testing.cases import SCHOOLS_SIGMA, SCHOOLS_Y, eight_schools
 from pyro.infer.mcmc.util import initialize_model
 from tests.inference.test_compiled import LKJ_Y

@@ -15,7 +15,8 @@ import torch
 import aml_ppl as aml
 from aml_ppl.errors import InputDataError, VectorisedChainsWarning
 from aml_ppl.inference import NUTS
-from aml_ppl.inference.vectorised_nuts import ChainPotential, VectorisedNUTS
+from aml_ppl.inference.hmc.potential import ChainPotential
+from aml_ppl.inference.vectorised_nuts import VectorisedNUTS
 from aml_ppl.testing.cases import COUNTS, SCHOOLS_SIGMA, SCHOOLS_Y, change_point, conjugate_normal, eight_schools
 
 SCALES = torch.tensor([1.0, 5.0, 0.2], dtype=torch.float64)

@@ -1,6 +1,8 @@
 r"""What the HMC samplers (NUTS on one chain or a batch, ChEES-HMC) share: the records of where
-chains stand (:mod:`~aml_ppl.inference.hmc.state`), the leapfrog integrator
-(:mod:`~aml_ppl.inference.hmc.integrator`), the step-size search
+chains stand (:mod:`~aml_ppl.inference.hmc.state`), the potential energy of a Pyro program for
+one chain or a batch (:mod:`~aml_ppl.inference.hmc.potential`), the leapfrog integrator
+(:mod:`~aml_ppl.inference.hmc.integrator`), the NUTS transition for one chain or a batch
+(:mod:`~aml_ppl.inference.hmc.nuts`), the step-size search
 (:mod:`~aml_ppl.inference.hmc.step_size`), the metric (:class:`~aml_ppl.inference.hmc.metric.Metric`:
 momenta, velocity, whitening) and the warm-up's choice of a diagonal or dense one
 (:mod:`~aml_ppl.inference.hmc.metric`), and the warm-up: Stan's windows, dual averaging,

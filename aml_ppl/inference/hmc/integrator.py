@@ -94,6 +94,24 @@ def velocity_verlet(
     return init, update
 
 
+def where_chains(mask: torch.Tensor, first: Any, second: Any) -> Any:
+    r"""Per chain, ``first`` where ``mask`` (``C``) holds, else ``second``: tensors ``C`` or
+    ``C x D``, or records of them (a :class:`Phase`); where every chain or none takes
+    ``first``, no selection is made."""
+    if bool(mask.all()):
+        return first
+    if not bool(mask.any()):
+        return second
+    return select_chains(mask, mask[:, None], first, second)
+
+
+def select_chains(mask: torch.Tensor, column: torch.Tensor, first: Any, second: Any) -> Any:
+    r""":func:`where_chains` with the mask mixed, given as ``C`` and as the column ``C x 1``."""
+    if isinstance(first, torch.Tensor):
+        return torch.where(column if first.dim() == 2 else mask, first, second)
+    return type(first)(*(select_chains(mask, column, a, b) for a, b in zip(first.__dict__.values(), second.__dict__.values())))
+
+
 def _plus_per_chain(x: torch.Tensor, direction: torch.Tensor, alpha: torch.Tensor) -> torch.Tensor:
     r""":math:`x + \alpha d` for a column of step sizes, as a product and a sum (``torch.add``
     fuses them for a number only), each rounded alike in a batch of any size."""
