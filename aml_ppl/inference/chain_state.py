@@ -24,6 +24,7 @@ import torch
 
 from aml_ppl._core.files import atomic_write
 from aml_ppl.errors import InputDataError
+from aml_ppl.inference.hmc.driver import drive
 from aml_ppl.inference.hmc.state import HMCState
 
 # Version 2 (2026-12): each chain's own random stream in place of the global generators'.
@@ -149,9 +150,9 @@ class BatchCheckpointing:
     ``folder``, written whole or not at all after every ``every`` kept draws and at the last, with
     the draws and statistics kept so far and the batch's state (warm-up is not checkpointed).
 
-    :meth:`run` takes the draws in pieces of ``every``, each continuing the batch from the state
-    the last one left (the sampler's ``resume``), so they equal one uninterrupted run's to the
-    bit; a run that finds the file of the same model, data, settings and seeds continues from it.
+    The checkpoints are written between the draws of one run, so it draws what an uninterrupted
+    run draws; a run that finds the file of the same model, data, settings and seeds continues
+    from its state (the sampler's ``restore``), to the bit as one run would have gone on.
 
     Attributes:
         folder: The checkpoint's folder (created if missing).
@@ -164,31 +165,42 @@ class BatchCheckpointing:
     description: dict[str, str]
 
     def run(self, sampler: Any, args: tuple, kwargs: dict, num_samples: int, warmup_steps: int, record: type) -> tuple[dict, dict, Any]:
-        r"""``num_samples`` kept draws per chain from ``sampler`` (its ``run(args, kwargs, count,
-        warmup_steps)``, ``resume(args, kwargs, state, count)`` and ``state``, the latter of class
-        ``record``). Returns the draws (site to ``C x num_samples x ...``), the statistics
-        (``C x num_samples``) and the final state."""
+        r"""``num_samples`` kept draws per chain from ``sampler`` (a
+        :class:`~aml_ppl.inference.hmc.driver.BatchSampler` whose state is a ``record``): its
+        warm-up and draws, or its continuation from the file it finds, a checkpoint after every
+        ``every`` kept draws and the last. Returns the draws (site to ``C x num_samples x ...``),
+        the statistics (``C x num_samples``) and the final state."""
         path = self.folder / "batch.pt"
         payload = checked_payload(path, BATCH_CHECKPOINT_FORMAT, self.description, "a batch checkpoint")
         if payload is None:
-            samples, stats = sampler.run(args, kwargs, min(self.every, num_samples), warmup_steps)
-            state = sampler.state
+            sampler.setup(warmup_steps, args, kwargs)
+            before, warmup, done = ({}, {}), warmup_steps, 0
         else:
-            samples, stats, state = payload["samples"], payload["stats"], record.from_tensors(payload["state"])
-        while True:
-            kept = next(iter(stats.values())).shape[1]
-            if kept > num_samples:
-                raise InputDataError(f"`checkpoint` file `{path}` holds {kept} draws, more than num_samples = {num_samples}.")
-            self.folder.mkdir(parents=True, exist_ok=True)
-            content = {"format": BATCH_CHECKPOINT_FORMAT, "description": self.description, "state": state.tensors(),
-                       "samples": samples, "stats": stats}
-            atomic_write(path, lambda file: torch.save(content, file))
-            if kept == num_samples:
-                return samples, stats, state
-            more_samples, more_stats = sampler.resume(args, kwargs, state, min(self.every, num_samples - kept))
-            samples = {name: torch.cat([value, more_samples[name]], 1) for name, value in samples.items()}
-            stats = {name: torch.cat([value, more_stats[name]], 1) for name, value in stats.items()}
-            state = sampler.state
+            before, warmup = (payload["samples"], payload["stats"]), 0
+            done = next(iter(payload["stats"].values())).shape[1]
+            if done > num_samples:
+                raise InputDataError(f"`checkpoint` file `{path}` holds {done} draws, more than num_samples = {num_samples}.")
+            if done == num_samples:
+                return payload["samples"], payload["stats"], record.from_tensors(payload["state"])
+            sampler.restore(args, kwargs, record.from_tensors(payload["state"]))
+
+        def so_far() -> tuple[dict, dict]:
+            return tuple(
+                {name: torch.cat([earlier[name], value], 1) if name in earlier else value for name, value in new.items()}
+                for earlier, new in zip(before, sampler.results())
+            )
+
+        def after_draw(index: int) -> None:
+            kept = done + index + 1
+            if kept % self.every == 0 or kept == num_samples:
+                samples, stats = so_far()
+                content = {"format": BATCH_CHECKPOINT_FORMAT, "description": self.description, "state": sampler.state.tensors(),
+                           "samples": samples, "stats": stats}
+                self.folder.mkdir(parents=True, exist_ok=True)
+                atomic_write(path, lambda file: torch.save(content, file))
+
+        drive(sampler, warmup, num_samples - done, after_draw=after_draw)
+        return (*so_far(), sampler.state)
 
 
 def sample_batch(

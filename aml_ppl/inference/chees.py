@@ -56,7 +56,6 @@ from typing import Any, Callable, ClassVar, Sequence
 
 import torch
 
-from aml_ppl._core.streams import ChainStreams
 from aml_ppl._data import check_count
 from aml_ppl.errors import InputDataError, ModelFittingError
 from aml_ppl.inference.base import Engine, register_engine
@@ -65,14 +64,15 @@ from aml_ppl.inference.hmc.state import ChEESState
 from aml_ppl.inference.context import isolated_param_store
 from aml_ppl.inference.fitted import Fitted
 from aml_ppl.inference.hmc.adaptation import DualAveraging, TrajectoryLength, WarmupWindows, WindowPotentials, restart_stray
-from aml_ppl.inference.hmc.integrator import Phase, velocity_verlet, where_chains
+from aml_ppl.inference.hmc.driver import BatchSampler
+from aml_ppl.inference.hmc.integrator import Phase, where_chains
 from aml_ppl.inference.hmc.metric import DENSE_AT_MOST, Metric, PooledCovariance
 from aml_ppl.inference.hmc.step_size import reasonable_step_sizes
 from aml_ppl.inference.io import register_posterior
 from aml_ppl.inference.mcmc import SamplePosterior, sampler_incompatibility
 from aml_ppl.inference.mcmc_diagnostics import check_sampling, warn_if_untrustworthy
 from aml_ppl.inference.hmc.nuts import MAX_ENERGY_ERROR
-from aml_ppl.inference.hmc.potential import BatchingError, ChainPotential, chain_seeds, initial_points
+from aml_ppl.inference.hmc.potential import BatchingError, initial_points
 
 # The optimal acceptance probability of HMC in high dimension (Beskos et al. 2013).
 HMC_ACCEPTANCE = 0.651
@@ -92,8 +92,9 @@ def halton(index: int, base: int = 2) -> float:
     return value
 
 
-class ChEESSampler:
-    r"""``num_chains`` chains of ChEES-HMC advanced together (see the module's description).
+class ChEESSampler(BatchSampler):
+    r"""``num_chains`` chains of ChEES-HMC advanced together (see the module's description), run
+    by :class:`~aml_ppl.inference.hmc.driver.BatchSampler`'s ``run`` and ``resume``.
 
     Args:
         model: The Pyro program.
@@ -126,71 +127,77 @@ class ChEESSampler:
         self, model: Callable, num_chains: int, *, target_accept_prob: float = HMC_ACCEPTANCE,
         max_leapfrog_steps: int = 1000, full_mass: bool | None = None, jit: bool = True, seeds: Sequence[int] | None = None,
     ) -> None:
-        self.seeds = chain_seeds(seeds, num_chains)
+        super().__init__(model, num_chains, jit, seeds)
         self.full_mass = full_mass
-        self.model, self.num_chains, self.jit = model, num_chains, jit
         self.target_accept_prob, self.max_leapfrog_steps = target_accept_prob, max_leapfrog_steps
 
-    def run(
-        self, args: tuple, kwargs: dict, num_samples: int, warmup_steps: int
-    ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-        r"""Warm up and sample. Returns the constrained draws (site to ``C x num_samples x ...``)
-        and the per-draw statistics (name to ``C x num_samples``)."""
+    def setup(self, warmup_steps: int, args: tuple, kwargs: dict) -> None:
+        r"""The batched potential for the data, each chain's start from its stream, and a fresh
+        warm-up of ``warmup_steps`` transitions (the metric the identity, the step size searched,
+        :math:`T` one step)."""
         self._set_up(args, kwargs)
-        self.streams = ChainStreams(self.seeds, self.potential.start.device)
-        current = initial_points(self.potential, self.streams)
-        self.metric = Metric(torch.ones_like(current.z[0]), dense=False)
-        step_size = self._search_step_size(current, 1.0)
-        averaging, length = DualAveraging.start(self.target_accept_prob, step_size), TrajectoryLength(math.log(step_size))
-        coordinates = current.z.shape[-1]
-        tracked = self.full_mass is True or (self.full_mass is None and coordinates <= DENSE_AT_MOST)
-        windows, pooled, potentials = WarmupWindows.of(warmup_steps), PooledCovariance(tracked), WindowPotentials()
-        for iteration in range(warmup_steps):
-            steps = self._leapfrog_steps(iteration, length.log_length, step_size)
-            proposal, energy, acceptance, diverging = self._propose(current, step_size, steps)
-            accepted = self._accepts(acceptance)
-            previous, current = current, where_chains(accepted, proposal, current)
-            gradient = self._trajectory_gradient(previous, proposal, acceptance, diverging, steps * step_size)
-            averaging = averaging.update(_harmonic_mean(acceptance, diverging))
-            step_size, length = averaging.step_size, length.update(gradient, iteration)
-            slow, ends = windows.at(iteration)
-            potentials.update(current.potential)
-            if ends:
-                current, _ = restart_stray(current, potentials.stray(), self.streams.choice)
-                potentials = WindowPotentials()
-            if slow:
-                pooled.update(current.z)
-                if ends:
-                    dense = tracked and (self.full_mass is True or pooled.count >= DRAWS_PER_COORDINATE * coordinates)
-                    self.metric = Metric(pooled.covariance(dense), dense=dense)
-                    pooled = PooledCovariance(tracked)
-                    step_size = self._search_step_size(current, step_size)
-                    averaging = DualAveraging.start(self.target_accept_prob, step_size)
-                    # The new metric's time scale: at least the one step it allows, which can
-                    # be orders of magnitude past T learned under the old one.
-                    length = replace(length, log_length=max(length.log_length, math.log(step_size)))
-        log_length = length.log_length
-        if warmup_steps:
-            step_size = averaging.averaged_step_size
-            log_length = min(max(length.average, math.log(step_size)), math.log(self.max_leapfrog_steps * step_size))
-        self.step_size, self.log_trajectory_length = step_size, log_length
-        return self._sample(current, warmup_steps, num_samples)
+        self.current = initial_points(self.potential, self.streams)
+        self.metric = Metric(torch.ones_like(self.current.z[0]), dense=False)
+        self.step_size = self._search_step_size(self.current, 1.0)
+        self.averaging, self.length = DualAveraging.start(self.target_accept_prob, self.step_size), TrajectoryLength(math.log(self.step_size))
+        self.log_trajectory_length, self.transitions = self.length.log_length, 0
+        coordinates = self.current.z.shape[-1]
+        self.tracked = self.full_mass is True or (self.full_mass is None and coordinates <= DENSE_AT_MOST)
+        self.warmup_steps, self.windows, self.potentials = warmup_steps, WarmupWindows.of(warmup_steps), WindowPotentials()
+        self.pooled = PooledCovariance(self.tracked)
 
-    def resume(self, args: tuple, kwargs: dict, state: ChEESState, num_samples: int) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-        r"""``num_samples`` more draws per chain from where ``state`` left the chains, with its
-        adapted kernel and random streams: the draws one longer :meth:`run` would have made
-        (to the bit on the CPU). Returns what :meth:`run` returns, for the new draws."""
+    def restore(self, args: tuple, kwargs: dict, state: ChEESState) -> None:
+        r"""Set up to continue from ``state`` (this sampler's chains after warm-up) with its
+        adapted step size, trajectory length and metric and its random streams."""
         self._set_up(args, kwargs)
         self.metric = Metric(state.inverse_mass, dense=state.inverse_mass.dim() == 2)
-        self.step_size, self.log_trajectory_length = state.step_size, state.log_trajectory_length
-        self.streams = ChainStreams.at(state.streams.clone())
-        current = self._init(state.position, torch.zeros_like(state.position), state.potential, state.gradient)
-        return self._sample(current, state.transitions, num_samples)
+        self.step_size, self.log_trajectory_length, self.transitions = state.step_size, state.log_trajectory_length, state.transitions
+        self.streams.state = state.streams.clone()
+        self.current = self._init(state.position, torch.zeros_like(state.position), state.potential, state.gradient)
 
-    def _set_up(self, args: tuple, kwargs: dict) -> None:
-        r"""The batched potential for the data, and the leapfrog integrator on it."""
-        self.potential = ChainPotential(self.model, args, kwargs, self.num_chains, jit=self.jit)
-        self._init, self._update = velocity_verlet(self.potential, lambda r: self.metric.velocity(r))
+    def warm_up(self, iteration: int) -> None:
+        step_size = self.step_size
+        steps = self._leapfrog_steps(iteration, self.length.log_length, step_size)
+        proposal, _, acceptance, diverging = self._propose(self.current, step_size, steps)
+        previous, current = self.current, where_chains(self._accepts(acceptance), proposal, self.current)
+        gradient = self._trajectory_gradient(previous, proposal, acceptance, diverging, steps * step_size)
+        self.averaging = self.averaging.update(_harmonic_mean(acceptance, diverging))
+        step_size, self.length = self.averaging.step_size, self.length.update(gradient, iteration)
+        slow, ends = self.windows.at(iteration)
+        self.potentials.update(current.potential)
+        if ends:
+            current, _ = restart_stray(current, self.potentials.stray(), self.streams.choice)
+            self.potentials = WindowPotentials()
+        if slow:
+            self.pooled.update(current.z)
+            if ends:
+                dense = self.tracked and (self.full_mass is True or self.pooled.count >= DRAWS_PER_COORDINATE * current.z.shape[-1])
+                self.metric = Metric(self.pooled.covariance(dense), dense=dense)
+                self.pooled = PooledCovariance(self.tracked)
+                step_size = self._search_step_size(current, step_size)
+                self.averaging = DualAveraging.start(self.target_accept_prob, step_size)
+                # The new metric's time scale: at least the one step it allows, which can
+                # be orders of magnitude past T learned under the old one.
+                self.length = replace(self.length, log_length=max(self.length.log_length, math.log(step_size)))
+        if iteration == self.warmup_steps - 1:  # the averaged step size and trajectory length
+            step_size = self.averaging.averaged_step_size
+            self.log_trajectory_length = min(max(self.length.average, math.log(step_size)), math.log(self.max_leapfrog_steps * step_size))
+        self.current, self.step_size, self.transitions = current, step_size, iteration + 1
+
+    def draw(self) -> None:
+        steps = self._leapfrog_steps(self.transitions, self.log_trajectory_length, self.step_size)
+        proposal, energy, acceptance, diverging = self._propose(self.current, self.step_size, steps)
+        self.current = where_chains(self._accepts(acceptance), proposal, self.current)
+        self.kept.append((self.current.z, (diverging, energy, -self.current.potential, acceptance, steps)))
+        self.transitions += 1
+
+    @property
+    def state(self) -> ChEESState:
+        current = self.current
+        return ChEESState(
+            current.z, current.potential, current.grad, self.step_size, self.log_trajectory_length,
+            self.metric.covariance, self.transitions, self.streams.state.clone(),
+        )
 
     @property
     def trajectory_length(self) -> float:
@@ -201,23 +208,6 @@ class ChEESSampler:
         r"""Transition ``iteration``'s leapfrog steps: :math:`\lceil h_n T / \epsilon \rceil`, within bounds."""
         jitter = halton(iteration + 1)
         return min(self.max_leapfrog_steps, max(1, math.ceil(jitter * math.exp(log_length) / step_size)))
-
-    def _sample(self, current: Phase, first: int, num_samples: int) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-        r"""Transitions ``first`` to ``first + num_samples - 1`` with the adapted kernel, each
-        kept; the chains' state after them in ``self.state``."""
-        kept, records = [], []
-        for iteration in range(first, first + num_samples):
-            steps = self._leapfrog_steps(iteration, self.log_trajectory_length, self.step_size)
-            proposal, energy, acceptance, diverging = self._propose(current, self.step_size, steps)
-            accepted = self._accepts(acceptance)
-            current = where_chains(accepted, proposal, current)
-            kept.append(current.z)
-            records.append((diverging, energy, -current.potential, acceptance, steps))
-        self.state = ChEESState(
-            current.z, current.potential, current.grad, self.step_size, self.log_trajectory_length,
-            self.metric.covariance, first + num_samples, self.streams.state.clone(),
-        )
-        return self._results(kept, records, current.z)
 
     def _propose(self, current: Phase, step_size: float, steps: int) -> tuple[Phase, torch.Tensor, torch.Tensor, torch.Tensor]:
         r"""Fresh momenta :math:`r \sim \mathcal N(0, M)` and ``steps`` leapfrog steps for every
@@ -265,22 +255,18 @@ class ChEESSampler:
 
         return float(reasonable_step_sizes(accepts, torch.tensor(step_size, dtype=torch.float64)))
 
-    def _results(
-        self, kept: list[torch.Tensor], records: list[tuple], like: torch.Tensor
-    ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-        flat = torch.stack(kept, 1) if kept else like.new_zeros(self.num_chains, 0, like.shape[1])
-        samples = {name: self.potential.transforms[name].inv(value) for name, value in self.potential.sites(flat).items()}
-        chains = self.num_chains
+    def stats(self) -> dict[str, torch.Tensor]:
+        like, chains, records = self.current.z, self.num_chains, [record for _, record in self.kept]
         columns = list(zip(*records)) or [[]] * 5
         stats = {
-            "diverging": torch.stack(columns[0], 1) if kept else torch.zeros(chains, 0, dtype=torch.bool),
-            "energy": torch.stack(columns[1], 1) if kept else like.new_zeros(chains, 0),
-            "lp": torch.stack(columns[2], 1) if kept else like.new_zeros(chains, 0),
-            "step_size": like.new_full((chains, len(kept)), self.step_size),
-            "acceptance_rate": torch.stack(columns[3], 1) if kept else like.new_zeros(chains, 0),
-            "n_steps": torch.tensor(columns[4], dtype=torch.long).expand(chains, len(kept)).clone(),
+            "diverging": torch.stack(columns[0], 1) if records else torch.zeros(chains, 0, dtype=torch.bool),
+            "energy": torch.stack(columns[1], 1) if records else like.new_zeros(chains, 0),
+            "lp": torch.stack(columns[2], 1) if records else like.new_zeros(chains, 0),
+            "step_size": like.new_full((chains, len(records)), self.step_size),
+            "acceptance_rate": torch.stack(columns[3], 1) if records else like.new_zeros(chains, 0),
+            "n_steps": torch.tensor(columns[4], dtype=torch.long).expand(chains, len(records)).clone(),
         }
-        return samples, {name: value.detach().cpu() for name, value in stats.items()}
+        return {name: value.detach().cpu() for name, value in stats.items()}
 
 
 def _harmonic_mean(acceptance: torch.Tensor, diverging: torch.Tensor) -> float:

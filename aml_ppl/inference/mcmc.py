@@ -1,4 +1,4 @@
-r"""The No-U-Turn sampler (Stan's multinomial NUTS under Pyro's ``MCMC``) behind :func:`aml_ppl.fit`."""
+r"""The No-U-Turn sampler (Stan's multinomial NUTS, run by the one HMC loop: :mod:`~aml_ppl.inference.hmc.driver`) behind :func:`aml_ppl.fit`."""
 
 from __future__ import annotations
 
@@ -81,7 +81,7 @@ class SamplePosterior(Posterior):
             num_samples: Draws to add per chain.
             executor: Where the chains run, as for :class:`NUTS`.
             timeout: Seconds to wait for each chain on an executor; ``None`` waits.
-            progress_bar: Show Pyro's bar.
+            progress_bar: Show a progress bar per chain (tqdm's).
 
         Returns:
             A new posterior with the draws so far and the new ones, by chain.
@@ -189,7 +189,8 @@ class NUTS(Engine):
 
     The kernel is Stan's NUTS (multinomial sampling, the generalised U-turn criterion:
     :class:`~aml_ppl.inference.nuts_kernel.MultinomialNUTS`) on Pyro's potential energy and
-    warm-up, driven by ``pyro.infer.MCMC``; it records ArviZ's per-draw statistics.
+    warm-up, run by the loop every HMC sampler here shares (:func:`~aml_ppl.inference.hmc.driver.drive`);
+    it records ArviZ's per-draw statistics.
     Each chain (with its own warm-up) is seeded from the run's seed and its index, so
     where it runs does not change its draws: in worker processes with one thread each
     (``"processes"``), on an ``executor`` (any ``concurrent.futures.Executor``, such as
@@ -260,7 +261,7 @@ class NUTS(Engine):
                 faithfully (see :func:`jit_problem`), else without it and with a
                 ``JitFallbackWarning`` (silently for a model that declares
                 ``jit_traceable = False``, the GPs); ``False`` never.
-            progress_bar: Show Pyro's bar.
+            progress_bar: Show a progress bar per chain (tqdm's).
             executor: ``"auto"``, ``"processes"``, ``None`` (in turn, in this process) or an
                 ``Executor`` to submit chains to (left running for its owner to shut down).
             timeout: Seconds to wait for each chain on an executor; ``None`` waits.
@@ -268,8 +269,9 @@ class NUTS(Engine):
                 of the potential for all chains per leapfrog step; each chain its own trajectory,
                 step size and diagonal mass matrix: :class:`~aml_ppl.inference.vectorised_nuts.VectorisedNUTS`),
                 as NumPyro's ``chain_method="vectorized"``: worth it for many chains (32 and more)
-                on a model whose leapfrog step is cheap. The chains draw from one stream, so their
-                draws differ from those of the same chains run apart. A model whose potential cannot be
+                on a model whose leapfrog step is cheap. Each chain draws from its own stream, but the
+                batch adapts its own way (a diagonal metric per chain, strays restarted from other
+                chains), so its draws differ from those of the same chains run apart. A model whose potential cannot be
                 evaluated for all chains at once runs the usual way, with a ``VectorisedChainsWarning``.
             checkpoint: A folder where each chain writes its state and kept draws
                 (``chain-<index>.pt``, whole or not at all) every ``checkpoint_every`` draws and at

@@ -1,21 +1,24 @@
 r"""One NUTS chain run where :func:`~aml_ppl.inference.chains.run_chains` puts it (this process
 or a worker): its warm-up from a seed, or its continuation from a state (a posterior's
-:meth:`~aml_ppl.inference.mcmc.SamplePosterior.resume`, a checkpoint), through Pyro's ``MCMC``
-driver with :class:`~aml_ppl.inference.nuts_kernel.MultinomialNUTS`."""
+:meth:`~aml_ppl.inference.mcmc.SamplePosterior.resume`, a checkpoint), by the one HMC loop
+(:func:`~aml_ppl.inference.hmc.driver.drive`) with :class:`~aml_ppl.inference.nuts_kernel.MultinomialNUTS`,
+as Pyro's ``MCMC`` runs a kernel (its handlers blocked, the distributions' checks off)."""
 
 from __future__ import annotations
 
 import dataclasses
 from typing import Callable
 
-import pyro.infer
+import pyro
 import torch
+from pyro import poutine
 
 from aml_ppl._core.randomness import local_seed
 from aml_ppl.inference.chain_state import ChainProgress, Checkpointing
 from aml_ppl.inference.hmc.state import HMCState
 from aml_ppl.inference.compiled import Gradient
 from aml_ppl.inference.context import isolated_param_store
+from aml_ppl.inference.hmc.driver import drive
 from aml_ppl.inference.hmc.potential import unflatten
 from aml_ppl.inference.nuts_kernel import SAMPLE_STATS, MultinomialNUTS, chain_state
 
@@ -50,18 +53,16 @@ def sample_chain(
         torch.set_num_threads(threads)
     start = plan.starts[index]
     done = ChainProgress(None) if start is None else start
-    with local_seed(plan.seeds[index]), isolated_param_store():
+    with local_seed(plan.seeds[index]), isolated_param_store(), poutine.block(), pyro.validation_enabled(False):
         kernel = MultinomialNUTS(model, **kernel_options, compiled=plan.compiled)
         kernel.resume_from = None if start is None else start.state
         loop = _DrawLoop(index, num_samples - len(done.positions), done, plan.checkpointing)
+        args = tuple(arg.detach() if isinstance(arg, torch.Tensor) else arg for arg in args)  # as Pyro's MCMC
+        kernel.setup(warmup_steps if start is None else 0, *args, **kwargs)
         if loop.remaining:
-            mcmc = pyro.infer.MCMC(
-                kernel, num_samples=loop.remaining, warmup_steps=warmup_steps if start is None else 0,
-                disable_progbar=not progress_bar, hook_fn=loop,
-            )
-            mcmc.run(*args, **kwargs)
+            label = f"NUTS chain {index}" if progress_bar else None
+            drive(kernel, kernel.warmup_steps, loop.remaining, after_draw=lambda step: loop(kernel, step), progress=label)
         else:  # the checkpoint holds every draw
-            kernel.setup(0, *args, **kwargs)
             loop.state = start.state
         positions = torch.stack([*done.positions, *kernel.positions])
         samples = {
@@ -72,8 +73,8 @@ def sample_chain(
 
 
 class _DrawLoop:
-    r"""Pyro's ``MCMC`` hook for one chain: after each kept draw, the chain's state when it is
-    the last draw, and a checkpoint every ``checkpointing.every`` draws and at the last."""
+    r"""What follows each kept draw of one chain: the chain's state when it is the last draw,
+    and a checkpoint every ``checkpointing.every`` draws and at the last."""
 
     def __init__(self, index: int, remaining: int, done: ChainProgress, checkpointing: Checkpointing | None) -> None:
         self.index, self.remaining, self.done, self.checkpointing = index, remaining, done, checkpointing
@@ -82,9 +83,7 @@ class _DrawLoop:
     def records(self, kernel: MultinomialNUTS) -> dict[str, list[float]]:
         return {name: [*self.done.records.get(name, []), *kernel.records[name]] for name in SAMPLE_STATS}
 
-    def __call__(self, kernel: MultinomialNUTS, params: dict, stage: str, step: int) -> None:
-        if not stage.startswith("Sample"):
-            return
+    def __call__(self, kernel: MultinomialNUTS, step: int) -> None:
         last = step + 1 == self.remaining
         kept = len(self.done.positions) + step + 1
         due = self.checkpointing is not None and (last or kept % self.checkpointing.every == 0)

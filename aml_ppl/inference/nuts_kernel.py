@@ -209,20 +209,29 @@ class MultinomialNUTS(MCMCKernel):
         if not torch.equal(z, self._current.z):  # a start set from outside
             self._current = self.dynamics.state(z, torch.zeros_like(z))
         if self.iteration < self.warmup_steps:
-            self._warmup_transition(self.iteration)
-            if self.iteration == self.warmup_steps - 1:
-                self._restart_while_degenerate()
+            self.warm_up(self.iteration)
         else:
-            step_size = self.step_size
-            energy, tree, depth, accept_prob = self._step(step_size)
-            for name, value in (
-                ("diverging", tree.diverging), ("energy", energy), ("lp", -float(tree.proposal.potential)),
-                ("step_size", step_size), ("tree_depth", depth), ("acceptance_rate", accept_prob), ("n_steps", tree.steps),
-            ):
-                self.records[name].append(value)
-            self.positions.append(tree.proposal.z)
+            self.draw()
         self.iteration += 1
         return self.dynamics.unflatten(self._current.z)
+
+    def warm_up(self, iteration: int) -> None:  # the contract of :func:`~aml_ppl.inference.hmc.driver.drive`
+        r"""Warm-up transition ``iteration`` (of ``warmup_steps``, from 0), the chain restarted
+        after the last where its warm-up ended degenerate (the module's description)."""
+        self._warmup_transition(iteration)
+        if iteration == self.warmup_steps - 1:
+            self._restart_while_degenerate()
+
+    def draw(self) -> None:
+        r"""One kept transition: its draw to :attr:`positions`, its statistics to :attr:`records`."""
+        step_size = self.step_size
+        energy, tree, depth, accept_prob = self._step(step_size)
+        for name, value in (
+            ("diverging", tree.diverging), ("energy", energy), ("lp", -float(tree.proposal.potential)),
+            ("step_size", step_size), ("tree_depth", depth), ("acceptance_rate", accept_prob), ("n_steps", tree.steps),
+        ):
+            self.records[name].append(value)
+        self.positions.append(tree.proposal.z)
 
     def _step(self, step_size: float) -> tuple[float, Tree, int, float]:
         r"""One transition from the current state with a fresh momentum: its starting energy,

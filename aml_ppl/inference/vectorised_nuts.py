@@ -24,19 +24,20 @@ from typing import Callable, Sequence
 import torch
 from pyro.ops.welford import WelfordCovariance
 
-from aml_ppl._core.streams import ChainStreams
-from aml_ppl.inference.hmc.state import VectorisedNUTSState
 from aml_ppl.inference.hmc.adaptation import DualAveraging, WarmupWindows, WindowPotentials, restart_stray
-from aml_ppl.inference.hmc.integrator import Phase, velocity_verlet
+from aml_ppl.inference.hmc.driver import BatchSampler
+from aml_ppl.inference.hmc.integrator import Phase
 from aml_ppl.inference.hmc.metric import Metric
-from aml_ppl.inference.hmc.step_size import one_step_accepted, reasonable_step_sizes
 from aml_ppl.inference.hmc.nuts import ChainBatch, Trajectory
-from aml_ppl.inference.hmc.potential import ChainPotential, chain_seeds, initial_points
+from aml_ppl.inference.hmc.potential import initial_points
+from aml_ppl.inference.hmc.state import VectorisedNUTSState
+from aml_ppl.inference.hmc.step_size import one_step_accepted, reasonable_step_sizes
 from aml_ppl.inference.nuts_kernel import SAMPLE_STATS
 
 
-class VectorisedNUTS:
-    r"""``num_chains`` NUTS chains advanced together (see the module's description).
+class VectorisedNUTS(BatchSampler):
+    r"""``num_chains`` NUTS chains advanced together (see the module's description), run by
+    :class:`~aml_ppl.inference.hmc.driver.BatchSampler`'s ``run`` and ``resume``.
 
     Args:
         model: The Pyro program.
@@ -63,84 +64,68 @@ class VectorisedNUTS:
         self, model: Callable, num_chains: int, *, target_accept_prob: float = 0.8, max_tree_depth: int = 10, jit: bool = True,
         seeds: Sequence[int] | None = None,
     ) -> None:
-        self.seeds = chain_seeds(seeds, num_chains)
-        self.model, self.num_chains, self.jit = model, num_chains, jit
+        super().__init__(model, num_chains, jit, seeds)
         self.target_accept_prob, self.max_tree_depth = target_accept_prob, max_tree_depth
 
-    def run(
-        self, args: tuple, kwargs: dict, num_samples: int, warmup_steps: int
-    ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-        r"""Warm up and sample. Returns the constrained draws (site to ``C x num_samples x ...``)
-        and the per-draw statistics (name to ``C x num_samples``); :attr:`state` is then the
-        batch's :class:`~aml_ppl.inference.hmc.state.VectorisedNUTSState` after its last draw."""
-        self._set_up(args, kwargs)
-        current = initial_points(self.potential, self.streams)
-        self.metric = Metric(torch.ones_like(current.z), dense=False)
-        step_size = self._reasonable_step_sizes(current, torch.ones_like(current.potential))
-        averaging, variances = DualAveraging.start(self.target_accept_prob, step_size), WelfordCovariance(diagonal=True)
-        windows, potentials = WarmupWindows.of(warmup_steps), WindowPotentials()
-        for iteration in range(warmup_steps):
-            current, record = self._transition(current, step_size)
-            averaging = averaging.update(record["acceptance_rate"])
-            step_size = averaging.step_size
-            slow, ends = windows.at(iteration)
-            potentials.update(current.potential)
-            if ends:  # a chain in a minor mode takes another's point, metric and step size
-                current, donors = restart_stray(current, potentials.stray(), self.streams.choice)
-                averaging, step_size, potentials = averaging.select(donors), step_size[donors], WindowPotentials()
-                self.metric = self.metric.select(donors)
-            if slow:
-                variances.update(current.z)
-                if ends:
-                    self.metric = Metric(variances.get_covariance(regularize=True), dense=False)
-                    variances.reset()
-                    step_size = self._reasonable_step_sizes(current, step_size)
-                    averaging = DualAveraging.start(self.target_accept_prob, step_size)
-            if iteration == warmup_steps - 1:
-                step_size = averaging.averaged_step_size
-        return self._sample(current, step_size, num_samples)
-
-    def resume(
-        self, args: tuple, kwargs: dict, state: VectorisedNUTSState, num_samples: int
-    ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-        r"""``num_samples`` more draws from ``state`` (a batch of this sampler's chains after
-        its warm-up), with its step sizes, metric and streams: the draws that one run of
-        :meth:`run` would have made after those it had made. Returns as :meth:`run` does."""
-        self._set_up(args, kwargs)
-        self.streams.state = state.streams.clone()
-        self.metric = Metric(state.inverse_mass, dense=False)
-        current = self._init(state.position, torch.zeros_like(state.position), state.potential, state.gradient)
-        return self._sample(current, state.step_size, num_samples)
-
     def _set_up(self, args: tuple, kwargs: dict) -> None:
-        r"""The batched potential for the data, the chains' streams from their seeds, and the
-        leapfrog integrator and the trajectories on them."""
-        self.potential = ChainPotential(self.model, args, kwargs, self.num_chains, jit=self.jit)
-        self.streams = ChainStreams(self.seeds, self.potential.start.device)
-        self._init, self._update = velocity_verlet(self.potential, lambda r: self.metric.velocity(r))
+        super()._set_up(args, kwargs)
         self.trajectory = Trajectory(ChainBatch(self.streams), self._update, self._hamiltonian, self.max_tree_depth)
 
-    def _sample(
-        self, current: Phase, step_size: torch.Tensor, num_samples: int
-    ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-        r"""``num_samples`` kept transitions from ``current`` with the adapted ``step_size``."""
-        kept: list[torch.Tensor] = []
-        stats: dict[str, list[torch.Tensor]] = {name: [] for name in SAMPLE_STATS}
-        for _ in range(num_samples):
-            current, record = self._transition(current, step_size)
-            kept.append(current.z)
-            for name, value in record.items():
-                stats[name].append(value)
-        self.state = VectorisedNUTSState(
-            position=current.z, potential=current.potential, gradient=current.grad, step_size=step_size,
+    def setup(self, warmup_steps: int, args: tuple, kwargs: dict) -> None:
+        r"""The batched potential for the data, each chain's start from its stream, and a fresh
+        warm-up of ``warmup_steps`` transitions (the metric the identity, each chain's step size
+        searched)."""
+        self._set_up(args, kwargs)
+        self.current = initial_points(self.potential, self.streams)
+        self.metric = Metric(torch.ones_like(self.current.z), dense=False)
+        self.step_size = self._reasonable_step_sizes(self.current, torch.ones_like(self.current.potential))
+        self.averaging, self.variances = DualAveraging.start(self.target_accept_prob, self.step_size), WelfordCovariance(diagonal=True)
+        self.warmup_steps, self.windows, self.potentials = warmup_steps, WarmupWindows.of(warmup_steps), WindowPotentials()
+
+    def restore(self, args: tuple, kwargs: dict, state: VectorisedNUTSState) -> None:
+        r"""Set up to continue from ``state`` (a batch of this sampler's chains after its
+        warm-up) with its step sizes, metric and streams."""
+        self._set_up(args, kwargs)
+        self.streams.state = state.streams.clone()
+        self.metric, self.step_size = Metric(state.inverse_mass, dense=False), state.step_size
+        self.current = self._init(state.position, torch.zeros_like(state.position), state.potential, state.gradient)
+
+    def warm_up(self, iteration: int) -> None:
+        current, record = self._transition(self.current, self.step_size)
+        self.averaging = self.averaging.update(record["acceptance_rate"])
+        step_size = self.averaging.step_size
+        slow, ends = self.windows.at(iteration)
+        self.potentials.update(current.potential)
+        if ends:  # a chain in a minor mode takes another's point, metric and step size
+            current, donors = restart_stray(current, self.potentials.stray(), self.streams.choice)
+            self.averaging, step_size, self.potentials = self.averaging.select(donors), step_size[donors], WindowPotentials()
+            self.metric = self.metric.select(donors)
+        if slow:
+            self.variances.update(current.z)
+            if ends:
+                self.metric = Metric(self.variances.get_covariance(regularize=True), dense=False)
+                self.variances.reset()
+                step_size = self._reasonable_step_sizes(current, step_size)
+                self.averaging = DualAveraging.start(self.target_accept_prob, step_size)
+        if iteration == self.warmup_steps - 1:
+            step_size = self.averaging.averaged_step_size
+        self.current, self.step_size = current, step_size
+
+    def draw(self) -> None:
+        self.current, record = self._transition(self.current, self.step_size)
+        self.kept.append((self.current.z, record))
+
+    @property
+    def state(self) -> VectorisedNUTSState:
+        current = self.current
+        return VectorisedNUTSState(
+            position=current.z, potential=current.potential, gradient=current.grad, step_size=self.step_size,
             inverse_mass=self.metric.covariance, streams=self.streams.state.clone(),
         )
-        z = current.z
-        flat = torch.stack(kept, 1) if kept else z.new_zeros(self.num_chains, 0, z.shape[1])
-        samples = {
-            name: self.potential.transforms[name].inv(value) for name, value in self.potential.sites(flat).items()
-        }
-        return samples, {name: torch.stack(values, 1) if values else torch.empty(self.num_chains, 0) for name, values in stats.items()}
+
+    def stats(self) -> dict[str, torch.Tensor]:
+        records = [record for _, record in self.kept]
+        return {name: torch.stack([record[name] for record in records], 1) if records else torch.empty(self.num_chains, 0) for name in SAMPLE_STATS}
 
     def _momenta(self, current: Phase) -> Phase:
         r"""Each chain's fresh momentum :math:`r \sim \mathcal N(0, M)` from its own stream."""

@@ -1,0 +1,103 @@
+r"""The one loop that runs every HMC sampler here, for one chain (NUTS run apart:
+:class:`~aml_ppl.inference.nuts_kernel.MultinomialNUTS`) or a batch of chains
+(:class:`~aml_ppl.inference.vectorised_nuts.VectorisedNUTS`,
+:class:`~aml_ppl.inference.chees.ChEESSampler`): the warm-up's transitions, then the kept ones
+with their per-draw statistics, a call after each kept draw (the checkpoints), and a progress
+bar; the shape of NumPyro's ``MCMC`` loop over ``init`` / ``sample`` (``numpyro/infer/mcmc.py``).
+
+A sampler brings its own transitions and adaptation (each chain's step size and metric for
+NUTS, one for the batch for ChEES-HMC, over the records of
+:mod:`~aml_ppl.inference.hmc.adaptation`); a run continued from a sampler's state (no
+warm-up) draws what the uninterrupted run draws.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import torch
+from tqdm.auto import tqdm
+
+from aml_ppl._core.streams import ChainStreams
+from aml_ppl.inference.hmc.integrator import velocity_verlet
+from aml_ppl.inference.hmc.potential import ChainPotential, chain_seeds
+
+
+def drive(
+    sampler: Any, warmup_steps: int, num_samples: int, *, after_draw: Callable[[int], None] | None = None,
+    progress: str | None = None,
+) -> None:
+    r"""``warmup_steps`` warm-up transitions of ``sampler``, then ``num_samples`` kept ones.
+
+    Args:
+        sampler: The chains, set up to run: ``warm_up(iteration)`` runs warm-up transition
+            ``iteration`` (from 0, adapting the kernel), ``draw()`` one kept transition of every
+            chain (the sampler keeps its draws and statistics).
+        warmup_steps: Warm-up transitions (none for a sampler continued from its state).
+        num_samples: Kept transitions.
+        after_draw: Called with each kept draw's index (from 0) after it.
+        progress: A tqdm bar's label; ``None`` shows none.
+    """
+    with tqdm(total=warmup_steps + num_samples, desc=progress, disable=progress is None) as bar:
+        for iteration in range(warmup_steps):
+            sampler.warm_up(iteration)
+            bar.update()
+        for index in range(num_samples):
+            sampler.draw()
+            if after_draw is not None:
+                after_draw(index)
+            bar.update()
+
+
+class BatchSampler:
+    r"""Chains advanced together in one batch (vectorised NUTS, ChEES-HMC): the batched potential,
+    each chain's random stream, the leapfrog integrator on them, and their runs by :func:`drive`.
+
+    A subclass brings the kernel: ``setup(warmup_steps, args, kwargs)`` (a fresh warm-up; it
+    calls :meth:`_set_up`), ``restore(args, kwargs, state)`` (continued from its state record),
+    ``warm_up`` and ``draw`` (appending ``(positions, record)`` to :attr:`kept`), the property
+    ``state`` (its record after the last draw) and ``stats()`` (the kept records by name,
+    ``C x draws`` each).
+
+    Args:
+        model: The Pyro program.
+        num_chains: Chains in the batch.
+        jit: Compile the batched potential and its gradient into one graph (kept only where
+            it agrees with the model's potential).
+        seeds: One per chain, for its stream (by default drawn from torch's generator): a
+            chain's draws depend on its seed alone.
+    """
+
+    def __init__(self, model: Callable, num_chains: int, jit: bool, seeds: Sequence[int] | None) -> None:
+        self.seeds = chain_seeds(seeds, num_chains)
+        self.model, self.num_chains, self.jit = model, num_chains, jit
+
+    def run(self, args: tuple, kwargs: dict, num_samples: int, warmup_steps: int) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        r"""Warm up and sample. Returns the constrained draws (site to ``C x num_samples x ...``)
+        and the per-draw statistics (name to ``C x num_samples``); ``state`` is then the
+        batch's record after its last draw."""
+        self.setup(warmup_steps, args, kwargs)
+        drive(self, warmup_steps, num_samples)
+        return self.results()
+
+    def resume(self, args: tuple, kwargs: dict, state: Any, num_samples: int) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        r"""``num_samples`` more draws per chain from ``state`` (this sampler's chains after its
+        warm-up) with its adapted kernel and random streams: the draws one longer :meth:`run`
+        would have made after those it had made (to the bit on the CPU). Returns as :meth:`run`."""
+        self.restore(args, kwargs, state)
+        drive(self, 0, num_samples)
+        return self.results()
+
+    def _set_up(self, args: tuple, kwargs: dict) -> None:
+        r"""The batched potential for the data, the chains' streams at their seeds, the leapfrog
+        integrator under the current ``metric``, and no draw kept yet."""
+        self.potential = ChainPotential(self.model, args, kwargs, self.num_chains, jit=self.jit)
+        self.streams = ChainStreams(self.seeds, self.potential.start.device)
+        self._init, self._update = velocity_verlet(self.potential, lambda r: self.metric.velocity(r))
+        self.kept: list[tuple[torch.Tensor, Any]] = []
+
+    def results(self) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        r"""The constrained draws kept so far (site to ``C x draws x ...``) and their statistics."""
+        like = self.current.z
+        flat = torch.stack([z for z, _ in self.kept], 1) if self.kept else like.new_zeros(self.num_chains, 0, like.shape[1])
+        return {name: self.potential.transforms[name].inv(value) for name, value in self.potential.sites(flat).items()}, self.stats()
