@@ -30,7 +30,7 @@ from aml_ppl import __version__
 from aml_ppl._core.files import atomic_path
 from aml_ppl.api import default_engine_options, fit
 from aml_ppl.errors import AmlPplError, InputDataError
-from aml_ppl.inference import EM, MAP, NUTS, SVI, ChEES, Exact
+from aml_ppl.inference import EM, MAP, NUTS, SVI, ChEES, Exact, Laplace
 
 MODELS = ("blr", "logistic", "gp", "gmm", "bnn")
 # Engine options of the command line: flag to (engine classes that take it, keyword).
@@ -38,7 +38,7 @@ ENGINE_OPTIONS = {
     "num_samples": ((NUTS, ChEES), "num_samples"),
     "warmup_steps": ((NUTS, ChEES), "warmup_steps"),
     "num_chains": ((NUTS, ChEES), "num_chains"),
-    "num_steps": ((SVI, MAP), "num_steps"),
+    "num_steps": ((SVI, MAP, Laplace), "num_steps"),
     "n_init": ((EM,), "n_init"),
 }
 DEFAULT_MIXTURE_STARTS = 5
@@ -287,11 +287,11 @@ def parser() -> argparse.ArgumentParser:
     columns = fitting.add_mutually_exclusive_group()
     columns.add_argument("--features", nargs="+", help="the feature columns (default: all but the target)")
     columns.add_argument("--drop", nargs="+", help="columns to leave out (an id column, say)")
-    fitting.add_argument("--engine", help="svi, map, nuts, chees, exact or em (default: the model's own)")
+    fitting.add_argument("--engine", help="svi, map, laplace, nuts, chees, exact or em (default: the model's own)")
     fitting.add_argument("--num-samples", type=int, help="NUTS or ChEES draws per chain")
     fitting.add_argument("--warmup-steps", type=int, help="NUTS or ChEES warm-up steps")
     fitting.add_argument("--num-chains", type=int, help="NUTS or ChEES chains")
-    fitting.add_argument("--num-steps", type=int, help="SVI or MAP optimisation steps")
+    fitting.add_argument("--num-steps", type=int, help="SVI, MAP or Laplace (its MAP) optimisation steps")
     fitting.add_argument("--n-init", type=int, help=f"EM starts (gmm default: {DEFAULT_MIXTURE_STARTS})")
     fitting.add_argument("--components", type=int, default=2, help="mixture components (gmm)")
     fitting.add_argument("--no-intercept", action="store_true", help="no intercept column (blr, logistic)")

@@ -54,8 +54,9 @@ def test_fit_with_engine_options_and_other_models(regression_csv, tmp_path, caps
     write_csv(tmp_path / "points.csv", ["u", "v", "label"], [[*p, int(c)] for p, c in zip(points.tolist(), labels)])
     assert main(["fit", "gmm", str(tmp_path / "points.csv"), "--drop", "label", "--out", str(tmp_path / "gmm")]) == 0
     assert main(["fit", "logistic", str(tmp_path / "points.csv"), "--target", "label", "--out", str(tmp_path / "lr")]) == 0
+    assert main(["fit", "bnn", str(regression_csv), "--target", "y", "--drop", "id", "--num-steps", "30", "--out", str(tmp_path / "bnn")]) == 0
     printed = capsys.readouterr().out
-    assert "gmm by em on 60 rows" in printed and "logistic by map on 60 rows" in printed
+    assert "gmm by em on 60 rows" in printed and "logistic by map on 60 rows" in printed and "bnn by laplace" in printed
 
 
 @pytest.mark.slow  # a fresh interpreter importing the package: about 13 s

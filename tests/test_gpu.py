@@ -108,6 +108,17 @@ def test_many_chains_on_cuda_match_the_closed_form(engine):
     assert ((draws.flatten(0, 1).mean(0).cpu() - mean).abs() < 4 * error).all()
 
 
+def test_a_regression_networks_default_laplace_on_cuda_matches_the_cpu():
+    r"""The default engine of a small regression BNN (the linearised Laplace) follows its data
+    to CUDA: the same MAP start (seeded), a predictive on CUDA close to the CPU's."""
+    X, y = data()
+    network = aml.models.BayesianNeuralNetwork(3, hidden=(8,), activation="tanh")
+    cpu = aml.fit(network, X.float(), y.float(), seed=0)
+    gpu = aml.fit(network, X.float().to(CUDA), y.float().to(CUDA), seed=0)
+    assert gpu.engine == "laplace" and gpu.predict(X[:5].float().to(CUDA), num_samples=200).mean.device.type == "cuda"
+    torch.testing.assert_close(gpu.log_prob(X.float().to(CUDA), y.float().to(CUDA)).cpu(), cpu.log_prob(X.float(), y.float()), rtol=1e-3, atol=1e-3)
+
+
 def test_bo_acquisitions_on_cuda():
     from aml_ppl.bo import ITL, UncertaintySampling
 

@@ -262,7 +262,7 @@ class LaplacePosterior(Posterior):
         self.predictive = predictive
 
     def _draw(self, num_samples: int) -> dict[str, torch.Tensor]:
-        noise = torch.randn(num_samples, self.covariance_root.shape[0], dtype=torch.float64)
+        noise = torch.randn(num_samples, self.covariance_root.shape[0], dtype=torch.float64, device=self.covariance_root.device)
         drawn = unflatten(flatten(self.mode, self.sites) + noise @ self.covariance_root.T, self.mode, self.sites)
         return {name: drawn.get(name, value.expand(num_samples, *value.shape)) for name, value in self.mode.items()}
 

@@ -3,8 +3,10 @@ generalised U-turn criterion (Betancourt 2017, *A Conceptual Introduction to Ham
 Monte Carlo*, §A.4; Hoffman and Gelman 2014 for the doubling), on a Pyro program.
 
 The kernel keeps to Pyro's public kernel contract (:class:`pyro.infer.mcmc.MCMCKernel`:
-``setup``, ``sample``, ``initial_params``, ``transforms``), so ``pyro.infer.MCMC`` drives it,
-and records ArviZ's per-draw statistics as it goes. The potential energy and its
+``setup``, ``sample``, ``initial_params``, ``transforms``), so ``pyro.infer.MCMC`` can drive it;
+aml_ppl runs it by the loop every HMC sampler here shares (:func:`~aml_ppl.inference.hmc.driver.drive`,
+through ``warm_up`` and ``draw``, the transitions ``sample`` makes). It records ArviZ's per-draw
+statistics as it goes. The potential energy and its
 transforms come from :func:`pyro.infer.mcmc.util.initialize_model` (enumerated discrete
 sites summed out there), compiled with its gradient into one graph on request
 (:mod:`aml_ppl.inference.compiled`), the warm-up the batch samplers' too

@@ -254,12 +254,14 @@ def test_bad_data():
 def test_a_full_batch_regression_network_defaults_to_the_laplace_and_the_rest_to_svi():
     r"""The default engine: the linearised Laplace for a regression network with one noise, on full
     batches, of at most ``LAPLACE_AT_MOST`` weights (3-50-1: 251); SVI for a classifier, a
-    minibatched or heteroscedastic network, and one of more weights (3-64-64-1: 4 481)."""
+    minibatched or heteroscedastic network, one of more weights (3-64-64-1: 4 481) and one given
+    SVI's own options."""
     assert BayesianNeuralNetwork(3).default_engine == "laplace"
     assert BayesianNeuralNetwork(3, noise_scale=0.1).default_engine == "laplace"
     for network in (
         BayesianNeuralNetwork(3, out_features=2, likelihood="categorical"), BayesianNeuralNetwork(3, subsample_size=16),
         BayesianNeuralNetwork(3, heteroscedastic=True), BayesianNeuralNetwork(3, hidden=(64, 64)),
+        BayesianNeuralNetwork(3, local_reparameterization=True), BayesianNeuralNetwork(3, guide="isotropic"),
     ):
         assert network.default_engine == "svi"
     X, y = gap_data(60, 1)

@@ -17,7 +17,7 @@ each half's outer end with its neighbour's inner end.
 
 The :class:`Trajectory` runs on *lanes*: :class:`OneChain` (the chain's masks are Python
 booleans, its weights floats, its choices drawn from its stream as the tree reaches them: a
-chain run apart costs no tensor operation beyond its leapfrog steps) or :class:`ChainBatch`
+chain run apart costs its leapfrog steps and one 4 x 3 matrix product a merge) or :class:`ChainBatch`
 (masks, weights and counts are tensors ``C``; a chain whose trajectory has ended is masked
 while the others go on, and each level's choices are drawn for it in one block from its own
 stream only while it builds, so a chain draws the same in a batch of any size). A subtree
@@ -135,7 +135,9 @@ class OneChain:
 class ChainBatch:
     r"""The lanes of a batch of chains: masks, weights, energies and counts are tensors ``C``,
     the states ``C x D``, the step sizes a tensor ``C``; a level's choices are drawn in one
-    block per building chain (see :meth:`Trajectory.transition`).
+    block per building chain (see :meth:`Trajectory.transition`). The U-turn products are the
+    single chain's, :math:`(M^{-1}r)^\top\rho` (before 2026-12-06 the batch computed
+    :math:`r^\top(M^{-1}\rho)`, equal up to rounding), batched.
 
     Args:
         streams: The chains' random streams.

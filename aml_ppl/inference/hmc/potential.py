@@ -26,6 +26,7 @@ from aml_ppl.inference.hmc.integrator import Phase
 from aml_ppl.inference.structure import inspect_model
 from aml_ppl.inference.tracing import agree
 
+
 @dataclass
 class ModelGradient:
     r"""A Pyro program's potential energy on the flat unconstrained vector, with its gradient.
