@@ -156,13 +156,12 @@ class BayesianNeuralNetwork(Model):
 
     @property
     def default_engine(self) -> str:
-        r"""``"laplace"``, the linearised Laplace approximation around the MAP
-        (Immer et al. 2021), for a regression network with
-        one noise (fixed or learned), fitted on full batches, of at most ``LAPLACE_AT_MOST``
-        weights; else ``"svi"`` (classifiers, minibatches, heteroscedastic noise, larger
-        networks, and a network given SVI's own options: ``local_reparameterization``, the
-        isotropic guide). On the UCI regression sets (20 splits each) the
-        Laplace's held-out log-likelihood is ahead of mean-field SVI's on all six and at least
+        r"""``"laplace"``, the linearised Laplace approximation around the MAP (Immer et al.
+        2021), for a regression network with one noise (fixed or learned), fitted on full
+        batches, of at most ``LAPLACE_AT_MOST`` weights; else ``"svi"`` (classifiers,
+        minibatches, heteroscedastic noise, larger networks, and a network given SVI's own
+        options: ``local_reparameterization``, the isotropic guide). On the UCI regression
+        sets (20 splits each) the Laplace's held-out log-likelihood is ahead of mean-field SVI's on all six and at least
         its own MAP's on five, in a tenth of SVI's time; on the breast-cancer classifier the
         probit-linked Laplace trails SVI (benchmarks/RESULTS.md), so classifiers keep SVI."""
         weights = sum(math.prod(shape) for shape in self._layer_shapes().values())

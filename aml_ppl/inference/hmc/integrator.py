@@ -98,18 +98,31 @@ def where_chains(mask: torch.Tensor, first: Any, second: Any) -> Any:
     r"""Per chain, ``first`` where ``mask`` (``C``) holds, else ``second``: tensors ``C`` or
     ``C x D``, or records of them (a :class:`Phase`); where every chain or none takes
     ``first``, no selection is made."""
+    return chains_chooser(mask)(first, second)
+
+
+def chains_chooser(mask: torch.Tensor) -> Callable[[Any, Any], Any]:
+    r""":func:`where_chains` for one mask used many times, its cases told apart once."""
     if bool(mask.all()):
-        return first
+        return first_of
     if not bool(mask.any()):
-        return second
-    return select_chains(mask, mask[:, None], first, second)
+        return second_of
+    column = mask[:, None]
+    return lambda first, second: _select(mask, column, first, second)
 
 
-def select_chains(mask: torch.Tensor, column: torch.Tensor, first: Any, second: Any) -> Any:
-    r""":func:`where_chains` with the mask mixed, given as ``C`` and as the column ``C x 1``."""
+def first_of(first: Any, second: Any) -> Any:
+    return first
+
+
+def second_of(first: Any, second: Any) -> Any:
+    return second
+
+
+def _select(mask: torch.Tensor, column: torch.Tensor, first: Any, second: Any) -> Any:
     if isinstance(first, torch.Tensor):
         return torch.where(column if first.dim() == 2 else mask, first, second)
-    return type(first)(*(select_chains(mask, column, a, b) for a, b in zip(first.__dict__.values(), second.__dict__.values())))
+    return type(first)(*(_select(mask, column, a, b) for a, b in zip(first.__dict__.values(), second.__dict__.values())))
 
 
 def _plus_per_chain(x: torch.Tensor, direction: torch.Tensor, alpha: torch.Tensor) -> torch.Tensor:

@@ -34,7 +34,7 @@ from typing import Any, Callable
 import torch
 
 from aml_ppl._core.streams import ChainStream, ChainStreams
-from aml_ppl.inference.hmc.integrator import Phase, select_chains, where_chains
+from aml_ppl.inference.hmc.integrator import Phase, chains_chooser, first_of, second_of, where_chains
 
 # An energy error beyond this is a divergence (Stan's and Pyro's threshold).
 MAX_ENERGY_ERROR = 1000.0
@@ -75,14 +75,6 @@ class Tree:
     turning: Mask
 
 
-def _first(first: Any, second: Any) -> Any:
-    return first
-
-
-def _second(first: Any, second: Any) -> Any:
-    return second
-
-
 class OneChain:
     r"""The lanes of one chain run in Python: masks are booleans, weights and energies floats
     (its Hamiltonian's), its choices drawn from its stream as the tree reaches them.
@@ -112,7 +104,7 @@ class OneChain:
 
     @staticmethod
     def chooser(mask: bool) -> Callable[[Any, Any], Any]:
-        return _first if mask else _second
+        return first_of if mask else second_of
 
     any = all = staticmethod(bool)
     not_ = staticmethod(operator.not_)
@@ -162,16 +154,7 @@ class ChainBatch:
 
     where = staticmethod(where_chains)
 
-    @staticmethod
-    def chooser(mask: torch.Tensor) -> Callable[[Any, Any], Any]:
-        r"""``where`` for one mask used many times, its cases told apart once."""
-        if bool(mask.all()):
-            return _first
-        if not bool(mask.any()):
-            return _second
-        column = mask[:, None]
-        return lambda first, second: select_chains(mask, column, first, second)
-
+    chooser = staticmethod(chains_chooser)
     any = staticmethod(lambda mask: bool(mask.any()))
     all = staticmethod(lambda mask: bool(mask.all()))
     not_ = staticmethod(torch.logical_not)
