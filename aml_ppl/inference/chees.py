@@ -60,6 +60,7 @@ from aml_ppl._data import check_count
 from aml_ppl.errors import InputDataError, ModelFittingError
 from aml_ppl.inference.base import Engine, register_engine
 from aml_ppl.inference.chain_state import checkpoint_folder, sample_batch
+from aml_ppl.inference.compiled import check_jit_compile
 from aml_ppl.inference.hmc.state import ChEESState
 from aml_ppl.inference.context import isolated_param_store
 from aml_ppl.inference.fitted import Fitted
@@ -106,7 +107,7 @@ class ChEESSampler(BatchSampler):
             window; ``False``: a diagonal one; ``None``: dense where the window's draws allow
             (see the module's description).
         jit: Compile the batched potential and its gradient into one graph (kept only where
-            it agrees with the model's potential).
+            it agrees with the model's potential); ``"torch.compile"``: by ``torch.compile``.
         seeds: One per chain, for its stream (by default drawn from torch's generator): its
             start, momenta, acceptances and restarts are drawn from it
             (:class:`~aml_ppl._core.streams.ChainStreams`).
@@ -125,7 +126,7 @@ class ChEESSampler(BatchSampler):
 
     def __init__(
         self, model: Callable, num_chains: int, *, target_accept_prob: float = HMC_ACCEPTANCE,
-        max_leapfrog_steps: int = 1000, full_mass: bool | None = None, jit: bool = True, seeds: Sequence[int] | None = None,
+        max_leapfrog_steps: int = 1000, full_mass: bool | None = None, jit: bool | str = True, seeds: Sequence[int] | None = None,
     ) -> None:
         super().__init__(model, num_chains, jit, seeds)
         self.full_mass = full_mass
@@ -309,7 +310,7 @@ class ChEES(Engine):
     def __init__(
         self, *, num_samples: int = 500, warmup_steps: int = 500, num_chains: int = 32,
         target_accept_prob: float = HMC_ACCEPTANCE, max_leapfrog_steps: int = 1000, full_mass: bool | None = None,
-        jit_compile: bool = True, checkpoint: str | Path | None = None, checkpoint_every: int = 100,
+        jit_compile: bool | str = True, checkpoint: str | Path | None = None, checkpoint_every: int = 100,
     ) -> None:
         r"""
         Args:
@@ -328,7 +329,9 @@ class ChEES(Engine):
                 rescaling's long and short directions at once.
             jit_compile: Compile the batched potential energy and its gradient into one graph,
                 where it agrees with the model's potential (see
-                :class:`~aml_ppl.inference.hmc.potential.ChainPotential`).
+                :class:`~aml_ppl.inference.hmc.potential.ChainPotential`); ``"torch.compile"``:
+                that graph compiled by ``torch.compile`` (seconds to build; see
+                :class:`~aml_ppl.inference.mcmc.NUTS`'s ``jit_compile``).
             checkpoint: A folder where the batch writes its state and kept draws (``batch.pt``,
                 whole or not at all) every ``checkpoint_every`` draws and at its last; a fit that finds
                 the file continues from it (no warm-up again) and ends with the draws of an
@@ -346,7 +349,7 @@ class ChEES(Engine):
         self.target_accept_prob = float(target_accept_prob)
         self.max_leapfrog_steps = check_count("max_leapfrog_steps", max_leapfrog_steps)
         self.full_mass = None if full_mass is None else bool(full_mass)
-        self.jit_compile = bool(jit_compile)
+        self.jit_compile = check_jit_compile(jit_compile, allow_none=False)
 
     def incompatibility(self, model: Callable, args: tuple, kwargs: dict) -> str | None:
         return sampler_incompatibility("ChEES-HMC", model, args, kwargs)

@@ -12,9 +12,13 @@ place where an operand is free, the operations on scalars as Python's arithmetic
 evaluation runs no Python of the model's, builds no autograd graph and needs no TorchScript.
 A model whose ``autograd.Function`` ``torch.func`` cannot run (Pyro's contraction of enumerated sites) is differentiated by
 ``torch.autograd.grad`` within the trace instead.
-``torch.compile`` of the same graph is faster per call but takes seconds to build in each
-process, more than it saves in a NUTS run of a thousand transitions (the timings:
-docs/design-notes.md, "The compiled potential").
+``torch.compile`` (inductor) of the same graph is the other backend, on request
+(``jit_compile="torch.compile"``; :data:`TORCH_COMPILE`): about half the graph's time per call
+on a graph of many small operations (eight schools, a varying-intercept model), slower on one
+of a few large matrix products, and seconds to build in each process, more than it saves in a
+NUTS run of a thousand transitions (the timings: docs/design-notes.md, "The compiled
+potential"). Both are kept only where they agree with the plain evaluation
+(:func:`~aml_ppl.inference.tracing.agree`).
 
 Each ATen operation costs about a microsecond here whatever its size, so the trace takes the
 Bernoulli's log-probability in the form with the fewest: PyTorch's
@@ -47,11 +51,25 @@ from torch._guards import TracingContext, tracing
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 
+from aml_ppl.errors import InputDataError
 from aml_ppl.inference.graph_function import as_function, python_scalars
 from aml_ppl.inference.graph_simplify import simplify
 from aml_ppl.inference.tracing import agree
 
 Gradient = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+
+# The ``jit_compile`` value that asks for ``torch.compile`` of the graph instead of its Python function.
+TORCH_COMPILE = "torch.compile"
+
+
+def check_jit_compile(value: bool | str | None, allow_none: bool = True) -> bool | str | None:
+    r"""``value`` if it names a way to evaluate a potential: ``True`` (the compiled graph),
+    ``False`` (autograd through the model), :data:`TORCH_COMPILE` or, where ``allow_none``,
+    ``None`` (the graph where it traces faithfully); else an ``InputDataError`` naming it."""
+    allowed = (True, False, TORCH_COMPILE, *((None,) if allow_none else ()))
+    if not any(value is choice or (isinstance(value, str) and value == choice) for choice in allowed):
+        raise InputDataError(f"`jit_compile` must be one of {allowed}; got {value!r}.")
+    return value
 
 
 def plain_gradient(potential: Callable[[torch.Tensor], torch.Tensor]) -> Gradient:
@@ -72,8 +90,11 @@ def plain_gradient(potential: Callable[[torch.Tensor], torch.Tensor]) -> Gradien
     return evaluate
 
 
-def compiled_gradient(potential: Callable[[torch.Tensor], torch.Tensor], example: torch.Tensor) -> Gradient:
-    r"""``z -> (U(z), \nabla U(z))`` as one compiled graph traced at ``example`` (see the module).
+def compiled_gradient(
+    potential: Callable[[torch.Tensor], torch.Tensor], example: torch.Tensor, torch_compile: bool = False
+) -> Gradient:
+    r"""``z -> (U(z), \nabla U(z))`` as one compiled graph traced at ``example`` (see the module),
+    run as one Python function, or with ``torch_compile`` by ``torch.compile`` (:func:`_inductor`).
 
     The trace runs with Pyro's validation off (its checks branch on values). The graph's
     linear algebra does not raise: a Cholesky factor of a matrix that is not positive definite
@@ -95,10 +116,13 @@ def compiled_gradient(potential: Callable[[torch.Tensor], torch.Tensor], example
         (tensor(7.), tensor([1., 2., 3.]))
     """
 
-    return _executable(gradient_graph(potential, example), example)
+    graph = gradient_graph(potential, example)
+    return _inductor(graph, example) if torch_compile else _executable(graph, example)
 
 
-def compiled_mapped_gradient(potential: Callable[[torch.Tensor], torch.Tensor], examples: torch.Tensor) -> Gradient:
+def compiled_mapped_gradient(
+    potential: Callable[[torch.Tensor], torch.Tensor], examples: torch.Tensor, torch_compile: bool = False
+) -> Gradient:
     r"""As :func:`compiled_gradient` for a ``potential`` of one point, mapped over ``C x D``
     points: the one-point graph under ``torch.func.vmap``, traced again into one batched graph.
     The model's Python runs once, on one point, so a model that ``vmap`` cannot run (Pyro's
@@ -114,7 +138,8 @@ def compiled_mapped_gradient(potential: Callable[[torch.Tensor], torch.Tensor], 
     single = gradient_graph(potential, examples[0])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return _executable(simplify(traced(torch.func.vmap(single), examples.detach())), examples)
+        graph = simplify(traced(torch.func.vmap(single), examples.detach()))
+        return _inductor(graph, examples) if torch_compile else _executable(graph, examples)
 
 
 def _executable(graph: torch.fx.GraphModule, example: torch.Tensor) -> Gradient:
@@ -129,7 +154,25 @@ def _executable(graph: torch.fx.GraphModule, example: torch.Tensor) -> Gradient:
         faster = forward is not None and all(map(agree, forward(example.detach()), graph(example.detach())))
     except Exception:  # a public function that takes the overload's arguments otherwise
         faster = False
-    forward = forward if faster else exact
+    return _value_first(forward if faster else exact)
+
+
+def _inductor(graph: torch.fx.GraphModule, example: torch.Tensor) -> Gradient:
+    r"""``graph`` (``z -> (gradient, value)``) compiled by ``torch.compile`` (inductor, one graph,
+    the shapes of ``example``), built here by a call at ``example``; raises where its result
+    there differs from the graph's (:func:`~aml_ppl.inference.tracing.agree`), and the caller
+    keeps the plain evaluation."""
+    compiled = torch.compile(graph, dynamic=False, fullgraph=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # inductor's own use of torch.jit.script_method
+        built = compiled(example.detach())
+    if not all(map(agree, built, graph(example.detach()))):
+        raise ValueError("torch.compile's graph differs from the traced graph at the point it was built at")
+    return _value_first(compiled)
+
+
+def _value_first(forward: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]) -> Gradient:
+    r"""``forward`` (``z -> (gradient, value)``) as ``z -> (value, gradient)``."""
 
     def evaluate(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         grad, value = forward(z.detach())  # no autograd graph: nothing in it requires a gradient

@@ -18,7 +18,7 @@ from aml_ppl.errors import InputDataError, JitFallbackWarning, VectorisedChainsW
 from aml_ppl.inference.base import Engine, Posterior, register_engine
 from aml_ppl.inference.chain_state import ChainProgress, Checkpointing, checkpoint_folder, describe_run, sample_batch
 from aml_ppl.inference.chains import chain_executor, default_chains, run_chains
-from aml_ppl.inference.compiled import Gradient
+from aml_ppl.inference.compiled import TORCH_COMPILE, Gradient, check_jit_compile
 from aml_ppl.inference.context import isolated_param_store
 from aml_ppl.inference.fitted import Fitted
 from aml_ppl.inference.hmc.state import HMCState, VectorisedNUTSState, continuable
@@ -232,7 +232,7 @@ class NUTS(Engine):
         target_accept_prob: float = 0.8,
         max_tree_depth: int = 10,
         full_mass: bool | None = None,
-        jit_compile: bool | None = None,
+        jit_compile: bool | str | None = None,
         progress_bar: bool = True,
         executor: str | Executor | None = "auto",
         timeout: float | None = None,
@@ -260,7 +260,13 @@ class NUTS(Engine):
                 written out as one Python function). ``None`` (the default): where the model traces
                 faithfully (see :func:`jit_problem`), else without it and with a
                 ``JitFallbackWarning`` (silently for a model that declares
-                ``jit_traceable = False``, the GPs); ``False`` never.
+                ``jit_traceable = False``, the GPs); ``False`` never; ``True`` always (unchecked);
+                ``"torch.compile"``: the graph compiled by ``torch.compile`` (inductor) where the
+                model traces faithfully, as ``None``. That one takes seconds to build in each
+                chain's process (about 2 s, 15 s for the first in a fresh cache) and halves the
+                evaluation's time on models of many small operations, slower on a few large
+                matrix products: it pays on long runs and large batches, not at the defaults
+                (docs/design-notes.md, "The compiled potential").
             progress_bar: Show a progress bar per chain (tqdm's).
             executor: ``"auto"``, ``"processes"``, ``None`` (in turn, in this process) or an
                 ``Executor`` to submit chains to (left running for its owner to shut down).
@@ -301,7 +307,7 @@ class NUTS(Engine):
         self.num_chains = default_chains() if num_chains is None else check_count("num_chains", num_chains)
         if not 0 < check_positive("target_accept_prob", target_accept_prob) < 1:
             raise InputDataError(f"`target_accept_prob` must lie in (0, 1); got {target_accept_prob}.")
-        self.jit_compile = jit_compile
+        self.jit_compile = check_jit_compile(jit_compile)
         self.kernel_options = {
             "target_accept_prob": target_accept_prob,
             "max_tree_depth": check_count("max_tree_depth", max_tree_depth),
@@ -337,7 +343,7 @@ class NUTS(Engine):
         return posterior
 
     def _vectorised(
-        self, model: Callable, args: tuple, kwargs: dict, jit: bool, seeds: list[int]
+        self, model: Callable, args: tuple, kwargs: dict, jit: bool | str, seeds: list[int]
     ) -> tuple[list | None, VectorisedNUTSState | None]:
         r"""Every chain in one batch (:class:`~aml_ppl.inference.vectorised_nuts.VectorisedNUTS`):
         each chain's draws and records, as the chains run apart give them, and the batch's
@@ -357,14 +363,14 @@ class NUTS(Engine):
             return None, None
         return by_chain(samples, stats), state
 
-    def _use_jit(self, model: Callable, args: tuple, kwargs: dict) -> tuple[bool, Gradient | None]:
-        r"""Whether the chains compile the potential, and the graph :func:`checked_gradient`
-        compiled and checked, where it did."""
-        if self.jit_compile is not None:
+    def _use_jit(self, model: Callable, args: tuple, kwargs: dict) -> tuple[bool | str, Gradient | None]:
+        r"""Whether (and how) the chains compile the potential, and the graph
+        :func:`checked_gradient` compiled and checked, where it did."""
+        if isinstance(self.jit_compile, bool):
             return self.jit_compile, None
         if not getattr(model, "jit_traceable", True):
             return False, None
-        compiled, problem = checked_gradient(model, args, kwargs)
+        compiled, problem = checked_gradient(model, args, kwargs, torch_compile=self.jit_compile == TORCH_COMPILE)
         if problem is not None:
             warnings.warn(
                 f"NUTS runs without the JIT: the model does not trace faithfully ({problem}). "
@@ -372,7 +378,7 @@ class NUTS(Engine):
                 JitFallbackWarning,
                 stacklevel=4,
             )
-        return problem is None, compiled
+        return (self.jit_compile or True) if problem is None else False, compiled
 
 def sampler_incompatibility(sampler: str, model: Callable, args: tuple, kwargs: dict) -> str | None:
     r"""Why a gradient-based sampler (NUTS, ChEES-HMC) cannot run ``model``: it samples
@@ -401,10 +407,13 @@ def jit_problem(model: Callable, args: tuple, kwargs: dict, num_points: int = 4)
     return checked_gradient(model, args, kwargs, num_points)[1]
 
 
-def checked_gradient(model: Callable, args: tuple, kwargs: dict, num_points: int = 4) -> tuple[Gradient | None, str | None]:
+def checked_gradient(
+    model: Callable, args: tuple, kwargs: dict, num_points: int = 4, torch_compile: bool = False
+) -> tuple[Gradient | None, str | None]:
     r"""``model``'s potential energy and gradient compiled into one graph
-    (:func:`~aml_ppl.inference.hmc.potential.model_gradient` with ``jit=True``) and checked:
-    ``(graph, None)``, or ``(None, why it cannot be trusted)``.
+    (:func:`~aml_ppl.inference.hmc.potential.model_gradient` with ``jit=True``, or
+    ``"torch.compile"`` with ``torch_compile``) and checked: ``(graph, None)``, or
+    ``(None, why it cannot be trusted)``.
 
     A trace records one run; a branch on a latent value, or a tensor turned into a Python
     number, would be frozen into it, and ``make_fx`` refuses it
@@ -418,7 +427,7 @@ def checked_gradient(model: Callable, args: tuple, kwargs: dict, num_points: int
     try:
         with isolated_param_store(), warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            compiled = model_gradient(model, args, kwargs, jit=True, fallback=False)
+            compiled = model_gradient(model, args, kwargs, jit=TORCH_COMPILE if torch_compile else True, fallback=False)
             plain = model_gradient(model, args, kwargs, jit=False, initial_params=compiled.start)
             z = flatten(compiled.start, compiled.shapes)
             for scale in [0.0, *torch.linspace(0.5, 2.0, num_points - 1).tolist()]:

@@ -129,7 +129,7 @@ class MultinomialNUTS(MCMCKernel):
         target_accept_prob: float = 0.8,
         max_tree_depth: int = 10,
         full_mass: bool | None = None,
-        jit_compile: bool = False,
+        jit_compile: bool | str = False,
         compiled: Gradient | None = None,
     ) -> None:
         r"""
@@ -143,8 +143,8 @@ class MultinomialNUTS(MCMCKernel):
                 (:func:`~aml_ppl.inference.hmc.metric.correlated_past_noise`); ``True``: dense (from
                 windows with enough draws); ``False``: diagonal, as Stan's, Pyro's and NumPyro's
                 default.
-            jit_compile: Evaluate the potential and its gradient as one compiled graph
-                (:func:`~aml_ppl.inference.compiled.compiled_gradient`), else by autograd through the model.
+            jit_compile: Evaluate the potential and its gradient as one compiled graph (by
+                ``torch.compile`` if ``"torch.compile"``), else by autograd through the model.
             compiled: That graph, already compiled for this model and data (by
                 :func:`~aml_ppl.inference.mcmc.jit_problem`'s check in this process, or in the
                 process this one was forked from), to use instead of compiling it again.

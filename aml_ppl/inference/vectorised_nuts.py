@@ -45,7 +45,7 @@ class VectorisedNUTS(BatchSampler):
         target_accept_prob: The dual averaging's target mean acceptance statistic.
         max_tree_depth: Doublings at most per transition.
         jit: Compile the batched potential and its gradient into one graph (kept only where
-            it agrees with the model's potential).
+            it agrees with the model's potential); ``"torch.compile"``: by ``torch.compile``.
         seeds: One per chain: a chain's draws depend on its seed alone (by default drawn
             from torch's generator).
 
@@ -61,7 +61,7 @@ class VectorisedNUTS(BatchSampler):
     """
 
     def __init__(
-        self, model: Callable, num_chains: int, *, target_accept_prob: float = 0.8, max_tree_depth: int = 10, jit: bool = True,
+        self, model: Callable, num_chains: int, *, target_accept_prob: float = 0.8, max_tree_depth: int = 10, jit: bool | str = True,
         seeds: Sequence[int] | None = None,
     ) -> None:
         super().__init__(model, num_chains, jit, seeds)

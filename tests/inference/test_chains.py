@@ -16,7 +16,7 @@ import tqdm.std
 
 import aml_ppl as aml
 from aml_ppl.errors import ModelFittingError
-from aml_ppl.inference import NUTS
+from aml_ppl.inference import NUTS, ChEES
 from aml_ppl.inference.chains import ChainsInTurnWarning
 
 
@@ -176,6 +176,34 @@ def test_nuts_traces_by_default_and_draws_what_it_draws_without_the_jit(model) -
         for jit in (None, False)
     ]
     torch.testing.assert_close(runs[0].samples["beta"], runs[1].samples["beta"], atol=1e-9, rtol=0)
+
+
+@pytest.mark.slow
+@short_runs
+def test_torch_compile_draws_the_graphs_draws_and_resumes_to_the_bit() -> None:
+    r"""``jit_compile="torch.compile"`` runs the same graph by inductor: on the same seed the
+    chains are the Python graph's draws to rounding (NUTS and ChEES-HMC), and 30 + 30 resumed
+    draws are one run of 60 to the bit."""
+    X, y = data()
+
+    def nuts(jit, num_samples=60):
+        return NUTS(num_samples=num_samples, warmup_steps=30, progress_bar=False, executor=None, jit_compile=jit)
+
+    whole, graph = (aml.fit(regression, X, y, engine=nuts(jit), seed=0) for jit in ("torch.compile", None))
+    torch.testing.assert_close(whole.samples["beta"], graph.samples["beta"], atol=1e-6, rtol=0)
+    resumed = aml.fit(regression, X, y, engine=nuts("torch.compile", 30), seed=0).resume(30, executor=None)
+    assert torch.equal(resumed.samples["beta"], whole.samples["beta"])
+    chees = [
+        aml.fit(regression, X, y, engine=ChEES(num_samples=30, warmup_steps=30, num_chains=4, jit_compile=jit), seed=0)
+        for jit in ("torch.compile", True)
+    ]
+    torch.testing.assert_close(chees[0].samples["beta"], chees[1].samples["beta"], atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("engine_class", [NUTS, ChEES])
+def test_jit_compile_takes_only_the_ways_it_names(engine_class) -> None:
+    with pytest.raises(aml.InputDataError, match="`jit_compile` must be one of .*'torch.compile'.*got 'inductor'"):
+        engine_class(jit_compile="inductor")
 
 
 @pytest.mark.filterwarnings("ignore::aml_ppl.errors.SamplingWarning")  # 20 + 20 draws on one chain: the fallback warning is the point, not the sampling

@@ -4,7 +4,8 @@ the LKJ covariance model, the GP tutorial's regression), for one chain and for a
 chains (on a plate, or mapped where the model does not broadcast); an enumerated model, which
 ``torch.func.grad`` cannot run, compiled through ``torch.autograd.grad``; a matrix that is not positive definite a
 non-finite energy, as through the model; the Bernoulli's log-probability traced in its
-few-operation form, equal to PyTorch's to rounding."""
+few-operation form, equal to PyTorch's to rounding; the graph built by ``torch.compile`` where
+asked, equal to autograd's too."""
 
 import pyro
 import pyro.distributions as dist
@@ -227,3 +228,33 @@ def test_a_float32_graph_keeps_its_scalars_as_tensors():
     assert python_scalars(graph, as_function(graph, z)) is None
     graph64 = gradient_graph(lambda point: (point.sum() * 2.0).exp(), z.double())
     assert python_scalars(graph64, as_function(graph64, z.double())) is not None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "model, args, chains_how",
+    [
+        (eight_schools, (SCHOOLS_SIGMA, SCHOOLS_Y), "plate"),
+        (logistic, (LKJ_Y, LABELS), "vmap"),
+    ],
+    ids=["eight schools", "logistic"],
+)
+def test_torch_compile_of_the_graph_is_autograds_through_the_model(model, args, chains_how):
+    r"""``jit="torch.compile"``: the same graph built by ``torch.compile`` (inductor) agrees with
+    autograd through the model away from the traced point, for one chain and for a batch of
+    chains (on a plate, or mapped), each verified as the Python graph is (``tracing.agree``)."""
+    pyro.set_rng_seed(0)
+    compiled = model_gradient(model, args, {}, jit="torch.compile")
+    plain = model_gradient(model, args, {}, jit=False, initial_params=compiled.start)
+    assert compiled.how == "compiled, torch.compile"
+    z = flatten(compiled.start, compiled.shapes)
+    for scale in (0.5, 2.0):
+        point = z + scale * torch.randn_like(z)
+        assert all(map(agree, compiled.gradient(point), plain.gradient(point))), scale
+    potential = ChainPotential(model, args, {}, num_chains=3, jit="torch.compile")
+    assert potential.how == f"{chains_how}, compiled, torch.compile"
+    points = potential.start + torch.randn_like(potential.start)
+    values, grads = potential(points)
+    for chain in range(3):
+        expected_value, expected_grad = plain_gradient(potential.flat_potential)(points[chain])
+        assert agree(values[chain], expected_value) and agree(grads[chain], expected_grad)

@@ -63,12 +63,12 @@ class BatchSampler:
         model: The Pyro program.
         num_chains: Chains in the batch.
         jit: Compile the batched potential and its gradient into one graph (kept only where
-            it agrees with the model's potential).
+            it agrees with the model's potential); ``"torch.compile"``: by ``torch.compile``.
         seeds: One per chain, for its stream (by default drawn from torch's generator): a
             chain's draws depend on its seed alone.
     """
 
-    def __init__(self, model: Callable, num_chains: int, jit: bool, seeds: Sequence[int] | None) -> None:
+    def __init__(self, model: Callable, num_chains: int, jit: bool | str, seeds: Sequence[int] | None) -> None:
         self.seeds = chain_seeds(seeds, num_chains)
         self.model, self.num_chains, self.jit = model, num_chains, jit
 

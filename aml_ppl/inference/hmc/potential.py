@@ -20,7 +20,7 @@ from pyro.infer.mcmc.util import initialize_model
 
 from aml_ppl._core.streams import ChainStreams
 from aml_ppl.errors import ModelFittingError
-from aml_ppl.inference.compiled import Gradient, compiled_gradient, compiled_mapped_gradient, plain_gradient
+from aml_ppl.inference.compiled import TORCH_COMPILE, Gradient, compiled_gradient, compiled_mapped_gradient, plain_gradient
 from aml_ppl.inference.density import log_joint
 from aml_ppl.inference.hmc.integrator import Phase
 from aml_ppl.inference.structure import inspect_model
@@ -36,8 +36,8 @@ class ModelGradient:
         shapes: Site name to its shape, in the flat vector's order.
         transforms: Site name to its transform to the unconstrained space.
         gradient: The flat vector's potential energy and its gradient.
-        how: ``"compiled"`` (one graph: :func:`~aml_ppl.inference.compiled.compiled_gradient`)
-            or ``"autograd"``.
+        how: ``"compiled"`` (one graph: :func:`~aml_ppl.inference.compiled.compiled_gradient`),
+            ``"compiled, torch.compile"`` (that graph by ``torch.compile``) or ``"autograd"``.
     """
 
     start: dict[str, torch.Tensor]
@@ -48,13 +48,13 @@ class ModelGradient:
 
 
 def model_gradient(
-    model: Callable, args: tuple, kwargs: dict, *, jit: bool, initial_params: dict[str, torch.Tensor] | None = None,
+    model: Callable, args: tuple, kwargs: dict, *, jit: bool | str, initial_params: dict[str, torch.Tensor] | None = None,
     fallback: bool = True, compiled: Gradient | None = None,
 ) -> ModelGradient:
     r"""``model``'s potential energy from :func:`pyro.infer.mcmc.util.initialize_model`
     (enumerated discrete sites summed out; the start ``initial_params``, else Pyro's
     ``init_to_uniform``) and its gradient: with ``jit``, compiled with its gradient into one
-    graph, or where that fails (a value read into Python) and ``fallback``, autograd through
+    graph (by ``torch.compile`` where ``jit`` is ``"torch.compile"``), or where that fails (a value read into Python) and ``fallback``, autograd through
     the model (without ``fallback`` the error is raised); else autograd through the model. A
     ``compiled`` graph of the same model and data is used as it is (the graph holds for any
     point: it is traced with the point as its input, and checked at several by
@@ -68,10 +68,12 @@ def model_gradient(
     plain = ModelGradient(start, shapes, transforms, plain_gradient(on_flat(potential_fn)), "autograd")
     if not jit:
         return plain
+    how = "compiled, torch.compile" if jit == TORCH_COMPILE else "compiled"
     if compiled is not None:
-        return ModelGradient(start, shapes, transforms, compiled, "compiled")
+        return ModelGradient(start, shapes, transforms, compiled, how)
     try:
-        return ModelGradient(start, shapes, transforms, compiled_gradient(on_flat(potential_fn), flatten(start, shapes)), "compiled")
+        gradient = compiled_gradient(on_flat(potential_fn), flatten(start, shapes), torch_compile=jit == TORCH_COMPILE)
+        return ModelGradient(start, shapes, transforms, gradient, how)
     except Exception:  # make_fx refuses in many ways: the plain evaluation remains
         if not fallback:
             raise
@@ -96,10 +98,11 @@ class ChainPotential:
     (``how = "vmap"``, validation off). Either way the potential and its gradient are compiled
     into one graph where asked and where the graph agrees (``", compiled"``:
     :func:`~aml_ppl.inference.compiled.compiled_gradient`; an enumeration's contraction is
-    differentiated by autograd within the trace), else evaluated plainly.
+    differentiated by autograd within the trace; ``", compiled, torch.compile"`` where ``jit`` is
+    ``"torch.compile"``), else evaluated plainly.
     """
 
-    def __init__(self, model: Callable, args: tuple, kwargs: dict, num_chains: int, jit: bool = True) -> None:
+    def __init__(self, model: Callable, args: tuple, kwargs: dict, num_chains: int, jit: bool | str = True) -> None:
         start, self.pyro_potential, self.transforms, _ = initialize_model(model, args, kwargs, num_chains=num_chains)
         if num_chains == 1:  # Pyro gives one chain's start without the chains dimension
             start = {name: value.unsqueeze(0) for name, value in start.items()}
@@ -117,9 +120,9 @@ class ChainPotential:
                     "broadcast over a leading dimension) nor under torch.func.vmap (a branch on a value)"
                 )
         if jit:
-            self._compile()
+            self._compile(torch_compile=jit == TORCH_COMPILE)
 
-    def _compile(self) -> None:
+    def _compile(self, torch_compile: bool) -> None:
         r"""The potential and its gradient as one graph where it traces and agrees with the
         plain evaluation; else the plain evaluation stays."""
         plain = self.evaluate
@@ -127,15 +130,15 @@ class ChainPotential:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 if self.how == "plate":
-                    self.evaluate = compiled_gradient(self.plate_potential, self.start)
+                    self.evaluate = compiled_gradient(self.plate_potential, self.start, torch_compile)
                 else:
-                    self.evaluate = compiled_mapped_gradient(self.flat_potential, self.start)
+                    self.evaluate = compiled_mapped_gradient(self.flat_potential, self.start, torch_compile)
         except Exception:  # tracing fails in many ways
             return
         if self._differs():
             self.evaluate = plain
         else:
-            self.how += ", compiled"
+            self.how += ", compiled, torch.compile" if torch_compile else ", compiled"
 
     def sites(self, z: torch.Tensor) -> dict[str, torch.Tensor]:
         r"""The flat unconstrained points ``... x D`` as site name to ``... x shape``."""
