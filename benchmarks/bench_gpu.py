@@ -3,7 +3,8 @@
 Prints one table row per workload: seconds on the CPU, on CUDA, and the ratio; then issue
 30's many-chain run on CUDA: ChEES-HMC with 32 and 1 000 chains x (500 + 500) on the logistic
 regression of `bench_chains.py` (scikit-learn's breast cancer, 569 x 30, float64), wall
-seconds (compilation included), min bulk ESS and ESS/s, against NumPyro's NUTS with 1 000
+seconds (compilation included), min bulk ESS and ESS/s (1 000 chains also with the potential
+built by ``torch.compile``, ``jit_compile="torch.compile"``), against NumPyro's NUTS with 1 000
 chains vectorised (``chain_method="vectorized"``, its default diagonal metric, and
 ``dense_mass=True``) on the same GPU, in a fresh process (JAX without preallocation), cold
 (compilation included) and warm. Exits quietly with a message where CUDA is absent.
@@ -100,13 +101,15 @@ def many_chains(device: torch.device, many: int) -> None:
 
     X, y = (tensor.to(device) for tensor in breast_cancer())
     rows = {}
-    for chains in (32, many):
+    for chains, jit in ((32, True), (many, True), (many, "torch.compile")):
         start = time.perf_counter()
-        posterior = aml.fit(logistic, X, y, engine=ChEES(num_chains=chains, num_samples=500, warmup_steps=500), seed=0)
+        engine = ChEES(num_chains=chains, num_samples=500, warmup_steps=500, jit_compile=jit)
+        posterior = aml.fit(logistic, X, y, engine=engine, seed=0)
         seconds = time.perf_counter() - start
         ess = smallest_ess({name: value.cpu() for name, value in posterior.samples.items()})
-        rows[f"aml_ppl ChEES-HMC, {chains} chains"] = seconds, ess
-        print("done: ChEES-HMC", chains, "chains", seconds, ess, flush=True)
+        label = f"aml_ppl ChEES-HMC, {chains} chains" + (", torch.compile" if jit == "torch.compile" else "")
+        rows[label] = seconds, ess
+        print("done:", label, seconds, ess, flush=True)
     for dense_mass in (False, True):
         try:
             cold, warm = numpyro_vectorized(many, dense_mass)

@@ -85,8 +85,9 @@ def test_svi_on_cuda_keeps_the_draws_on_cuda():
 
 
 @pytest.mark.parametrize("engine", [ChEES(num_chains=64, num_samples=200, warmup_steps=200),
+                                    ChEES(num_chains=64, num_samples=200, warmup_steps=200, jit_compile="torch.compile"),
                                     NUTS(num_chains=16, num_samples=200, warmup_steps=200, vectorized=True, progress_bar=False)],
-                         ids=["chees", "vectorised nuts"])
+                         ids=["chees", "chees, torch.compile", "vectorised nuts"])
 def test_many_chains_on_cuda_match_the_closed_form(engine):
     r"""Many chains in one batch on the GPU: draws on CUDA, the posterior mean within four
     Monte Carlo errors of the conjugate closed form (known noise 0.3, prior N(0, 10^2 I))."""
