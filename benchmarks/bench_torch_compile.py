@@ -8,7 +8,7 @@ default executor), ChEES with 32 chains in one batch; seed 0, one thread per pro
 runs in a fresh Python process, so that `torch.compile`'s build (inductor, paid once in each
 process) is in its time, as a user meets it; inductor's on-disk cache is warmed first by an
 untimed short fit of each model with each sampler, as after a user's first run of that model
-(a cold cache adds about 13 s to the first build). Wall time includes the build; ESS is ArviZ's
+(build times: docs/design-notes.md). Wall time includes the build; ESS is ArviZ's
 smallest bulk ESS, since the two backends' rounding differs and so do their draws.
 Usage: python benchmarks/bench_torch_compile.py [--json benchmarks/results/torch-compile.json] [--models WORD ...]
 """

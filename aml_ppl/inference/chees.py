@@ -61,7 +61,7 @@ from aml_ppl.errors import InputDataError, ModelFittingError
 from aml_ppl.inference.base import Engine, register_engine
 from aml_ppl.inference.chain_state import checkpoint_folder, sample_batch
 from aml_ppl.inference.compiled import check_jit_compile
-from aml_ppl.inference.hmc.state import ChEESState
+from aml_ppl.inference.hmc.state import ChEESState, TransitionStats
 from aml_ppl.inference.context import isolated_param_store
 from aml_ppl.inference.fitted import Fitted
 from aml_ppl.inference.hmc.adaptation import DualAveraging, TrajectoryLength, WarmupWindows, WindowPotentials, restart_stray
@@ -189,7 +189,8 @@ class ChEESSampler(BatchSampler):
         steps = self._leapfrog_steps(self.transitions, self.log_trajectory_length, self.step_size)
         proposal, energy, acceptance, diverging = self._propose(self.current, self.step_size, steps)
         self.current = where_chains(self._accepts(acceptance), proposal, self.current)
-        self.kept.append((self.current.z, (diverging, energy, -self.current.potential, acceptance, steps)))
+        step_size, count = self.current.z.new_full((self.num_chains,), self.step_size), torch.full((self.num_chains,), steps)
+        self.kept.append((self.current.z, TransitionStats(diverging, energy, -self.current.potential, step_size, None, acceptance, count)))
         self.transitions += 1
 
     @property
@@ -256,19 +257,6 @@ class ChEESSampler(BatchSampler):
 
         return float(reasonable_step_sizes(accepts, torch.tensor(step_size, dtype=torch.float64)))
 
-    def stats(self) -> dict[str, torch.Tensor]:
-        like, chains, records = self.current.z, self.num_chains, [record for _, record in self.kept]
-        columns = list(zip(*records)) or [[]] * 5
-        stats = {
-            "diverging": torch.stack(columns[0], 1) if records else torch.zeros(chains, 0, dtype=torch.bool),
-            "energy": torch.stack(columns[1], 1) if records else like.new_zeros(chains, 0),
-            "lp": torch.stack(columns[2], 1) if records else like.new_zeros(chains, 0),
-            "step_size": like.new_full((chains, len(records)), self.step_size),
-            "acceptance_rate": torch.stack(columns[3], 1) if records else like.new_zeros(chains, 0),
-            "n_steps": torch.tensor(columns[4], dtype=torch.long).expand(chains, len(records)).clone(),
-        }
-        return {name: value.detach().cpu() for name, value in stats.items()}
-
 
 def _harmonic_mean(acceptance: torch.Tensor, diverging: torch.Tensor) -> float:
     r"""The harmonic mean of the chains' acceptance probabilities, a divergent chain's counted
@@ -310,7 +298,7 @@ class ChEES(Engine):
     def __init__(
         self, *, num_samples: int = 500, warmup_steps: int = 500, num_chains: int = 32,
         target_accept_prob: float = HMC_ACCEPTANCE, max_leapfrog_steps: int = 1000, full_mass: bool | None = None,
-        jit_compile: bool | str = True, checkpoint: str | Path | None = None, checkpoint_every: int = 100,
+        jit_compile: bool | str | None = True, checkpoint: str | Path | None = None, checkpoint_every: int = 100,
     ) -> None:
         r"""
         Args:
@@ -329,7 +317,8 @@ class ChEES(Engine):
                 rescaling's long and short directions at once.
             jit_compile: Compile the batched potential energy and its gradient into one graph,
                 where it agrees with the model's potential (see
-                :class:`~aml_ppl.inference.hmc.potential.ChainPotential`); ``"torch.compile"``:
+                :class:`~aml_ppl.inference.hmc.potential.ChainPotential`; ``None`` as ``True``);
+                ``False``: autograd through the model; ``"torch.compile"``:
                 that graph compiled by ``torch.compile`` (seconds to build; see
                 :class:`~aml_ppl.inference.mcmc.NUTS`'s ``jit_compile``).
             checkpoint: A folder where the batch writes its state and kept draws (``batch.pt``,
@@ -349,7 +338,7 @@ class ChEES(Engine):
         self.target_accept_prob = float(target_accept_prob)
         self.max_leapfrog_steps = check_count("max_leapfrog_steps", max_leapfrog_steps)
         self.full_mass = None if full_mass is None else bool(full_mass)
-        self.jit_compile = check_jit_compile(jit_compile, allow_none=False)
+        self.jit_compile = True if check_jit_compile(jit_compile) is None else jit_compile
 
     def incompatibility(self, model: Callable, args: tuple, kwargs: dict) -> str | None:
         return sampler_incompatibility("ChEES-HMC", model, args, kwargs)

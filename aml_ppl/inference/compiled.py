@@ -51,7 +51,7 @@ from torch._guards import TracingContext, tracing
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from aml_ppl.errors import InputDataError
+from aml_ppl.errors import InputDataError, JitFallbackWarning
 from aml_ppl.inference.graph_function import as_function, python_scalars
 from aml_ppl.inference.graph_simplify import simplify
 from aml_ppl.inference.tracing import agree
@@ -62,14 +62,28 @@ Gradient = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 TORCH_COMPILE = "torch.compile"
 
 
-def check_jit_compile(value: bool | str | None, allow_none: bool = True) -> bool | str | None:
-    r"""``value`` if it names a way to evaluate a potential: ``True`` (the compiled graph),
-    ``False`` (autograd through the model), :data:`TORCH_COMPILE` or, where ``allow_none``,
-    ``None`` (the graph where it traces faithfully); else an ``InputDataError`` naming it."""
-    allowed = (True, False, TORCH_COMPILE, *((None,) if allow_none else ()))
-    if not any(value is choice or (isinstance(value, str) and value == choice) for choice in allowed):
-        raise InputDataError(f"`jit_compile` must be one of {allowed}; got {value!r}.")
+def check_jit_compile(value: bool | str | None) -> bool | str | None:
+    r"""Check a sampler's ``jit_compile`` at the boundary.
+
+    Args:
+        value: ``None`` (the sampler's default), ``True`` (the compiled graph), ``False``
+            (autograd through the model) or :data:`TORCH_COMPILE`.
+
+    Returns:
+        ``value``.
+
+    Raises:
+        InputDataError: ``value`` is none of these; the message names it.
+    """
+    if not (value is None or isinstance(value, bool) or value == TORCH_COMPILE):
+        raise InputDataError(f"`jit_compile` must be None, True, False or {TORCH_COMPILE!r}; got {value!r}.")
     return value
+
+
+def backend_label(gradient: Gradient) -> str:
+    r"""How a compiled ``gradient`` runs: ``"compiled"`` (the graph as one Python function) or
+    ``"compiled, torch.compile"``."""
+    return "compiled, torch.compile" if getattr(gradient, "by_torch_compile", False) else "compiled"
 
 
 def plain_gradient(potential: Callable[[torch.Tensor], torch.Tensor]) -> Gradient:
@@ -139,7 +153,9 @@ def compiled_mapped_gradient(
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         graph = simplify(traced(torch.func.vmap(single), examples.detach()))
-        return _inductor(graph, examples) if torch_compile else _executable(graph, examples)
+        if not torch_compile:
+            return _executable(graph, examples)
+    return _inductor(graph, examples)
 
 
 def _executable(graph: torch.fx.GraphModule, example: torch.Tensor) -> Gradient:
@@ -159,25 +175,40 @@ def _executable(graph: torch.fx.GraphModule, example: torch.Tensor) -> Gradient:
 
 def _inductor(graph: torch.fx.GraphModule, example: torch.Tensor) -> Gradient:
     r"""``graph`` (``z -> (gradient, value)``) compiled by ``torch.compile`` (inductor, one graph,
-    the shapes of ``example``), built here by a call at ``example``; raises where its result
-    there differs from the graph's (:func:`~aml_ppl.inference.tracing.agree`), and the caller
-    keeps the plain evaluation."""
-    compiled = torch.compile(graph, dynamic=False, fullgraph=True)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)  # inductor's own use of torch.jit.script_method
-        built = compiled(example.detach())
-    if not all(map(agree, built, graph(example.detach()))):
-        raise ValueError("torch.compile's graph differs from the traced graph at the point it was built at")
-    return _value_first(compiled)
+    the shapes of ``example``), built here by a call at ``example`` and checked there against
+    the graph (:func:`~aml_ppl.inference.tracing.agree`). Where the build fails or differs, a
+    ``JitFallbackWarning`` names why and the graph runs as one Python function
+    (:func:`_executable`).
+
+    Two of inductor's options keep the chains' workers as they are: its loops run on as many
+    threads as torch has where they run (a worker forked after the build caps its own), and it
+    compiles in this thread, since its pool of compile threads would outlive the build and
+    forbid forking the workers (:func:`~aml_ppl.inference.chains.chain_executor`)."""
+    options = {"cpp.dynamic_threads": True, "compile_threads": 1}
+    compiled = torch.compile(graph, dynamic=False, fullgraph=True, options=options)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # inductor's own use of torch.jit.script_method
+            built = compiled(example.detach())
+        if not all(map(agree, built, graph(example.detach()))):
+            raise ValueError("its value or gradient differs from the traced graph's")
+    except Exception as error:  # inductor fails in many ways (a missing C++ compiler among them)
+        why = f"{type(error).__name__}: {str(error).splitlines()[0][:200] if str(error) else ''}"
+        warnings.warn(f"torch.compile of the potential failed ({why}); its graph runs as one Python function instead.",
+                      JitFallbackWarning, stacklevel=2)
+        return _executable(graph, example)
+    return _value_first(compiled, by_torch_compile=True)
 
 
-def _value_first(forward: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]) -> Gradient:
-    r"""``forward`` (``z -> (gradient, value)``) as ``z -> (value, gradient)``."""
+def _value_first(forward: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]], by_torch_compile: bool = False) -> Gradient:
+    r"""``forward`` (``z -> (gradient, value)``) as ``z -> (value, gradient)``, marked with how it
+    runs (:func:`backend_label`)."""
 
     def evaluate(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         grad, value = forward(z.detach())  # no autograd graph: nothing in it requires a gradient
         return value, grad
 
+    evaluate.by_torch_compile = by_torch_compile
     return evaluate
 
 

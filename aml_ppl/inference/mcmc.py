@@ -21,12 +21,11 @@ from aml_ppl.inference.chains import chain_executor, default_chains, run_chains
 from aml_ppl.inference.compiled import TORCH_COMPILE, Gradient, check_jit_compile
 from aml_ppl.inference.context import isolated_param_store
 from aml_ppl.inference.fitted import Fitted
-from aml_ppl.inference.hmc.state import HMCState, VectorisedNUTSState, continuable
+from aml_ppl.inference.hmc.state import SAMPLE_STATS, HMCState, VectorisedNUTSState, continuable
 from aml_ppl.inference.io import register_posterior, stored
 from aml_ppl.inference.mcmc_diagnostics import check_sampling, warn_if_untrustworthy
 from aml_ppl.inference.nuts_chain import ChainPlan, sample_chain
 from aml_ppl.inference.hmc.potential import BatchingError, flatten, model_gradient
-from aml_ppl.inference.nuts_kernel import SAMPLE_STATS
 from aml_ppl.inference.vectorised_nuts import VectorisedNUTS
 from aml_ppl.inference.structure import inspect_model
 from aml_ppl.inference.tracing import agree, untraceable
@@ -261,11 +260,11 @@ class NUTS(Engine):
                 faithfully (see :func:`jit_problem`), else without it and with a
                 ``JitFallbackWarning`` (silently for a model that declares
                 ``jit_traceable = False``, the GPs); ``False`` never; ``True`` always (unchecked);
-                ``"torch.compile"``: the graph compiled by ``torch.compile`` (inductor) where the
-                model traces faithfully, as ``None``. That one takes seconds to build in each
-                chain's process (about 2 s, 15 s for the first in a fresh cache) and halves the
-                evaluation's time on models of many small operations, slower on a few large
-                matrix products: it pays on long runs and large batches, not at the defaults
+                ``"torch.compile"``: the graph built by ``torch.compile`` (inductor) where the
+                model traces faithfully, as ``None`` (a failed build warns and runs the graph
+                as ``True`` does). It takes seconds to build, in this process and again in each
+                chain's process where chains are not forked from it, and pays only where the
+                potential is many small operations and the run long or the batch large
                 (docs/design-notes.md, "The compiled potential").
             progress_bar: Show a progress bar per chain (tqdm's).
             executor: ``"auto"``, ``"processes"``, ``None`` (in turn, in this process) or an
@@ -364,13 +363,15 @@ class NUTS(Engine):
         return by_chain(samples, stats), state
 
     def _use_jit(self, model: Callable, args: tuple, kwargs: dict) -> tuple[bool | str, Gradient | None]:
-        r"""Whether (and how) the chains compile the potential, and the graph
-        :func:`checked_gradient` compiled and checked, where it did."""
+        r"""Whether (and how: ``True`` or ``"torch.compile"``) the chains compile the potential,
+        and the graph :func:`checked_gradient` compiled and checked, where it did (one chain's:
+        vectorised chains build their batch's own)."""
         if isinstance(self.jit_compile, bool):
             return self.jit_compile, None
         if not getattr(model, "jit_traceable", True):
             return False, None
-        compiled, problem = checked_gradient(model, args, kwargs, torch_compile=self.jit_compile == TORCH_COMPILE)
+        torch_compile = self.jit_compile == TORCH_COMPILE
+        compiled, problem = checked_gradient(model, args, kwargs, torch_compile=torch_compile and not self.vectorized)
         if problem is not None:
             warnings.warn(
                 f"NUTS runs without the JIT: the model does not trace faithfully ({problem}). "
@@ -378,7 +379,9 @@ class NUTS(Engine):
                 JitFallbackWarning,
                 stacklevel=4,
             )
-        return (self.jit_compile or True) if problem is None else False, compiled
+            return False, None
+        return (TORCH_COMPILE if torch_compile else True), compiled
+
 
 def sampler_incompatibility(sampler: str, model: Callable, args: tuple, kwargs: dict) -> str | None:
     r"""Why a gradient-based sampler (NUTS, ChEES-HMC) cannot run ``model``: it samples
@@ -427,6 +430,7 @@ def checked_gradient(
     try:
         with isolated_param_store(), warnings.catch_warnings():
             warnings.simplefilter("ignore")
+            warnings.simplefilter("default", JitFallbackWarning)  # torch.compile's failure
             compiled = model_gradient(model, args, kwargs, jit=TORCH_COMPILE if torch_compile else True, fallback=False)
             plain = model_gradient(model, args, kwargs, jit=False, initial_params=compiled.start)
             z = flatten(compiled.start, compiled.shapes)

@@ -15,12 +15,12 @@ from pyro import poutine
 
 from aml_ppl._core.randomness import local_seed
 from aml_ppl.inference.chain_state import ChainProgress, Checkpointing
-from aml_ppl.inference.hmc.state import HMCState
+from aml_ppl.inference.hmc.state import SAMPLE_STATS, HMCState
 from aml_ppl.inference.compiled import Gradient
 from aml_ppl.inference.context import isolated_param_store
 from aml_ppl.inference.hmc.driver import drive
 from aml_ppl.inference.hmc.potential import unflatten
-from aml_ppl.inference.nuts_kernel import SAMPLE_STATS, MultinomialNUTS, chain_state
+from aml_ppl.inference.nuts_kernel import MultinomialNUTS, chain_state
 
 
 @dataclasses.dataclass(frozen=True)

@@ -49,8 +49,8 @@ from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 
 from aml_ppl._core.streams import ChainStream
 from aml_ppl.errors import ModelFittingError
-from aml_ppl.inference.hmc.state import HMCState
-from aml_ppl.inference.compiled import Gradient
+from aml_ppl.inference.hmc.state import SAMPLE_STATS, HMCState, TransitionStats
+from aml_ppl.inference.compiled import Gradient, check_jit_compile
 from aml_ppl.inference.hmc.adaptation import DualAveraging, WarmupWindows
 from aml_ppl.inference.hmc.integrator import Phase, velocity_verlet
 from aml_ppl.inference.hmc.metric import Metric, WindowedMassMatrix
@@ -58,8 +58,6 @@ from aml_ppl.inference.hmc.step_size import one_step_accepted, reasonable_step_s
 from aml_ppl.inference.hmc.nuts import OneChain, Trajectory, Tree
 from aml_ppl.inference.hmc.potential import flatten, model_gradient, unflatten
 
-# ArviZ's names for the per-draw statistics a chain records.
-SAMPLE_STATS = ("diverging", "energy", "lp", "step_size", "tree_depth", "acceptance_rate", "n_steps")
 # The warm-up's last transitions run at the final step size, adapting nothing: this many at
 # most, and a tenth of the warm-up at most (see the module's description, "The warm-up's end").
 SETTLE_STEPS = 20
@@ -153,7 +151,7 @@ class MultinomialNUTS(MCMCKernel):
         self.compiled = compiled
         self.max_tree_depth = max_tree_depth
         self.full_mass = full_mass
-        self.jit_compile = jit_compile
+        self.jit_compile = check_jit_compile(jit_compile)
         self.initial_step_size, self.step_size, self.target_accept_prob = step_size, step_size, target_accept_prob
         self.mass_matrix = WindowedMassMatrix(by_correlation=full_mass is None)
         self.transforms: dict[str, Any] | None = None
@@ -228,10 +226,8 @@ class MultinomialNUTS(MCMCKernel):
         r"""One kept transition: its draw to :attr:`positions`, its statistics to :attr:`records`."""
         step_size = self.step_size
         energy, tree, depth, accept_prob = self._step(step_size)
-        for name, value in (
-            ("diverging", tree.diverging), ("energy", energy), ("lp", -float(tree.proposal.potential)),
-            ("step_size", step_size), ("tree_depth", depth), ("acceptance_rate", accept_prob), ("n_steps", tree.steps),
-        ):
+        record = TransitionStats(tree.diverging, energy, -float(tree.proposal.potential), step_size, depth, accept_prob, tree.steps)
+        for name, value in zip(SAMPLE_STATS, record):
             self.records[name].append(value)
         self.positions.append(tree.proposal.z)
 
@@ -294,7 +290,7 @@ def continue_chain(kernel: MultinomialNUTS, state: HMCState, args: tuple, kwargs
     r"""Set ``kernel`` up to continue a chain at ``state`` with no warm-up (run it with
     ``warmup_steps=0``): the potential built at its position, the adapted step size and
     inverse mass matrix, and the chain's random stream where they stood."""
-    built = model_gradient(kernel.model, args, kwargs, jit=kernel.jit_compile, initial_params=state.position)
+    built = model_gradient(kernel.model, args, kwargs, jit=kernel.jit_compile, initial_params=state.position, compiled=kernel.compiled)
     kernel.transforms, kernel.initial_params = built.transforms, state.position
     kernel.dynamics = Hamiltonian(built.gradient, built.shapes, kernel.mass_matrix)
     kernel.warmup_steps, kernel.iteration = 0, 0

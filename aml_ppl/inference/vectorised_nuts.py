@@ -30,9 +30,8 @@ from aml_ppl.inference.hmc.integrator import Phase
 from aml_ppl.inference.hmc.metric import Metric
 from aml_ppl.inference.hmc.nuts import ChainBatch, Trajectory
 from aml_ppl.inference.hmc.potential import initial_points
-from aml_ppl.inference.hmc.state import VectorisedNUTSState
+from aml_ppl.inference.hmc.state import TransitionStats, VectorisedNUTSState
 from aml_ppl.inference.hmc.step_size import one_step_accepted, reasonable_step_sizes
-from aml_ppl.inference.nuts_kernel import SAMPLE_STATS
 
 
 class VectorisedNUTS(BatchSampler):
@@ -92,7 +91,7 @@ class VectorisedNUTS(BatchSampler):
 
     def warm_up(self, iteration: int) -> None:
         current, record = self._transition(self.current, self.step_size)
-        self.averaging = self.averaging.update(record["acceptance_rate"])
+        self.averaging = self.averaging.update(record.acceptance_rate)
         step_size = self.averaging.step_size
         slow, ends = self.windows.at(iteration)
         self.potentials.update(current.potential)
@@ -123,24 +122,17 @@ class VectorisedNUTS(BatchSampler):
             inverse_mass=self.metric.covariance, streams=self.streams.state.clone(),
         )
 
-    def stats(self) -> dict[str, torch.Tensor]:
-        records = [record for _, record in self.kept]
-        return {name: torch.stack([record[name] for record in records], 1) if records else torch.empty(self.num_chains, 0) for name in SAMPLE_STATS}
-
     def _momenta(self, current: Phase) -> Phase:
         r"""Each chain's fresh momentum :math:`r \sim \mathcal N(0, M)` from its own stream."""
         noise = self.streams.normal(None, current.z.shape[1]).to(current.z)
         return self._init(current.z, self.metric.momenta(noise), current.potential, current.grad)
 
-    def _transition(self, current: Phase, step_size: torch.Tensor) -> tuple[Phase, dict[str, torch.Tensor]]:
+    def _transition(self, current: Phase, step_size: torch.Tensor) -> tuple[Phase, TransitionStats]:
         start = self._momenta(current)
         energy = self._hamiltonian(start)
         tree, depth = self.trajectory.transition(start, energy, step_size)
-        record = {
-            "diverging": tree.diverging, "energy": energy, "lp": -tree.proposal.potential, "step_size": step_size,
-            "tree_depth": depth, "acceptance_rate": tree.accept_sum / tree.steps.clamp(min=1), "n_steps": tree.steps,
-        }
-        return tree.proposal, record
+        acceptance = tree.accept_sum / tree.steps.clamp(min=1)
+        return tree.proposal, TransitionStats(tree.diverging, energy, -tree.proposal.potential, step_size, depth, acceptance, tree.steps)
 
     def _reasonable_step_sizes(self, current: Phase, step_size: torch.Tensor) -> torch.Tensor:
         r"""Each chain's step size (:func:`~aml_ppl.inference.hmc.step_size.reasonable_step_sizes`) from ``current``."""

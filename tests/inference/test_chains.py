@@ -3,6 +3,7 @@
 import io
 import multiprocessing
 import os
+import subprocess
 import sys
 import threading
 import time
@@ -200,9 +201,25 @@ def test_torch_compile_draws_the_graphs_draws_and_resumes_to_the_bit() -> None:
     torch.testing.assert_close(chees[0].samples["beta"], chees[1].samples["beta"], atol=1e-6, rtol=0)
 
 
+@pytest.mark.slow
+def test_a_cold_torch_compile_leaves_the_chains_free_to_fork(tmp_path) -> None:
+    r"""Inductor's first build on a machine (an empty cache) compiles in the calling thread:
+    its pool of compile threads, left running, would make the chains spawn instead of fork."""
+    script = (
+        "import torch\n"
+        "from aml_ppl.inference.chains import _can_fork\n"
+        "from aml_ppl.inference.compiled import backend_label, compiled_gradient\n"
+        "gradient = compiled_gradient(lambda z: (z.exp() - z).sum(), torch.ones(3), torch_compile=True)\n"
+        "print(backend_label(gradient), _can_fork())\n"
+    )
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    assert done.stdout.split() == ["compiled,", "torch.compile", "True"], done.stderr[-2000:]
+
+
 @pytest.mark.parametrize("engine_class", [NUTS, ChEES])
 def test_jit_compile_takes_only_the_ways_it_names(engine_class) -> None:
-    with pytest.raises(aml.InputDataError, match="`jit_compile` must be one of .*'torch.compile'.*got 'inductor'"):
+    with pytest.raises(aml.InputDataError, match="`jit_compile` must be None, True, False or 'torch.compile'; got 'inductor'"):
         engine_class(jit_compile="inductor")
 
 

@@ -14,6 +14,7 @@ import torch
 from pyro.infer.mcmc.util import initialize_model
 from torch.fx.experimental.proxy_tensor import make_fx
 
+from aml_ppl.errors import JitFallbackWarning
 from aml_ppl.inference.compiled import compiled_gradient, few_operation_log_probs, gradient_graph, plain_gradient
 from aml_ppl.inference.graph_function import _public, as_function, python_scalars
 from aml_ppl.inference.hmc.potential import flatten, model_gradient, unflatten
@@ -258,3 +259,27 @@ def test_torch_compile_of_the_graph_is_autograds_through_the_model(model, args, 
     for chain in range(3):
         expected_value, expected_grad = plain_gradient(potential.flat_potential)(points[chain])
         assert agree(values[chain], expected_value) and agree(grads[chain], expected_grad)
+
+
+def test_a_failed_torch_compile_says_why_and_runs_the_graph_as_python(monkeypatch):
+    r"""Fault injection: where inductor's build fails (at the first call, as a missing C++
+    compiler makes it), ``jit="torch.compile"`` warns once naming the error and runs the same
+    graph as one Python function, for one chain and for a batch."""
+
+    def failing_compile(graph, **options):
+        def build(*inputs):
+            raise RuntimeError("no C++ compiler found")
+
+        return build
+
+    monkeypatch.setattr(torch, "compile", failing_compile)
+    pyro.set_rng_seed(0)
+    with pytest.warns(JitFallbackWarning, match=r"torch.compile of the potential failed \(RuntimeError: no C\+\+ compiler found\)"):
+        compiled = model_gradient(eight_schools, (SCHOOLS_SIGMA, SCHOOLS_Y), {}, jit="torch.compile")
+    assert compiled.how == "compiled"
+    plain = model_gradient(eight_schools, (SCHOOLS_SIGMA, SCHOOLS_Y), {}, jit=False, initial_params=compiled.start)
+    point = flatten(compiled.start, compiled.shapes) + 0.5
+    assert all(map(agree, compiled.gradient(point), plain.gradient(point)))
+    with pytest.warns(JitFallbackWarning, match="torch.compile of the potential failed"):
+        potential = ChainPotential(eight_schools, (SCHOOLS_SIGMA, SCHOOLS_Y), {}, num_chains=3, jit="torch.compile")
+    assert potential.how == "plate, compiled"

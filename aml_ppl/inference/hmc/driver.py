@@ -19,8 +19,10 @@ import torch
 from tqdm.auto import tqdm
 
 from aml_ppl._core.streams import ChainStreams
+from aml_ppl.inference.compiled import check_jit_compile
 from aml_ppl.inference.hmc.integrator import velocity_verlet
 from aml_ppl.inference.hmc.potential import ChainPotential, chain_seeds
+from aml_ppl.inference.hmc.state import TransitionStats, stacked
 
 
 def drive(
@@ -55,9 +57,8 @@ class BatchSampler:
 
     A subclass brings the kernel: ``setup(warmup_steps, args, kwargs)`` (a fresh warm-up; it
     calls :meth:`_set_up`), ``restore(args, kwargs, state)`` (continued from its state record),
-    ``warm_up`` and ``draw`` (appending ``(positions, record)`` to :attr:`kept`), the property
-    ``state`` (its record after the last draw) and ``stats()`` (the kept records by name,
-    ``C x draws`` each).
+    ``warm_up`` and ``draw`` (appending ``(positions, TransitionStats)`` to :attr:`kept`) and
+    the property ``state`` (its record after the last draw).
 
     Args:
         model: The Pyro program.
@@ -70,7 +71,7 @@ class BatchSampler:
 
     def __init__(self, model: Callable, num_chains: int, jit: bool | str, seeds: Sequence[int] | None) -> None:
         self.seeds = chain_seeds(seeds, num_chains)
-        self.model, self.num_chains, self.jit = model, num_chains, jit
+        self.model, self.num_chains, self.jit = model, num_chains, check_jit_compile(jit)
 
     def run(self, args: tuple, kwargs: dict, num_samples: int, warmup_steps: int) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         r"""Warm up and sample. Returns the constrained draws (site to ``C x num_samples x ...``)
@@ -94,10 +95,11 @@ class BatchSampler:
         self.potential = ChainPotential(self.model, args, kwargs, self.num_chains, jit=self.jit)
         self.streams = ChainStreams(self.seeds, self.potential.start.device)
         self._init, self._update = velocity_verlet(self.potential, lambda r: self.metric.velocity(r))
-        self.kept: list[tuple[torch.Tensor, Any]] = []
+        self.kept: list[tuple[torch.Tensor, TransitionStats]] = []
 
     def results(self) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         r"""The constrained draws kept so far (site to ``C x draws x ...``) and their statistics."""
         like = self.current.z
         flat = torch.stack([z for z, _ in self.kept], 1) if self.kept else like.new_zeros(self.num_chains, 0, like.shape[1])
-        return {name: self.potential.transforms[name].inv(value) for name, value in self.potential.sites(flat).items()}, self.stats()
+        draws = {name: self.potential.transforms[name].inv(value) for name, value in self.potential.sites(flat).items()}
+        return draws, stacked([record for _, record in self.kept], self.num_chains)

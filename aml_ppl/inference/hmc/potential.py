@@ -19,8 +19,10 @@ import torch
 from pyro.infer.mcmc.util import initialize_model
 
 from aml_ppl._core.streams import ChainStreams
-from aml_ppl.errors import ModelFittingError
-from aml_ppl.inference.compiled import TORCH_COMPILE, Gradient, compiled_gradient, compiled_mapped_gradient, plain_gradient
+from aml_ppl.errors import JitFallbackWarning, ModelFittingError
+from aml_ppl.inference.compiled import (
+    TORCH_COMPILE, Gradient, backend_label, compiled_gradient, compiled_mapped_gradient, plain_gradient,
+)
 from aml_ppl.inference.density import log_joint
 from aml_ppl.inference.hmc.integrator import Phase
 from aml_ppl.inference.structure import inspect_model
@@ -54,8 +56,9 @@ def model_gradient(
     r"""``model``'s potential energy from :func:`pyro.infer.mcmc.util.initialize_model`
     (enumerated discrete sites summed out; the start ``initial_params``, else Pyro's
     ``init_to_uniform``) and its gradient: with ``jit``, compiled with its gradient into one
-    graph (by ``torch.compile`` where ``jit`` is ``"torch.compile"``), or where that fails (a value read into Python) and ``fallback``, autograd through
-    the model (without ``fallback`` the error is raised); else autograd through the model. A
+    graph (built by ``torch.compile`` where ``jit`` is ``"torch.compile"``), or where that
+    fails (a value read into Python) and ``fallback``, autograd through the model (without
+    ``fallback`` the error is raised); else autograd through the model. A
     ``compiled`` graph of the same model and data is used as it is (the graph holds for any
     point: it is traced with the point as its input, and checked at several by
     :func:`~aml_ppl.inference.mcmc.checked_gradient`)."""
@@ -68,12 +71,9 @@ def model_gradient(
     plain = ModelGradient(start, shapes, transforms, plain_gradient(on_flat(potential_fn)), "autograd")
     if not jit:
         return plain
-    how = "compiled, torch.compile" if jit == TORCH_COMPILE else "compiled"
-    if compiled is not None:
-        return ModelGradient(start, shapes, transforms, compiled, how)
     try:
-        gradient = compiled_gradient(on_flat(potential_fn), flatten(start, shapes), torch_compile=jit == TORCH_COMPILE)
-        return ModelGradient(start, shapes, transforms, gradient, how)
+        gradient = compiled or compiled_gradient(on_flat(potential_fn), flatten(start, shapes), torch_compile=jit == TORCH_COMPILE)
+        return ModelGradient(start, shapes, transforms, gradient, backend_label(gradient))
     except Exception:  # make_fx refuses in many ways: the plain evaluation remains
         if not fallback:
             raise
@@ -129,6 +129,7 @@ class ChainPotential:
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
+                warnings.simplefilter("default", JitFallbackWarning)  # torch.compile's failure
                 if self.how == "plate":
                     self.evaluate = compiled_gradient(self.plate_potential, self.start, torch_compile)
                 else:
@@ -138,7 +139,7 @@ class ChainPotential:
         if self._differs():
             self.evaluate = plain
         else:
-            self.how += ", compiled, torch.compile" if torch_compile else ", compiled"
+            self.how += ", " + backend_label(self.evaluate)
 
     def sites(self, z: torch.Tensor) -> dict[str, torch.Tensor]:
         r"""The flat unconstrained points ``... x D`` as site name to ``... x shape``."""

@@ -4,15 +4,57 @@ for a batch of chains (NumPyro's ``HMCState`` of ``numpyro/infer/hmc.py``, with 
 adaptation already frozen). A posterior keeps them for
 :meth:`~aml_ppl.inference.mcmc.SamplePosterior.resume`, and the checkpoint files of
 :mod:`~aml_ppl.inference.chain_state` write them as named tensors (``tensors`` /
-``from_tensors``)."""
+``from_tensors``). Also each transition's statistics (:class:`TransitionStats`, NumPyro's
+``HMCState`` fields that ArviZ's ``sample_stats`` reads)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
 from aml_ppl._core.streams import word_tensor
+
+
+class TransitionStats(NamedTuple):
+    r"""One transition's statistics under ArviZ's ``sample_stats`` names: Python numbers for a
+    chain run apart, a ``C`` tensor each for a batch of chains.
+
+    Attributes:
+        diverging: Whether the trajectory diverged (its energy error past ``MAX_ENERGY_ERROR``
+            or not finite).
+        energy: The Hamiltonian :math:`H = U + \tfrac12 r^\top M^{-1} r` at the transition's start.
+        lp: The log density :math:`-U` at the transition's draw.
+        step_size: The leapfrog step size.
+        tree_depth: NUTS's doublings; ``None`` for a sampler that builds no tree (ChEES-HMC).
+        acceptance_rate: NUTS's mean Metropolis acceptance statistic over its tree, ChEES's
+            acceptance probability of its proposal.
+        n_steps: Leapfrog steps (gradient evaluations) in the transition.
+    """
+
+    diverging: bool | torch.Tensor
+    energy: float | torch.Tensor
+    lp: float | torch.Tensor
+    step_size: float | torch.Tensor
+    tree_depth: int | torch.Tensor | None
+    acceptance_rate: float | torch.Tensor
+    n_steps: int | torch.Tensor
+
+
+# ArviZ's names for the per-draw statistics a chain records.
+SAMPLE_STATS = TransitionStats._fields
+
+
+def stacked(records: list[TransitionStats], num_chains: int) -> dict[str, torch.Tensor]:
+    r"""A batch's kept ``records`` (each field ``C``) as name to ``C x draws`` tensors on the CPU;
+    the fields a sampler leaves ``None`` left out."""
+    if not records:
+        return {name: torch.empty(num_chains, 0) for name in SAMPLE_STATS}
+    return {
+        name: torch.stack(values, 1).detach().cpu()
+        for name, values in zip(SAMPLE_STATS, zip(*records)) if values[0] is not None
+    }
 
 
 @dataclass
