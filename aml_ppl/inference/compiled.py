@@ -188,7 +188,7 @@ def _inductor(graph: torch.fx.GraphModule, example: torch.Tensor) -> Gradient:
     compiled = torch.compile(graph, dynamic=False, fullgraph=True, options=options)
     try:
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)  # inductor's own use of torch.jit.script_method
+            warnings.simplefilter("ignore", DeprecationWarning)  # raised by inductor's own code as it builds
             built = compiled(example.detach())
         if not all(map(agree, built, graph(example.detach()))):
             raise ValueError("its value or gradient differs from the traced graph's")
