@@ -64,10 +64,12 @@ from aml_ppl.inference.compiled import check_jit_compile
 from aml_ppl.inference.hmc.state import ChEESState, TransitionStats
 from aml_ppl.inference.context import isolated_param_store
 from aml_ppl.inference.fitted import Fitted
-from aml_ppl.inference.hmc.adaptation import DualAveraging, TrajectoryLength, WarmupWindows, WindowPotentials, restart_stray
+from aml_ppl.inference.hmc.adaptation import (
+    DualAveraging, TrajectoryLength, WarmupWindows, WindowCovariance, WindowPotentials, restart_stray,
+)
 from aml_ppl.inference.hmc.driver import BatchSampler
 from aml_ppl.inference.hmc.integrator import Phase, where_chains
-from aml_ppl.inference.hmc.metric import DENSE_AT_MOST, Metric, PooledCovariance
+from aml_ppl.inference.hmc.metric import DENSE_AT_MOST, Metric
 from aml_ppl.inference.hmc.step_size import reasonable_step_sizes
 from aml_ppl.inference.io import register_posterior
 from aml_ppl.inference.mcmc import SamplePosterior, sampler_incompatibility
@@ -145,7 +147,7 @@ class ChEESSampler(BatchSampler):
         coordinates = self.current.z.shape[-1]
         self.tracked = self.full_mass is True or (self.full_mass is None and coordinates <= DENSE_AT_MOST)
         self.warmup_steps, self.windows, self.potentials = warmup_steps, WarmupWindows.of(warmup_steps), WindowPotentials()
-        self.pooled = PooledCovariance(self.tracked)
+        self.pooled = WindowCovariance(self.tracked)
 
     def restore(self, args: tuple, kwargs: dict, state: ChEESState) -> None:
         r"""Set up to continue from ``state`` (this sampler's chains after warm-up) with its
@@ -174,7 +176,7 @@ class ChEESSampler(BatchSampler):
             if ends:
                 dense = self.tracked and (self.full_mass is True or self.pooled.count >= DRAWS_PER_COORDINATE * current.z.shape[-1])
                 self.metric = Metric(self.pooled.covariance(dense), dense=dense)
-                self.pooled = PooledCovariance(self.tracked)
+                self.pooled = WindowCovariance(self.tracked)
                 step_size = self._search_step_size(current, step_size)
                 self.averaging = DualAveraging.start(self.target_accept_prob, step_size)
                 # The new metric's time scale: at least the one step it allows, which can

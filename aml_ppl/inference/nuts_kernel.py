@@ -12,8 +12,8 @@ sites summed out there), compiled with its gradient into one graph on request
 (:mod:`aml_ppl.inference.compiled`), the warm-up the batch samplers' too
 (:mod:`~aml_ppl.inference.hmc.adaptation`: Stan's windows, dual averaging of the step size)
 with a diagonal or dense mass matrix from the windows' draws, by default dense where a
-window's correlations stand out of its sampling noise (:class:`~aml_ppl.inference.hmc.metric.WindowedMassMatrix`).
-The trajectory works on one flat vector of the unconstrained latents (its potential
+window's correlations stand out of its sampling noise
+(:class:`~aml_ppl.inference.hmc.adaptation.WindowedMassMatrix`). The trajectory works on one flat vector of the unconstrained latents (its potential
 :func:`~aml_ppl.inference.hmc.potential.model_gradient`); the transition is the one every NUTS
 chain here runs, apart or in a batch (:mod:`~aml_ppl.inference.hmc.nuts`, on
 :class:`~aml_ppl.inference.hmc.nuts.OneChain` lanes), over the leapfrog integrator that every
@@ -51,9 +51,9 @@ from aml_ppl._core.streams import ChainStream
 from aml_ppl.errors import ModelFittingError
 from aml_ppl.inference.hmc.state import SAMPLE_STATS, HMCState, TransitionStats
 from aml_ppl.inference.compiled import Gradient, check_jit_compile
-from aml_ppl.inference.hmc.adaptation import DualAveraging, WarmupWindows
+from aml_ppl.inference.hmc.adaptation import DualAveraging, WarmupWindows, WindowedMassMatrix
 from aml_ppl.inference.hmc.integrator import Phase, velocity_verlet
-from aml_ppl.inference.hmc.metric import Metric, WindowedMassMatrix
+from aml_ppl.inference.hmc.metric import Metric
 from aml_ppl.inference.hmc.step_size import one_step_accepted, reasonable_step_sizes
 from aml_ppl.inference.hmc.nuts import OneChain, Trajectory, Tree
 from aml_ppl.inference.hmc.potential import flatten, model_gradient, unflatten
@@ -75,8 +75,8 @@ RESTART_DIVERGENT, MAX_RESTARTS = 1 / 3, 2
 # Pyro's ``init_to_uniform``: each unconstrained coordinate uniform in (-radius, radius), drawn
 # again until the potential is finite, this many times at most (Pyro's numbers).
 INIT_RADIUS, INIT_TRIES = 2.0, 100
-# The one mass-matrix block: the whole flat latent vector.
-BLOCK = ("latent",)
+
+
 class MultinomialNUTS(MCMCKernel):
     r"""NUTS with multinomial sampling, recording ArviZ's per-draw statistics.
 
@@ -186,9 +186,8 @@ class MultinomialNUTS(MCMCKernel):
         r"""Start the adaptation afresh (Stan's windows over the warm-up less its settling
         transitions; the metric the identity; the step-size search at ``z`` from the initial step
         size) and the chain at ``z``."""
-        size = z.numel()
         self.windows = WarmupWindows.of(self.warmup_steps - self.settle_steps)
-        self.mass_matrix.configure({BLOCK: (size, size) if self.full_mass else (size,)}, options={"dtype": z.dtype, "device": z.device})
+        self.mass_matrix.configure(z, dense=bool(self.full_mass))
         self._restart_step_size(z, self.initial_step_size)
         self._current = self.dynamics.state(z, torch.zeros_like(z))
         self._settle_divergences = 0
@@ -253,11 +252,11 @@ class MultinomialNUTS(MCMCKernel):
         self.step_size = self.averaging.step_size
         slow, ends = self.windows.at(iteration)
         if slow:
-            self.mass_matrix.update({BLOCK[0]: tree.proposal.z}, {BLOCK[0]: tree.proposal.grad})
+            self.mass_matrix.update(tree.proposal.z)
         if ends and iteration == self.windows.bounds[-1][1]:
             self.step_size = self.averaging.averaged_step_size
         elif ends and slow:
-            self.mass_matrix.end_adaptation()
+            self.mass_matrix.end_window()
             self._restart_step_size(tree.proposal.z, self.step_size)
 
     def _restart_step_size(self, z: torch.Tensor, step_size: float) -> None:
@@ -296,7 +295,7 @@ def continue_chain(kernel: MultinomialNUTS, state: HMCState, args: tuple, kwargs
     kernel.warmup_steps, kernel.iteration = 0, 0
     kernel.records = {name: [] for name in SAMPLE_STATS}
     kernel.step_size = state.step_size
-    kernel.mass_matrix.inverse_mass_matrix = {BLOCK: state.inverse_mass}
+    kernel.mass_matrix.inverse_mass = state.inverse_mass
     z = kernel.dynamics.flatten(state.position)
     kernel._current = kernel.dynamics.state(z, torch.zeros_like(z), state.potential, state.gradient)
     kernel.settle_steps, kernel.restarts = 0, 0
@@ -315,7 +314,7 @@ class Hamiltonian:
     Attributes:
         gradient: The flat vector's potential energy and its gradient.
         shapes: Site name to its shape, in the flat vector's order.
-        mass_matrix: The warm-up's mass matrix (its ``inverse_mass_matrix``).
+        mass_matrix: The warm-up's mass matrix (its ``inverse_mass``).
         state: ``(z, r, potential=None, grad=None)`` to the phase there (the integrator's ``init``).
     """
 
@@ -331,7 +330,7 @@ class Hamiltonian:
     def metric(self) -> Metric:
         r"""The :class:`~aml_ppl.inference.hmc.metric.Metric` of the mass matrix's current estimate
         (built again when a warm-up window ends with a new one)."""
-        inverse_mass = self.mass_matrix.inverse_mass_matrix[BLOCK]
+        inverse_mass = self.mass_matrix.inverse_mass
         if self._metric is None or self._metric.covariance is not inverse_mass:
             self._metric = Metric(inverse_mass, dense=inverse_mass.dim() == 2)
         return self._metric

@@ -8,8 +8,9 @@ Each chain builds its own trajectory by the NUTS transition that a chain run apa
 (:mod:`~aml_ppl.inference.hmc.nuts`, on :class:`~aml_ppl.inference.hmc.nuts.ChainBatch` lanes):
 a chain whose trajectory has ended is masked while the others go on, so a doubling costs as
 many batched evaluations as the longest trajectory among the chains. Each chain adapts its
-own step size (dual averaging) and diagonal mass matrix (Welford variances) in Stan's
-windows (:mod:`~aml_ppl.inference.hmc.adaptation`); at each window's end a chain left in a
+own step size (dual averaging) and diagonal mass matrix (its own variances,
+:class:`~aml_ppl.inference.hmc.metric.WindowCovariance`) in Stan's windows
+(:mod:`~aml_ppl.inference.hmc.adaptation`); at each window's end a chain left in a
 minor mode (its mean potential far above the median chain's) takes another chain's point,
 metric and step size, the donor drawn from its own stream. Each chain draws from its own
 random stream (:class:`~aml_ppl._core.streams.ChainStreams`: its start, momenta and choices,
@@ -22,9 +23,8 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 import torch
-from pyro.ops.welford import WelfordCovariance
 
-from aml_ppl.inference.hmc.adaptation import DualAveraging, WarmupWindows, WindowPotentials, restart_stray
+from aml_ppl.inference.hmc.adaptation import DualAveraging, WarmupWindows, WindowCovariance, WindowPotentials, restart_stray
 from aml_ppl.inference.hmc.driver import BatchSampler
 from aml_ppl.inference.hmc.integrator import Phase
 from aml_ppl.inference.hmc.metric import Metric
@@ -78,7 +78,7 @@ class VectorisedNUTS(BatchSampler):
         self.current = initial_points(self.potential, self.streams)
         self.metric = Metric(torch.ones_like(self.current.z), dense=False)
         self.step_size = self._reasonable_step_sizes(self.current, torch.ones_like(self.current.potential))
-        self.averaging, self.variances = DualAveraging.start(self.target_accept_prob, self.step_size), WelfordCovariance(diagonal=True)
+        self.averaging, self.variances = DualAveraging.start(self.target_accept_prob, self.step_size), WindowCovariance(dense=False)
         self.warmup_steps, self.windows, self.potentials = warmup_steps, WarmupWindows.of(warmup_steps), WindowPotentials()
 
     def restore(self, args: tuple, kwargs: dict, state: VectorisedNUTSState) -> None:
@@ -100,10 +100,10 @@ class VectorisedNUTS(BatchSampler):
             self.averaging, step_size, self.potentials = self.averaging.select(donors), step_size[donors], WindowPotentials()
             self.metric = self.metric.select(donors)
         if slow:
-            self.variances.update(current.z)
+            self.variances.update(current.z[None])  # one draw of each chain's own variances
             if ends:
-                self.metric = Metric(self.variances.get_covariance(regularize=True), dense=False)
-                self.variances.reset()
+                self.metric = Metric(self.variances.covariance(dense=False), dense=False)
+                self.variances = WindowCovariance(dense=False)
                 step_size = self._reasonable_step_sizes(current, step_size)
                 self.averaging = DualAveraging.start(self.target_accept_prob, step_size)
         if iteration == self.warmup_steps - 1:

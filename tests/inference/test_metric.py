@@ -1,20 +1,22 @@
 """The NUTS warm-up's choice of metric (``inference/hmc/metric.py``): the Marchenko-Pastur bulk
 and the Tracy-Widom law of its top eigenvalue against independent and autocorrelated draws,
-the rule's choice on uncorrelated, spiked and correlated windows, a window that stays
-diagonal giving Pyro's diagonal metric to the bit, and the :class:`Metric` every sampler holds
+the rule's choice on uncorrelated, spiked and correlated windows, the one covariance accumulator
+(``hmc/adaptation.py``) against Pyro's Welford estimate to the bit and the sample covariance,
+a window giving Pyro's diagonal or dense metric to the bit, and the :class:`Metric` every sampler holds
 (its momenta's precision, kinetic energy and whitening) in closed form."""
 
 import pyro
 import pyro.distributions as dist
 import pytest
 import torch
-from pyro.infer.mcmc.adaptation import BlockMassMatrix
+from pyro.ops.welford import WelfordCovariance
 
 from aml_ppl.inference.hmc.metric import (
-    DENSE_DRAWS_AT_LEAST, DENSE_DRAWS_PER_COORDINATE, SPIKE_MARGIN, SPREAD_PAST_NOISE, WindowedMassMatrix,
-    Metric, correlated_past_noise, noise_spread, top_eigenvalue_law,
+    DENSE_DRAWS_AT_LEAST, DENSE_DRAWS_PER_COORDINATE, SPIKE_MARGIN, SPREAD_PAST_NOISE, Metric, correlated_past_noise,
+    noise_spread, top_eigenvalue_law,
 )
-from aml_ppl.inference.nuts_kernel import BLOCK, MultinomialNUTS
+from aml_ppl.inference.hmc.adaptation import WindowCovariance, WindowedMassMatrix
+from aml_ppl.inference.nuts_kernel import MultinomialNUTS
 
 
 def spread(draws: torch.Tensor) -> float:
@@ -92,29 +94,64 @@ def test_autocorrelated_independent_draws_count_by_their_effective_draws():
     assert not any(correlated_past_noise(draws) for draws in windows)
 
 
-def window_of(adapter, draws, dense_shape: bool = False):
-    size = draws.shape[1]
-    adapter.configure({BLOCK: (size, size) if dense_shape else (size,)}, options={"dtype": draws.dtype})
+def window_of(mass_matrix: WindowedMassMatrix, draws: torch.Tensor, dense: bool = False) -> torch.Tensor:
+    mass_matrix.configure(draws[0], dense=dense)
     for draw in draws:
-        adapter.update({BLOCK[0]: draw}, None)
-    adapter.end_adaptation()
-    return adapter.inverse_mass_matrix[BLOCK]
+        mass_matrix.update(draw)
+    mass_matrix.end_window()
+    return mass_matrix.inverse_mass
+
+
+def pyros(draws: torch.Tensor, diagonal: bool) -> torch.Tensor:
+    """Pyro's HMC's window estimate (``pyro.ops.welford``, Stan's regularisation) of ``draws``."""
+    welford = WelfordCovariance(diagonal=diagonal)
+    for draw in draws:
+        welford.update(draw)
+    return welford.get_covariance(regularize=True)
+
+
+@pytest.mark.parametrize("dense", [True, False])
+def test_the_window_covariance_is_welfords_draw_by_draw_and_the_sample_covariance_in_any_batches(dense):
+    """The one accumulator: fed one draw at a time it is Pyro's Welford estimate to the bit
+    (one chain's ``1 x D`` draws, or a batch's ``1 x C x D`` as each chain's own variances);
+    merged in batches of any size, the sample covariance (``torch.cov``) within rounding, and
+    regularised as Stan's is."""
+    generator = torch.Generator().manual_seed(2)
+    draws = torch.randn(60, 4, dtype=torch.float64, generator=generator) @ torch.randn(4, 4, dtype=torch.float64, generator=generator)
+    one_by_one = WindowCovariance(dense)
+    for draw in draws:
+        one_by_one.update(draw[None])
+    assert torch.equal(one_by_one.covariance(dense), pyros(draws, diagonal=not dense))
+    for sizes in ([60], [1, 59], [7] * 8 + [4], [30, 1, 29]):
+        merged = WindowCovariance(dense)
+        for batch in draws.split(sizes):
+            merged.update(batch)
+        sample = torch.cov(draws.T) if dense else draws.var(0)
+        assert torch.allclose(merged.squares / (merged.count - 1), sample, rtol=1e-12, atol=1e-12)
+        regularised = 60 / 65 * sample + 1e-3 * 5 / 65 * (torch.eye(4, dtype=torch.float64) if dense else 1.0)
+        assert torch.allclose(merged.covariance(dense), regularised, rtol=1e-12)
+    chains = draws.reshape(20, 3, 4)  # 20 draws of 3 chains
+    per_chain = WindowCovariance(dense=False)
+    for draw in chains:
+        per_chain.update(draw[None])
+    for chain in range(3):
+        assert torch.equal(per_chain.covariance(dense=False)[chain], pyros(chains[:, chain], diagonal=True))
 
 
 def test_a_window_ends_with_pyros_variances_to_the_bit_or_with_pyros_dense_estimate():
     generator = torch.Generator().manual_seed(1)
     independent = torch.randn(100, 10, dtype=torch.float64, generator=generator) * torch.arange(1.0, 11.0, dtype=torch.float64)
-    assert torch.equal(window_of(WindowedMassMatrix(by_correlation=True), independent), window_of(BlockMassMatrix(), independent))
+    assert torch.equal(window_of(WindowedMassMatrix(by_correlation=True), independent), pyros(independent, diagonal=True))
     correlated = equicorrelated(100, 10, 0.9, generator)
     ours = window_of(WindowedMassMatrix(by_correlation=True), correlated)
-    assert torch.allclose(ours, window_of(BlockMassMatrix(), correlated, dense_shape=True))
+    assert torch.equal(ours, pyros(correlated, diagonal=False))
     # The next window starts afresh: its estimates hold its own draws only.
     mass_matrix = WindowedMassMatrix(by_correlation=True)
     window_of(mass_matrix, correlated)
     for draw in independent:
-        mass_matrix.update({BLOCK[0]: draw}, None)
-    mass_matrix.end_adaptation()
-    assert torch.equal(mass_matrix.inverse_mass_matrix[BLOCK], window_of(BlockMassMatrix(), independent))
+        mass_matrix.update(draw)
+    mass_matrix.end_window()
+    assert torch.equal(mass_matrix.inverse_mass, pyros(independent, diagonal=True))
 
 
 def test_a_dense_window_short_of_draws_ends_with_their_variances():
@@ -124,9 +161,9 @@ def test_a_dense_window_short_of_draws_ends_with_their_variances():
     size = 10
     for count, dense in ((DENSE_DRAWS_PER_COORDINATE * size - 1, False), (DENSE_DRAWS_PER_COORDINATE * size, True)):
         draws = torch.randn(count, size, dtype=torch.float64, generator=generator) @ torch.randn(size, size, dtype=torch.float64, generator=generator)
-        ours, stans = window_of(WindowedMassMatrix(), draws, dense_shape=True), window_of(BlockMassMatrix(), draws, dense_shape=True)
+        ours, stans = window_of(WindowedMassMatrix(), draws, dense=True), pyros(draws, diagonal=False)
         assert ours.shape == (size, size)
-        assert torch.allclose(ours, stans if dense else torch.diag_embed(stans.diagonal()))
+        assert torch.equal(ours, stans if dense else torch.diag_embed(stans.diagonal()))
 
 
 def correlated_pair():

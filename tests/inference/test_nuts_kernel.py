@@ -10,9 +10,7 @@ import pyro.distributions as dist
 import pytest
 import torch
 
-from pyro.infer.mcmc.adaptation import BlockMassMatrix
-
-from aml_ppl.inference.hmc.metric import WindowedMassMatrix
+from aml_ppl.inference.hmc import adaptation
 from aml_ppl.inference.nuts_kernel import Hamiltonian, MultinomialNUTS
 from aml_ppl.testing.cases import SCHOOLS_SIGMA, SCHOOLS_Y, eight_schools
 
@@ -90,11 +88,11 @@ def test_a_dense_metric_from_too_few_draws_no_longer_stalls_the_warm_up(monkeypa
         return leapfrog(self, state, step_size)
 
     monkeypatch.setattr(Hamiltonian, "leapfrog", counted)
-    for mass_matrix in (WindowedMassMatrix, BlockMassMatrix):
+    for draws_per_coordinate in (adaptation.DENSE_DRAWS_PER_COORDINATE, 0):  # 0: dense from any window, as Pyro's
+        monkeypatch.setattr(adaptation, "DENSE_DRAWS_PER_COORDINATE", draws_per_coordinate)
         steps.append(0)
         pyro.set_rng_seed(0)
         kernel = MultinomialNUTS(correlated_30, full_mass=True)
-        kernel.mass_matrix = mass_matrix()
         # 166 = Stan's 150 adapting steps and the 16 settling ones (nuts_kernel.SETTLE_STEPS).
         pyro.infer.MCMC(kernel, num_samples=1, warmup_steps=166, disable_progbar=True).run()
     assert steps[0] < steps[1] / 3

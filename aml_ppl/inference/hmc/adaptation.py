@@ -1,8 +1,11 @@
 r"""The warm-up of every HMC sampler here (NUTS on one chain or a batch, ChEES-HMC) as records
-with an update: Stan's windows, the step size's dual averaging, ChEES's trajectory length and
-the batch samplers' restart of chains left in a minor mode (NumPyro's shape: ``dual_averaging``
-and ``warmup_adapter`` of ``numpyro/infer/hmc_util.py``). The window's metric is :mod:`~aml_ppl.inference.hmc.metric`'s,
-the first step size of a window :mod:`~aml_ppl.inference.hmc.step_size`'s.
+with an update: Stan's windows, the step size's dual averaging, the one covariance accumulator
+of the windows' draws (:class:`WindowCovariance`; one chain's :class:`WindowedMassMatrix` over
+it), ChEES's trajectory length and the batch samplers' restart of chains left in a minor mode
+(NumPyro's shape: ``dual_averaging``, ``welford_covariance`` and ``warmup_adapter`` of
+``numpyro/infer/hmc_util.py``). Whether a window's metric is dense is
+:mod:`~aml_ppl.inference.hmc.metric`'s rule, the first step size of a window
+:mod:`~aml_ppl.inference.hmc.step_size`'s.
 
 Each record holds a float for one chain (NUTS) or a batch adapted as one (ChEES), or a tensor
 ``C`` for chains adapted each on its own (vectorised NUTS); ``select`` gives a chain another's
@@ -19,6 +22,7 @@ import torch
 from pyro.infer.mcmc.adaptation import WarmupAdapter
 
 from aml_ppl.inference.hmc.integrator import Phase
+from aml_ppl.inference.hmc.metric import DENSE_AT_MOST, DENSE_DRAWS_PER_COORDINATE, correlated_past_noise
 from aml_ppl.inference.hmc.step_size import MAX_STEP_SIZE, MIN_STEP_SIZE
 
 # Dual averaging's constants (Hoffman & Gelman 2014, §3.2; Stan's, Pyro's and NumPyro's).
@@ -132,6 +136,121 @@ class TrajectoryLength:
             log_length += min(max(LEARNING_RATE * gradient / scale, -LARGEST_UPDATE), LARGEST_UPDATE)
         weight = (iteration + 1) ** -0.5
         return TrajectoryLength(log_length, (1 - weight) * self.average + weight * log_length, squares)
+
+
+class WindowCovariance:
+    r"""The covariance of a warm-up window's draws (or, ``dense=False``, each coordinate's
+    variance): the one accumulator of every HMC sampler here. Batches of draws (rows) merge by
+    Chan, Golub & LeVeque's (1979) pairwise update: with :math:`n` draws of mean :math:`\bar x`
+    and scatter :math:`M` so far and a batch of :math:`n_B` draws of mean :math:`\bar x_B` and
+    scatter :math:`M_B`,
+
+    .. math::
+        \delta = \bar x_B - \bar x, \qquad
+        \bar x' = \bar x + \frac{\delta}{(n + n_B) / n_B}, \qquad
+        M' = M + M_B + n_B\,(\bar x_B - \bar x')\,\delta^\top,
+
+    whose one-draw case (:math:`n_B = 1`, :math:`M_B = 0`) is Welford's update (Knuth, TAOCP
+    vol. 2, §4.2.2) in Pyro's arithmetic (``pyro.ops.welford``), to the bit. The covariance
+    is regularised towards :math:`10^{-3} I` as Stan's (and Pyro's) is:
+    :math:`\frac{n}{n + 5}\frac{M}{n - 1} + 10^{-3}\frac{5}{n + 5} I`.
+
+    A chain apart adds its draws one at a time (``1 x D``); ChEES pools its chains' draws of a
+    transition (``C x D``); vectorised NUTS keeps each chain's variances apart by adding its
+    chains' draws as one draw of a ``C x D`` array (``1 x C x D``, ``dense=False``).
+
+    Example:
+        >>> import torch
+        >>> draws = torch.randn(50, 3, dtype=torch.float64)
+        >>> window = WindowCovariance(dense=True)
+        >>> for batch in draws.split(7):
+        ...     window.update(batch)
+        >>> bool(torch.allclose(window.squares / (window.count - 1), torch.cov(draws.T)))
+        True
+    """
+
+    def __init__(self, dense: bool) -> None:
+        self.dense, self.count, self.mean, self.squares = dense, 0, 0.0, 0.0
+
+    def update(self, batch: torch.Tensor) -> None:
+        size = batch.shape[0]
+        self.count += size
+        batch_mean = batch[0] if size == 1 else batch.mean(0)
+        delta_before = batch_mean - self.mean
+        self.mean = self.mean + delta_before / (self.count / size)
+        delta_after = batch_mean - self.mean
+        between = torch.outer(delta_after, delta_before) if self.dense else delta_before * delta_after
+        if size > 1:
+            centred = batch - batch_mean
+            self.squares = self.squares + (centred.T @ centred if self.dense else (centred**2).sum(0))
+            between = size * between
+        self.squares = self.squares + between
+
+    def covariance(self, dense: bool) -> torch.Tensor:
+        r"""The regularised covariance (``dense``, where tracked) or the variances."""
+        n = self.count
+        shrunk, shrinkage = (n / (n + 5.0)) * (self.squares / (n - 1)), 1e-3 * (5.0 / (n + 5.0))
+        if dense:
+            return shrunk + shrinkage * torch.eye(shrunk.shape[0], dtype=shrunk.dtype, device=shrunk.device)
+        return (shrunk.diagonal() if self.dense else shrunk) + shrinkage
+
+
+class WindowedMassMatrix:
+    r"""One chain's inverse mass matrix over Stan's warm-up windows: the identity at the start,
+    and at each window's end the window's regularised covariance (:class:`WindowCovariance`),
+    dense or diagonal as configured. A window configured dense ends dense only where it holds
+    ``DENSE_DRAWS_PER_COORDINATE`` draws per coordinate, with the variances otherwise.
+
+    Args:
+        by_correlation: Where the window is configured diagonal and has at most
+            ``DENSE_AT_MOST`` coordinates, also track its covariance and keep its draws, and end
+            it dense where :func:`correlated_past_noise`. A window that stays diagonal ends with
+            the same variances, to the bit, as ``by_correlation=False``.
+
+    Attributes:
+        inverse_mass: The current estimate: ``D`` (diagonal) or ``D x D``.
+
+    Example:
+        >>> import torch
+        >>> mass_matrix = WindowedMassMatrix(by_correlation=True)
+        >>> mass_matrix.configure(torch.zeros(2, dtype=torch.float64), dense=False)
+        >>> draws = torch.randn(100, 1, dtype=torch.float64) * torch.ones(2, dtype=torch.float64)
+        >>> for draw in draws + 0.01 * torch.randn(100, 2, dtype=torch.float64):
+        ...     mass_matrix.update(draw)
+        >>> mass_matrix.end_window()
+        >>> mass_matrix.inverse_mass.shape
+        torch.Size([2, 2])
+    """
+
+    def __init__(self, by_correlation: bool = False) -> None:
+        self.by_correlation = by_correlation
+
+    def configure(self, like: torch.Tensor, dense: bool) -> None:
+        r"""Start afresh for a chain of ``like``'s size, dtype and device: the identity and an empty window."""
+        size = like.numel()
+        self.dense = dense
+        self.inverse_mass = torch.eye(size, dtype=like.dtype, device=like.device) if dense else torch.ones_like(like)
+        self.candidates: list[torch.Tensor] | None = (
+            [] if self.by_correlation and not dense and size <= DENSE_AT_MOST else None)
+        self.window = WindowCovariance(dense=dense or self.candidates is not None)
+
+    def update(self, z: torch.Tensor) -> None:
+        r"""Add the chain's draw ``z`` to the window."""
+        self.window.update(z[None])
+        if self.candidates is not None:
+            self.candidates.append(z)
+
+    def end_window(self) -> None:
+        r"""The window's estimate becomes the metric; the next window starts empty."""
+        dense = (self.dense and self.window.count >= DENSE_DRAWS_PER_COORDINATE * len(self.inverse_mass)) or (
+            self.candidates is not None and correlated_past_noise(torch.stack(self.candidates)))
+        if self.dense and not dense:  # the dense block keeps its shape
+            self.inverse_mass = torch.diag_embed(self.window.covariance(False))
+        else:
+            self.inverse_mass = self.window.covariance(dense)
+        self.window = WindowCovariance(dense=self.window.dense)
+        if self.candidates is not None:
+            self.candidates = []
 
 
 class WindowPotentials:

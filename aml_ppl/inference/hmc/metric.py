@@ -39,7 +39,6 @@ from __future__ import annotations
 from functools import cached_property
 
 import torch
-from pyro.infer.mcmc.adaptation import BlockMassMatrix
 
 # A dense metric comes from a window with at least this many draws per coordinate. Below one
 # per coordinate the window's covariance is singular, and Stan's shrinkage towards 1e-3 I then
@@ -197,89 +196,3 @@ def correlated_past_noise(draws: torch.Tensor) -> bool:
     centring, scale = top_eigenvalue_law(effective_draws(standardised, eigenvectors[:, -1]), coordinates)
     spiked = eigenvalues[-1] > centring + SPIKE_MARGIN * scale
     return bool(spiked or eigenvalues[-1] > SPREAD_PAST_NOISE * noise_spread(count, coordinates) * eigenvalues[0])
-
-
-class WindowedMassMatrix(BlockMassMatrix):
-    r"""Pyro's :class:`~pyro.infer.mcmc.adaptation.BlockMassMatrix` (Stan's windowed estimate,
-    regularised towards :math:`10^{-3} I`) that chooses each window's metric from its draws.
-
-    Args:
-        by_correlation: Where the block is configured diagonal (and has at most
-            ``DENSE_AT_MOST`` coordinates), also keep the window's draws and end the window with
-            their regularised covariance (:class:`PooledCovariance`) where
-            :func:`correlated_past_noise`. The variances otherwise
-            are Pyro's diagonal estimate, so a window that stays diagonal gives the same metric
-            to the bit as ``by_correlation=False``. A block configured dense ends dense where
-            the window holds ``DENSE_DRAWS_PER_COORDINATE`` draws per coordinate, with the
-            variances otherwise.
-
-    Example:
-        >>> import torch
-        >>> mass_matrix = WindowedMassMatrix(by_correlation=True)
-        >>> mass_matrix.configure({("z",): (2,)}, options={"dtype": torch.float64})
-        >>> draws = torch.randn(100, 1, dtype=torch.float64) * torch.ones(2, dtype=torch.float64)
-        >>> for draw in draws + 0.01 * torch.randn(100, 2, dtype=torch.float64):
-        ...     mass_matrix.update({"z": draw}, None)
-        >>> mass_matrix.end_adaptation()
-        >>> mass_matrix.inverse_mass_matrix[("z",)].shape
-        torch.Size([2, 2])
-    """
-
-    def __init__(self, by_correlation: bool = False) -> None:
-        super().__init__()
-        self.by_correlation = by_correlation
-        self.candidates: dict[tuple, list[torch.Tensor]] = {}
-
-    def configure(self, mass_matrix_shape: dict, adapt_mass_matrix: bool = True, options: dict | None = None) -> None:
-        super().configure(mass_matrix_shape, adapt_mass_matrix, options or {})
-        self.candidates = {
-            sites: [] for sites, shape in mass_matrix_shape.items()
-            if self.by_correlation and adapt_mass_matrix and len(shape) == 1 and shape[0] <= DENSE_AT_MOST
-        }
-
-    def update(self, z: dict, z_grad: dict) -> None:
-        super().update(z, z_grad)
-        for sites, candidate in self.candidates.items():
-            candidate.append(torch.cat([z[name].detach().reshape(-1) for name in sites]))
-
-    def end_adaptation(self) -> None:
-        inverse_mass_matrix = {}
-        for sites, scheme in self._adapt_scheme.items():
-            covariance = scheme.get_covariance(regularize=True)
-            candidate = self.candidates.get(sites)
-            if covariance.dim() == 2 and scheme.n_samples < DENSE_DRAWS_PER_COORDINATE * covariance.shape[0]:
-                covariance = torch.diag_embed(covariance.diagonal())
-            elif candidate and correlated_past_noise(draws := torch.stack(candidate)):
-                window = PooledCovariance(dense=True)
-                window.update(draws)
-                covariance = window.covariance(dense=True)
-            inverse_mass_matrix[sites] = covariance
-        for candidate in self.candidates.values():
-            candidate.clear()
-        self.inverse_mass_matrix = inverse_mass_matrix
-
-
-class PooledCovariance:
-    r"""The covariance (or, untracked, each coordinate's variance) over every chain's draws in a
-    window, merged batch by batch (Chan, Golub & LeVeque's pairwise update), regularised towards
-    :math:`10^{-3} I` as Stan does: :math:`\frac{n}{n + 5}\hat\Sigma + 10^{-3}\frac{5}{n + 5} I`."""
-
-    def __init__(self, dense: bool) -> None:
-        self.dense, self.count, self.mean, self.squares = dense, 0, 0.0, 0.0
-
-    def update(self, batch: torch.Tensor) -> None:
-        size, mean = batch.shape[0], batch.mean(0)
-        total = self.count + size
-        delta, centred = mean - self.mean, batch - mean
-        scatter = centred.T @ centred if self.dense else (centred**2).sum(0)
-        between = torch.outer(delta, delta) if self.dense else delta**2
-        self.squares = self.squares + scatter + between * self.count * size / total
-        self.mean, self.count = self.mean + delta * size / total, total
-
-    def covariance(self, dense: bool) -> torch.Tensor:
-        r"""The regularised covariance (``dense``, where tracked) or the variances."""
-        n = self.count
-        shrunk = (n / (n + 5.0)) * self.squares / (n - 1)
-        if dense:
-            return shrunk + 1e-3 * 5.0 / (n + 5.0) * torch.eye(shrunk.shape[0], dtype=shrunk.dtype, device=shrunk.device)
-        return (shrunk.diagonal() if self.dense else shrunk) + 1e-3 * 5.0 / (n + 5.0)
