@@ -147,7 +147,7 @@ class ChEESSampler(BatchSampler):
         coordinates = self.current.z.shape[-1]
         self.tracked = self.full_mass is True or (self.full_mass is None and coordinates <= DENSE_AT_MOST)
         self.warmup_steps, self.windows, self.potentials = warmup_steps, WarmupWindows.of(warmup_steps), WindowPotentials()
-        self.pooled = WindowCovariance(self.tracked)
+        self.pooled = WindowCovariance(dense=self.tracked)
 
     def restore(self, args: tuple, kwargs: dict, state: ChEESState) -> None:
         r"""Set up to continue from ``state`` (this sampler's chains after warm-up) with its
@@ -176,7 +176,7 @@ class ChEESSampler(BatchSampler):
             if ends:
                 dense = self.tracked and (self.full_mass is True or self.pooled.count >= DRAWS_PER_COORDINATE * current.z.shape[-1])
                 self.metric = Metric(self.pooled.covariance(dense), dense=dense)
-                self.pooled = WindowCovariance(self.tracked)
+                self.pooled = WindowCovariance(dense=self.tracked)
                 step_size = self._search_step_size(current, step_size)
                 self.averaging = DualAveraging.start(self.target_accept_prob, step_size)
                 # The new metric's time scale: at least the one step it allows, which can

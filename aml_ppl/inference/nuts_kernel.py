@@ -13,7 +13,8 @@ sites summed out there), compiled with its gradient into one graph on request
 (:mod:`~aml_ppl.inference.hmc.adaptation`: Stan's windows, dual averaging of the step size)
 with a diagonal or dense mass matrix from the windows' draws, by default dense where a
 window's correlations stand out of its sampling noise
-(:class:`~aml_ppl.inference.hmc.adaptation.WindowedMassMatrix`). The trajectory works on one flat vector of the unconstrained latents (its potential
+(:class:`~aml_ppl.inference.hmc.adaptation.WindowedMassMatrix`). The trajectory works on one
+flat vector of the unconstrained latents (its potential
 :func:`~aml_ppl.inference.hmc.potential.model_gradient`); the transition is the one every NUTS
 chain here runs, apart or in a batch (:mod:`~aml_ppl.inference.hmc.nuts`, on
 :class:`~aml_ppl.inference.hmc.nuts.OneChain` lanes), over the leapfrog integrator that every

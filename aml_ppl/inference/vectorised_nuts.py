@@ -9,10 +9,10 @@ Each chain builds its own trajectory by the NUTS transition that a chain run apa
 a chain whose trajectory has ended is masked while the others go on, so a doubling costs as
 many batched evaluations as the longest trajectory among the chains. Each chain adapts its
 own step size (dual averaging) and diagonal mass matrix (its own variances,
-:class:`~aml_ppl.inference.hmc.metric.WindowCovariance`) in Stan's windows
+:class:`~aml_ppl.inference.hmc.adaptation.WindowCovariance`) in Stan's windows
 (:mod:`~aml_ppl.inference.hmc.adaptation`); at each window's end a chain left in a
 minor mode (its mean potential far above the median chain's) takes another chain's point,
-metric and step size, the donor drawn from its own stream. Each chain draws from its own
+metric, step size and window of draws so far, the donor drawn from its own stream. Each chain draws from its own
 random stream (:class:`~aml_ppl._core.streams.ChainStreams`: its start, momenta and choices,
 drawn only while it builds), so a chain draws the same in a batch of any size as alone
 (unless it strays and is restarted).
@@ -95,10 +95,11 @@ class VectorisedNUTS(BatchSampler):
         step_size = self.averaging.step_size
         slow, ends = self.windows.at(iteration)
         self.potentials.update(current.potential)
-        if ends:  # a chain in a minor mode takes another's point, metric and step size
+        if ends:  # a chain in a minor mode takes another's point, metric, step size and window
             current, donors = restart_stray(current, self.potentials.stray(), self.streams.choice)
             self.averaging, step_size, self.potentials = self.averaging.select(donors), step_size[donors], WindowPotentials()
             self.metric = self.metric.select(donors)
+            self.variances.select(donors)
         if slow:
             self.variances.update(current.z[None])  # one draw of each chain's own variances
             if ends:

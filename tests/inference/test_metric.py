@@ -138,6 +138,26 @@ def test_the_window_covariance_is_welfords_draw_by_draw_and_the_sample_covarianc
         assert torch.equal(per_chain.covariance(dense=False)[chain], pyros(chains[:, chain], diagonal=True))
 
 
+def test_the_window_covariance_refuses_what_it_cannot_estimate_and_hands_a_chain_its_donors_window():
+    window = WindowCovariance(dense=False)
+    with pytest.raises(ValueError, match="empty batch"):
+        window.update(torch.zeros(0, 3))
+    window.update(torch.ones(1, 3))
+    with pytest.raises(RuntimeError, match="at least 2 draws; it holds 1"):
+        window.covariance(dense=False)
+    window.update(torch.zeros(1, 3))
+    with pytest.raises(ValueError, match="variances only"):
+        window.covariance(dense=True)
+    # A stray chain restarted from another (vectorised NUTS) takes its donor's window so far.
+    generator = torch.Generator().manual_seed(3)
+    chains = torch.randn(10, 3, 2, dtype=torch.float64, generator=generator)
+    per_chain = WindowCovariance(dense=False)
+    for draw in chains:
+        per_chain.update(draw[None])
+    per_chain.select(torch.tensor([0, 0, 2]))
+    assert torch.equal(per_chain.covariance(dense=False)[1], pyros(chains[:, 0], diagonal=True))
+
+
 def test_a_window_ends_with_pyros_variances_to_the_bit_or_with_pyros_dense_estimate():
     generator = torch.Generator().manual_seed(1)
     independent = torch.randn(100, 10, dtype=torch.float64, generator=generator) * torch.arange(1.0, 11.0, dtype=torch.float64)

@@ -9,7 +9,8 @@ it), ChEES's trajectory length and the batch samplers' restart of chains left in
 
 Each record holds a float for one chain (NUTS) or a batch adapted as one (ChEES), or a tensor
 ``C`` for chains adapted each on its own (vectorised NUTS); ``select`` gives a chain another's
-state.
+state. The dual averaging and the trajectory length are frozen records, each update a new one;
+the window's accumulators gather draws in place.
 """
 
 from __future__ import annotations
@@ -140,24 +141,31 @@ class TrajectoryLength:
 
 class WindowCovariance:
     r"""The covariance of a warm-up window's draws (or, ``dense=False``, each coordinate's
-    variance): the one accumulator of every HMC sampler here. Batches of draws (rows) merge by
-    Chan, Golub & LeVeque's (1979) pairwise update: with :math:`n` draws of mean :math:`\bar x`
-    and scatter :math:`M` so far and a batch of :math:`n_B` draws of mean :math:`\bar x_B` and
-    scatter :math:`M_B`,
+    variance): the one accumulator of every HMC sampler here. With :math:`n` draws of mean
+    :math:`\bar x` and scatter :math:`M` so far, a batch of :math:`n_B` draws of mean
+    :math:`\bar x_B` and scatter :math:`M_B` merges by Chan, Golub & LeVeque's (1979) pairwise
+    update, one draw :math:`x` by Welford's (Knuth, TAOCP vol. 2, §4.2.2), the same quantity
+    in Pyro's arithmetic (``pyro.ops.welford``), to the bit:
 
     .. math::
         \delta = \bar x_B - \bar x, \qquad
         \bar x' = \bar x + \frac{\delta}{(n + n_B) / n_B}, \qquad
-        M' = M + M_B + n_B\,(\bar x_B - \bar x')\,\delta^\top,
+        M' = M + M_B + \frac{n\,n_B}{n + n_B}\,\delta\delta^\top, \qquad
+        M' = M + (x - \bar x')\,\delta^\top \ (n_B = 1).
 
-    whose one-draw case (:math:`n_B = 1`, :math:`M_B = 0`) is Welford's update (Knuth, TAOCP
-    vol. 2, §4.2.2) in Pyro's arithmetic (``pyro.ops.welford``), to the bit. The covariance
-    is regularised towards :math:`10^{-3} I` as Stan's (and Pyro's) is:
+    The covariance is regularised towards :math:`10^{-3} I` as Stan's (and Pyro's) is:
     :math:`\frac{n}{n + 5}\frac{M}{n - 1} + 10^{-3}\frac{5}{n + 5} I`.
 
     A chain apart adds its draws one at a time (``1 x D``); ChEES pools its chains' draws of a
     transition (``C x D``); vectorised NUTS keeps each chain's variances apart by adding its
     chains' draws as one draw of a ``C x D`` array (``1 x C x D``, ``dense=False``).
+
+    Args:
+        dense: Track the covariance matrix (batches ``n x D``), not only the variances.
+
+    Attributes:
+        count: Draws so far :math:`n`; ``mean``, ``squares``: :math:`\bar x` and :math:`M`
+            (``0.0`` before the first draw).
 
     Example:
         >>> import torch
@@ -165,7 +173,8 @@ class WindowCovariance:
         >>> window = WindowCovariance(dense=True)
         >>> for batch in draws.split(7):
         ...     window.update(batch)
-        >>> bool(torch.allclose(window.squares / (window.count - 1), torch.cov(draws.T)))
+        >>> stans = 50 / 55 * torch.cov(draws.T) + 1e-3 * 5 / 55 * torch.eye(3, dtype=torch.float64)
+        >>> bool(torch.allclose(window.covariance(dense=True), stans))
         True
     """
 
@@ -173,26 +182,44 @@ class WindowCovariance:
         self.dense, self.count, self.mean, self.squares = dense, 0, 0.0, 0.0
 
     def update(self, batch: torch.Tensor) -> None:
+        r"""Add the rows of ``batch`` (``n_B x D``, or ``n_B x C x D`` with ``dense=False``)."""
         size = batch.shape[0]
-        self.count += size
+        if size == 0:
+            raise ValueError("WindowCovariance.update needs at least one draw; got an empty batch.")
+        before, self.count = self.count, self.count + size
         batch_mean = batch[0] if size == 1 else batch.mean(0)
-        delta_before = batch_mean - self.mean
-        self.mean = self.mean + delta_before / (self.count / size)
-        delta_after = batch_mean - self.mean
-        between = torch.outer(delta_after, delta_before) if self.dense else delta_before * delta_after
-        if size > 1:
-            centred = batch - batch_mean
-            self.squares = self.squares + (centred.T @ centred if self.dense else (centred**2).sum(0))
-            between = size * between
-        self.squares = self.squares + between
+        delta = batch_mean - self.mean
+        self.mean = self.mean + delta / (self.count / size)
+        if size == 1:  # Welford's update, in Pyro's order of operations
+            delta_after = batch_mean - self.mean
+            self.squares = self.squares + (torch.outer(delta_after, delta) if self.dense else delta * delta_after)
+            return
+        centred = batch - batch_mean
+        within = centred.T @ centred if self.dense else (centred**2).sum(0)
+        between = torch.outer(delta, delta) if self.dense else delta**2
+        self.squares = self.squares + (within + (before * size / self.count) * between)
 
     def covariance(self, dense: bool) -> torch.Tensor:
-        r"""The regularised covariance (``dense``, where tracked) or the variances."""
+        r"""The regularised covariance matrix (``dense``; only where tracked) or the variances.
+
+        Raises:
+            RuntimeError: Fewer than two draws (as Pyro's estimate does).
+            ValueError: ``dense`` asked of an accumulator that tracks the variances only.
+        """
         n = self.count
+        if n < 2:
+            raise RuntimeError(f"A warm-up window's covariance needs at least 2 draws; it holds {n}.")
+        if dense and not self.dense:
+            raise ValueError("This WindowCovariance tracks the variances only (dense=False); it has no covariance matrix.")
         shrunk, shrinkage = (n / (n + 5.0)) * (self.squares / (n - 1)), 1e-3 * (5.0 / (n + 5.0))
         if dense:
             return shrunk + shrinkage * torch.eye(shrunk.shape[0], dtype=shrunk.dtype, device=shrunk.device)
         return (shrunk.diagonal() if self.dense else shrunk) + shrinkage
+
+    def select(self, index: torch.Tensor) -> None:
+        r"""Per-chain variances (``C x D``): chain ``c`` given chain ``index[c]``'s window so far."""
+        if self.count:
+            self.mean, self.squares = self.mean[index], self.squares[index]
 
 
 class WindowedMassMatrix:
@@ -204,11 +231,12 @@ class WindowedMassMatrix:
     Args:
         by_correlation: Where the window is configured diagonal and has at most
             ``DENSE_AT_MOST`` coordinates, also track its covariance and keep its draws, and end
-            it dense where :func:`correlated_past_noise`. A window that stays diagonal ends with
-            the same variances, to the bit, as ``by_correlation=False``.
+            it dense where :func:`~aml_ppl.inference.hmc.metric.correlated_past_noise`. A window
+            that stays diagonal ends with the same variances, to the bit, as ``by_correlation=False``.
 
     Attributes:
-        inverse_mass: The current estimate: ``D`` (diagonal) or ``D x D``.
+        inverse_mass: The current estimate: ``D`` (diagonal) or ``D x D``; ``None`` before
+            :meth:`configure` (a chain continued from its state sets it).
 
     Example:
         >>> import torch
@@ -224,33 +252,34 @@ class WindowedMassMatrix:
 
     def __init__(self, by_correlation: bool = False) -> None:
         self.by_correlation = by_correlation
+        self.size, self.dense, self.inverse_mass = 0, False, None
+        self.window, self.window_draws = WindowCovariance(dense=False), None
 
     def configure(self, like: torch.Tensor, dense: bool) -> None:
         r"""Start afresh for a chain of ``like``'s size, dtype and device: the identity and an empty window."""
-        size = like.numel()
-        self.dense = dense
-        self.inverse_mass = torch.eye(size, dtype=like.dtype, device=like.device) if dense else torch.ones_like(like)
-        self.candidates: list[torch.Tensor] | None = (
-            [] if self.by_correlation and not dense and size <= DENSE_AT_MOST else None)
-        self.window = WindowCovariance(dense=dense or self.candidates is not None)
+        self.size, self.dense = like.numel(), dense
+        self.inverse_mass = torch.eye(self.size, dtype=like.dtype, device=like.device) if dense else torch.ones_like(like)
+        by_correlation = self.by_correlation and not dense and self.size <= DENSE_AT_MOST
+        self.window_draws: list[torch.Tensor] | None = [] if by_correlation else None
+        self.window = WindowCovariance(dense=dense or by_correlation)
 
     def update(self, z: torch.Tensor) -> None:
         r"""Add the chain's draw ``z`` to the window."""
         self.window.update(z[None])
-        if self.candidates is not None:
-            self.candidates.append(z)
+        if self.window_draws is not None:
+            self.window_draws.append(z.detach())
 
     def end_window(self) -> None:
         r"""The window's estimate becomes the metric; the next window starts empty."""
-        dense = (self.dense and self.window.count >= DENSE_DRAWS_PER_COORDINATE * len(self.inverse_mass)) or (
-            self.candidates is not None and correlated_past_noise(torch.stack(self.candidates)))
+        dense = (self.dense and self.window.count >= DENSE_DRAWS_PER_COORDINATE * self.size) or (
+            bool(self.window_draws) and correlated_past_noise(torch.stack(self.window_draws)))
         if self.dense and not dense:  # the dense block keeps its shape
             self.inverse_mass = torch.diag_embed(self.window.covariance(False))
         else:
             self.inverse_mass = self.window.covariance(dense)
         self.window = WindowCovariance(dense=self.window.dense)
-        if self.candidates is not None:
-            self.candidates = []
+        if self.window_draws is not None:
+            self.window_draws = []
 
 
 class WindowPotentials:
