@@ -186,7 +186,7 @@ class WindowCovariance:
         size = batch.shape[0]
         if size == 0:
             raise ValueError("WindowCovariance.update needs at least one draw; got an empty batch.")
-        before, self.count = self.count, self.count + size
+        count_before, self.count = self.count, self.count + size
         batch_mean = batch[0] if size == 1 else batch.mean(0)
         delta = batch_mean - self.mean
         self.mean = self.mean + delta / (self.count / size)
@@ -197,7 +197,7 @@ class WindowCovariance:
         centred = batch - batch_mean
         within = centred.T @ centred if self.dense else (centred**2).sum(0)
         between = torch.outer(delta, delta) if self.dense else delta**2
-        self.squares = self.squares + (within + (before * size / self.count) * between)
+        self.squares = self.squares + (within + (count_before * size / self.count) * between)
 
     def covariance(self, dense: bool) -> torch.Tensor:
         r"""The regularised covariance matrix (``dense``; only where tracked) or the variances.
