@@ -12,10 +12,10 @@ own step size (dual averaging) and diagonal mass matrix (its own variances,
 :class:`~aml_ppl.inference.hmc.adaptation.WindowCovariance`) in Stan's windows
 (:mod:`~aml_ppl.inference.hmc.adaptation`); at each window's end a chain left in a
 minor mode (its mean potential far above the median chain's) takes another chain's point,
-metric, step size and window of draws so far, the donor drawn from its own stream. Each chain draws from its own
-random stream (:class:`~aml_ppl._core.streams.ChainStreams`: its start, momenta and choices,
-drawn only while it builds), so a chain draws the same in a batch of any size as alone
-(unless it strays and is restarted).
+metric, step size and window of draws so far, the donor drawn from its own stream. Each
+chain draws from its own random stream (:class:`~aml_ppl._core.streams.ChainStreams`: its
+start, momenta and choices, drawn only while it builds), so a chain draws the same in a batch
+of any size as alone (unless it strays and is restarted).
 """
 
 from __future__ import annotations
