@@ -64,9 +64,7 @@ from aml_ppl.inference.compiled import check_jit_compile
 from aml_ppl.inference.hmc.state import ChEESState, TransitionStats
 from aml_ppl.inference.context import isolated_param_store
 from aml_ppl.inference.fitted import Fitted
-from aml_ppl.inference.hmc.adaptation import (
-    DualAveraging, TrajectoryLength, WarmupWindows, WindowCovariance, WindowPotentials, restart_stray,
-)
+from aml_ppl.inference.hmc.adaptation import TrajectoryLength, WindowCovariance
 from aml_ppl.inference.hmc.driver import BatchSampler
 from aml_ppl.inference.hmc.integrator import Phase, where_chains
 from aml_ppl.inference.hmc.metric import DENSE_AT_MOST, Metric
@@ -126,6 +124,8 @@ class ChEESSampler(BatchSampler):
         (torch.Size([16, 100]), 3.0, 1)
     """
 
+    adapts_each_chain = False
+
     def __init__(
         self, model: Callable, num_chains: int, *, target_accept_prob: float = HMC_ACCEPTANCE,
         max_leapfrog_steps: int = 1000, full_mass: bool | None = None, jit: bool | str = True, seeds: Sequence[int] | None = None,
@@ -141,13 +141,11 @@ class ChEESSampler(BatchSampler):
         self._set_up(args, kwargs)
         self.current = initial_points(self.potential, self.streams)
         self.metric = Metric(torch.ones_like(self.current.z[0]), dense=False)
-        self.step_size = self._search_step_size(self.current, 1.0)
-        self.averaging, self.length = DualAveraging.start(self.target_accept_prob, self.step_size), TrajectoryLength(math.log(self.step_size))
+        step_size = self._search_step_size(self.current, 1.0)
+        self.length = TrajectoryLength(math.log(step_size))
         self.log_trajectory_length, self.transitions = self.length.log_length, 0
-        coordinates = self.current.z.shape[-1]
-        self.tracked = self.full_mass is True or (self.full_mass is None and coordinates <= DENSE_AT_MOST)
-        self.warmup_steps, self.windows, self.potentials = warmup_steps, WarmupWindows.of(warmup_steps), WindowPotentials()
-        self.pooled = WindowCovariance(dense=self.tracked)
+        tracked = self.full_mass is True or (self.full_mass is None and self.current.z.shape[-1] <= DENSE_AT_MOST)
+        self._start_warm_up(warmup_steps, step_size, WindowCovariance(dense=tracked))
 
     def restore(self, args: tuple, kwargs: dict, state: ChEESState) -> None:
         r"""Set up to continue from ``state`` (this sampler's chains after warm-up) with its
@@ -158,34 +156,32 @@ class ChEESSampler(BatchSampler):
         self.streams.state = state.streams.clone()
         self.current = self._init(state.position, torch.zeros_like(state.position), state.potential, state.gradient)
 
-    def warm_up(self, iteration: int) -> None:
-        step_size = self.step_size
-        steps = self._leapfrog_steps(iteration, self.length.log_length, step_size)
-        proposal, _, acceptance, diverging = self._propose(self.current, step_size, steps)
-        previous, current = self.current, where_chains(self._accepts(acceptance), proposal, self.current)
-        gradient = self._trajectory_gradient(previous, proposal, acceptance, diverging, steps * step_size)
-        self.averaging = self.averaging.update(_harmonic_mean(acceptance, diverging))
-        step_size, self.length = self.averaging.step_size, self.length.update(gradient, iteration)
-        slow, ends = self.windows.at(iteration)
-        self.potentials.update(current.potential)
-        if ends:
-            current, _ = restart_stray(current, self.potentials.stray(), self.streams.choice)
-            self.potentials = WindowPotentials()
-        if slow:
-            self.pooled.update(current.z)
-            if ends:
-                dense = self.tracked and (self.full_mass is True or self.pooled.count >= DRAWS_PER_COORDINATE * current.z.shape[-1])
-                self.metric = Metric(self.pooled.covariance(dense), dense=dense)
-                self.pooled = WindowCovariance(dense=self.tracked)
-                step_size = self._search_step_size(current, step_size)
-                self.averaging = DualAveraging.start(self.target_accept_prob, step_size)
-                # The new metric's time scale: at least the one step it allows, which can
-                # be orders of magnitude past T learned under the old one.
-                self.length = replace(self.length, log_length=max(self.length.log_length, math.log(step_size)))
-        if iteration == self.warmup_steps - 1:  # the averaged step size and trajectory length
-            step_size = self.averaging.averaged_step_size
-            self.log_trajectory_length = min(max(self.length.average, math.log(step_size)), math.log(self.max_leapfrog_steps * step_size))
-        self.current, self.step_size, self.transitions = current, step_size, iteration + 1
+    def _warmup_transition(self, iteration: int) -> tuple[Phase, float]:
+        r"""A transition of ``iteration``'s jittered length under the trajectory length being
+        adapted, which takes an Adam step (the module's description); the harmonic mean of the
+        chains' acceptance probabilities for dual averaging."""
+        steps = self._leapfrog_steps(iteration, self.length.log_length, self.step_size)
+        proposal, _, acceptance, diverging = self._propose(self.current, self.step_size, steps)
+        current = where_chains(self._accepts(acceptance), proposal, self.current)
+        gradient = self._trajectory_gradient(self.current, proposal, acceptance, diverging, steps * self.step_size)
+        self.length, self.transitions = self.length.update(gradient, iteration), iteration + 1
+        return current, _harmonic_mean(acceptance, diverging)
+
+    def _window_metric(self) -> Metric:
+        r"""The chains' pooled covariance where the window tracked it and holds at least
+        ``DRAWS_PER_COORDINATE`` draws per coordinate (or ``full_mass`` is ``True``), else their variances."""
+        window = self.window
+        dense = window.dense and (self.full_mass is True or window.count >= DRAWS_PER_COORDINATE * self.current.z.shape[-1])
+        return Metric(window.covariance(dense), dense=dense)
+
+    def _window_ended(self, step_size: float) -> None:
+        # The new metric's time scale: at least the one step it allows, which can be orders of
+        # magnitude past T learned under the old one.
+        self.length = replace(self.length, log_length=max(self.length.log_length, math.log(step_size)))
+
+    def _warmup_ended(self, step_size: float) -> None:
+        r"""The running average of :math:`\log T`, within one step and ``max_leapfrog_steps`` of them."""
+        self.log_trajectory_length = min(max(self.length.average, math.log(step_size)), math.log(self.max_leapfrog_steps * step_size))
 
     def draw(self) -> None:
         steps = self._leapfrog_steps(self.transitions, self.log_trajectory_length, self.step_size)

@@ -24,7 +24,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from aml_ppl.inference.hmc.adaptation import DualAveraging, WarmupWindows, WindowCovariance, WindowPotentials, restart_stray
+from aml_ppl.inference.hmc.adaptation import WindowCovariance
 from aml_ppl.inference.hmc.driver import BatchSampler
 from aml_ppl.inference.hmc.integrator import Phase
 from aml_ppl.inference.hmc.metric import Metric
@@ -59,6 +59,8 @@ class VectorisedNUTS(BatchSampler):
         (torch.Size([8, 30]), True)
     """
 
+    adapts_each_chain = True
+
     def __init__(
         self, model: Callable, num_chains: int, *, target_accept_prob: float = 0.8, max_tree_depth: int = 10, jit: bool | str = True,
         seeds: Sequence[int] | None = None,
@@ -77,9 +79,8 @@ class VectorisedNUTS(BatchSampler):
         self._set_up(args, kwargs)
         self.current = initial_points(self.potential, self.streams)
         self.metric = Metric(torch.ones_like(self.current.z), dense=False)
-        self.step_size = self._reasonable_step_sizes(self.current, torch.ones_like(self.current.potential))
-        self.averaging, self.variances = DualAveraging.start(self.target_accept_prob, self.step_size), WindowCovariance(dense=False)
-        self.warmup_steps, self.windows, self.potentials = warmup_steps, WarmupWindows.of(warmup_steps), WindowPotentials()
+        step_size = self._search_step_size(self.current, torch.ones_like(self.current.potential))
+        self._start_warm_up(warmup_steps, step_size, WindowCovariance(dense=False))
 
     def restore(self, args: tuple, kwargs: dict, state: VectorisedNUTSState) -> None:
         r"""Set up to continue from ``state`` (a batch of this sampler's chains after its
@@ -89,27 +90,12 @@ class VectorisedNUTS(BatchSampler):
         self.metric, self.step_size = Metric(state.inverse_mass, dense=False), state.step_size
         self.current = self._init(state.position, torch.zeros_like(state.position), state.potential, state.gradient)
 
-    def warm_up(self, iteration: int) -> None:
+    def _warmup_transition(self, iteration: int) -> tuple[Phase, torch.Tensor]:
         current, record = self._transition(self.current, self.step_size)
-        self.averaging = self.averaging.update(record.acceptance_rate)
-        step_size = self.averaging.step_size
-        slow, ends = self.windows.at(iteration)
-        self.potentials.update(current.potential)
-        if ends:  # a chain in a minor mode takes another's point, metric, step size and window
-            current, donors = restart_stray(current, self.potentials.stray(), self.streams.choice)
-            self.averaging, step_size, self.potentials = self.averaging.select(donors), step_size[donors], WindowPotentials()
-            self.metric = self.metric.select(donors)
-            self.variances.select(donors)
-        if slow:
-            self.variances.update(current.z[None])  # one draw of each chain's own variances
-            if ends:
-                self.metric = Metric(self.variances.covariance(dense=False), dense=False)
-                self.variances = WindowCovariance(dense=False)
-                step_size = self._reasonable_step_sizes(current, step_size)
-                self.averaging = DualAveraging.start(self.target_accept_prob, step_size)
-        if iteration == self.warmup_steps - 1:
-            step_size = self.averaging.averaged_step_size
-        self.current, self.step_size = current, step_size
+        return current, record.acceptance_rate
+
+    def _window_metric(self) -> Metric:
+        return Metric(self.window.covariance(dense=False), dense=False)
 
     def draw(self) -> None:
         self.current, record = self._transition(self.current, self.step_size)
@@ -135,7 +121,7 @@ class VectorisedNUTS(BatchSampler):
         acceptance = tree.accept_sum / tree.steps.clamp(min=1)
         return tree.proposal, TransitionStats(tree.diverging, energy, -tree.proposal.potential, step_size, depth, acceptance, tree.steps)
 
-    def _reasonable_step_sizes(self, current: Phase, step_size: torch.Tensor) -> torch.Tensor:
+    def _search_step_size(self, current: Phase, step_size: torch.Tensor) -> torch.Tensor:
         r"""Each chain's step size (:func:`~aml_ppl.inference.hmc.step_size.reasonable_step_sizes`) from ``current``."""
         start = self._momenta(current)
         energy = self._hamiltonian(start)

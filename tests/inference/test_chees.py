@@ -241,7 +241,7 @@ def test_a_mixture_chain_left_in_a_minor_mode_is_restarted(monkeypatch):
     turned off, a chain ends its warm-up in a mode whose log density lies 176 nats below the
     others' (measured), split r-hat 1.075 and a warning. With it (the default), every chain
     samples the main mode: no warning, r-hat below 1.01 (measured 1.003)."""
-    from aml_ppl.inference import chees
+    from aml_ppl.inference.hmc import driver
     from tests.inference.test_posteriordb import MODELS, data_of
 
     name = "low_dim_gauss_mix-low_dim_gauss_mix"
@@ -254,7 +254,7 @@ def test_a_mixture_chain_left_in_a_minor_mode_is_restarted(monkeypatch):
     lp = posterior.to_arviz().sample_stats["lp"].values.mean(1)
     assert lp.max() - lp.min() < 5
 
-    monkeypatch.setattr(chees, "restart_stray", lambda current, stray, choose: (current, torch.arange(len(stray))))
+    monkeypatch.setattr(driver, "restart_stray", lambda current, stray, choose: (current, torch.arange(len(stray))))
     with pytest.warns(SamplingWarning, match="should not be trusted"):
         unrestarted = fit()
     lp = unrestarted.to_arviz().sample_stats["lp"].values.mean(1)

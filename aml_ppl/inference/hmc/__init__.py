@@ -9,7 +9,8 @@ momenta, velocity, whitening) and the warm-up's choice of a diagonal or dense on
 the one covariance accumulator of the windows' draws, ChEES's trajectory length, the restart
 of chains left in a minor mode
 (:mod:`~aml_ppl.inference.hmc.adaptation`); and the one loop that runs them all, warm-up, kept
-draws and checkpoints, with the batch samplers' common part (:mod:`~aml_ppl.inference.hmc.driver`)."""
+draws and checkpoints, with the batch samplers' common part and their one warm-up
+(:mod:`~aml_ppl.inference.hmc.driver`)."""
 
 from aml_ppl.inference.hmc.integrator import Phase, velocity_verlet
 from aml_ppl.inference.hmc.metric import Metric
