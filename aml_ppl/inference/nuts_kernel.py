@@ -10,7 +10,7 @@ statistics as it goes. The potential energy and its
 transforms come from :func:`pyro.infer.mcmc.util.initialize_model` (enumerated discrete
 sites summed out there), compiled with its gradient into one graph on request
 (:mod:`aml_ppl.inference.compiled`), the warm-up the batch samplers' too
-(:mod:`~aml_ppl.inference.hmc.adaptation`: Stan's windows, dual averaging of the step size)
+(:class:`~aml_ppl.inference.hmc.adaptation.WarmUp`: Stan's windows, dual averaging of the step size)
 with a diagonal or dense mass matrix from the windows' draws, by default dense where a
 window's correlations stand out of its sampling noise
 (:class:`~aml_ppl.inference.hmc.adaptation.WindowedMassMatrix`). The trajectory works on one
@@ -52,7 +52,7 @@ from aml_ppl._core.streams import ChainStream
 from aml_ppl.errors import ModelFittingError
 from aml_ppl.inference.hmc.state import SAMPLE_STATS, HMCState, TransitionStats
 from aml_ppl.inference.compiled import Gradient, check_jit_compile
-from aml_ppl.inference.hmc.adaptation import DualAveraging, WarmupWindows, WindowedMassMatrix
+from aml_ppl.inference.hmc.adaptation import DualAveraging, WarmUp, WarmupWindows, WindowedMassMatrix
 from aml_ppl.inference.hmc.integrator import Phase, velocity_verlet
 from aml_ppl.inference.hmc.metric import Metric
 from aml_ppl.inference.hmc.step_size import one_step_accepted, reasonable_step_sizes
@@ -78,7 +78,7 @@ RESTART_DIVERGENT, MAX_RESTARTS = 1 / 3, 2
 INIT_RADIUS, INIT_TRIES = 2.0, 100
 
 
-class MultinomialNUTS(MCMCKernel):
+class MultinomialNUTS(WarmUp, MCMCKernel):
     r"""NUTS with multinomial sampling, recording ArviZ's per-draw statistics.
 
     A transition draws a momentum :math:`r \sim \mathcal{N}(0, M)`, then doubles a
@@ -105,6 +105,7 @@ class MultinomialNUTS(MCMCKernel):
             draw from torch's generator, so ``fit(seed=...)`` fixes it.
         restarts: How many times the chain was re-initialised at the warm-up's end.
         positions: The flat unconstrained draws kept after warm-up.
+        current: Where the chain stands (its :class:`~aml_ppl.inference.hmc.integrator.Phase`).
         resume_from: A chain's state to continue in :meth:`setup` (:func:`continue_chain`).
 
     Example:
@@ -189,8 +190,9 @@ class MultinomialNUTS(MCMCKernel):
         size) and the chain at ``z``."""
         self.windows = WarmupWindows.of(self.warmup_steps - self.settle_steps)
         self.mass_matrix.configure(z, dense=bool(self.full_mass))
-        self._restart_step_size(z, self.initial_step_size)
-        self._current = self.dynamics.state(z, torch.zeros_like(z))
+        self.current = self.dynamics.state(z, torch.zeros_like(z))
+        self.step_size = self._search_step_size(self.current, self.initial_step_size)
+        self.averaging = DualAveraging.start(self.target_accept_prob, self.step_size)
         self._settle_divergences = 0
 
     @property
@@ -206,19 +208,20 @@ class MultinomialNUTS(MCMCKernel):
 
     def sample(self, params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         z = self.dynamics.flatten(params)
-        if not torch.equal(z, self._current.z):  # a start set from outside
-            self._current = self.dynamics.state(z, torch.zeros_like(z))
+        if not torch.equal(z, self.current.z):  # a start set from outside
+            self.current = self.dynamics.state(z, torch.zeros_like(z))
         if self.iteration < self.warmup_steps:
             self.warm_up(self.iteration)
         else:
             self.draw()
         self.iteration += 1
-        return self.dynamics.unflatten(self._current.z)
+        return self.dynamics.unflatten(self.current.z)
 
     def warm_up(self, iteration: int) -> None:  # the contract of :func:`~aml_ppl.inference.hmc.driver.drive`
-        r"""Warm-up transition ``iteration`` (of ``warmup_steps``, from 0), the chain restarted
-        after the last where its warm-up ended degenerate (the module's description)."""
-        self._warmup_transition(iteration)
+        r"""Warm-up transition ``iteration`` (of ``warmup_steps``, from 0): adapting
+        (:class:`~aml_ppl.inference.hmc.adaptation.WarmUp`) or settling, the chain restarted after
+        the last where its warm-up ended degenerate (the module's description)."""
+        self._adapt_or_settle(iteration)
         if iteration == self.warmup_steps - 1:
             self._restart_while_degenerate()
 
@@ -234,52 +237,47 @@ class MultinomialNUTS(MCMCKernel):
     def _step(self, step_size: float) -> tuple[float, Tree, int, float]:
         r"""One transition from the current state with a fresh momentum: its starting energy,
         tree, depth and mean acceptance statistic; the proposal becomes the current state."""
-        start = self.dynamics.with_fresh_momentum(self._current, self.stream)
+        start = self.dynamics.with_fresh_momentum(self.current, self.stream)
         energy = self.dynamics.energy(start)
         tree, depth = self.trajectory.transition(start, energy, step_size)
-        self._current = tree.proposal
+        self.current = tree.proposal
         return energy, tree, depth, tree.accept_sum / max(tree.steps, 1)
 
-    def _warmup_transition(self, iteration: int) -> None:
-        r"""Warm-up transition ``iteration``: adapting, or settling (past the windows), its divergences counted.
-        In each window the step size follows dual averaging; a window of the metric's gives it
-        its draws, and at its end the metric, a step-size search and a fresh averaging; after the
-        last window the step size is the averaged one."""
-        _, tree, _, accept_prob = self._step(self.step_size)
-        if iteration >= self.warmup_steps - self.settle_steps:
-            self._settle_divergences += tree.diverging
-            return
-        self.averaging = self.averaging.update(accept_prob)
-        self.step_size = self.averaging.step_size
-        slow, ends = self.windows.at(iteration)
-        if slow:
-            self.mass_matrix.update(tree.proposal.z)
-        if ends and iteration == self.windows.bounds[-1][1]:
-            self.step_size = self.averaging.averaged_step_size
-        elif ends and slow:
-            self.mass_matrix.end_window()
-            self._restart_step_size(tree.proposal.z, self.step_size)
+    def _adapt_or_settle(self, iteration: int) -> None:
+        r"""Warm-up transition ``iteration``: adapting in Stan's windows, or past them settling, its divergences counted."""
+        if iteration < self.warmup_steps - self.settle_steps:
+            WarmUp.warm_up(self, iteration)
+        else:
+            self._settle_divergences += self._step(self.step_size)[1].diverging
 
-    def _restart_step_size(self, z: torch.Tensor, step_size: float) -> None:
-        r"""The step-size search at ``z`` from ``step_size``, and a fresh dual averaging about it."""
+    def _warmup_transition(self, iteration: int) -> tuple[Phase, float]:
+        _, tree, _, accept_prob = self._step(self.step_size)
+        return tree.proposal, accept_prob
+
+    def _gather(self, current: Phase) -> None:
+        self.mass_matrix.update(current.z)
+
+    def _end_window(self) -> None:
+        self.mass_matrix.end_window()
+
+    def _search_step_size(self, current: Phase, step_size: float) -> float:
         with pyro.validation_enabled(False):
-            self.step_size = self.dynamics.reasonable_step_size(z, step_size, self.stream)
-        self.averaging = DualAveraging.start(self.target_accept_prob, self.step_size)
+            return self.dynamics.reasonable_step_size(current.z, step_size, self.stream)
 
     def _restart_while_degenerate(self) -> None:
         r"""Re-initialise the chain and repeat its warm-up while more than ``RESTART_DIVERGENT``
         of its settling transitions diverged, ``MAX_RESTARTS`` times at most."""
         while self._settle_divergences > RESTART_DIVERGENT * self.settle_steps and self.restarts < MAX_RESTARTS:
             self.restarts += 1
-            self._start_warmup(self.dynamics.uniform_start(self._current.z, self.stream))
+            self._start_warmup(self.dynamics.uniform_start(self.current.z, self.stream))
             for iteration in range(self.warmup_steps):
-                self._warmup_transition(iteration)
+                self._adapt_or_settle(iteration)
 
 
 def chain_state(kernel: MultinomialNUTS) -> HMCState:
     r"""Where ``kernel``'s chain stands: to be taken at the draw loop, between draws, in the
     chain's random stream (which it records)."""
-    current = kernel._current
+    current = kernel.current
     return HMCState(
         position=kernel.dynamics.unflatten(current.z), potential=float(current.potential), gradient=current.grad,
         step_size=kernel.step_size, inverse_mass=kernel.dynamics.inverse_mass(), stream=kernel.stream.state,
@@ -298,7 +296,7 @@ def continue_chain(kernel: MultinomialNUTS, state: HMCState, args: tuple, kwargs
     kernel.step_size = state.step_size
     kernel.mass_matrix.inverse_mass = state.inverse_mass
     z = kernel.dynamics.flatten(state.position)
-    kernel._current = kernel.dynamics.state(z, torch.zeros_like(z), state.potential, state.gradient)
+    kernel.current = kernel.dynamics.state(z, torch.zeros_like(z), state.potential, state.gradient)
     kernel.settle_steps, kernel.restarts = 0, 0
     kernel.stream = ChainStream.at(state.stream)
     kernel.trajectory = Trajectory(OneChain(kernel.stream), kernel.dynamics.leapfrog, kernel.dynamics.energy, kernel.max_tree_depth)

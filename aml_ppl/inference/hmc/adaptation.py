@@ -1,5 +1,6 @@
-r"""The warm-up of every HMC sampler here (NUTS on one chain or a batch, ChEES-HMC) as records
-with an update: Stan's windows, the step size's dual averaging, the one covariance accumulator
+r"""The warm-up of every HMC sampler here (NUTS on one chain or a batch, ChEES-HMC): one driver of
+it (:class:`WarmUp`, each sampler bringing its transition, its metric's window and its step-size
+search), over records with an update: Stan's windows, the step size's dual averaging, the one covariance accumulator
 of the windows' draws (:class:`WindowCovariance`; one chain's :class:`WindowedMassMatrix` over
 it), ChEES's trajectory length and the batch samplers' restart of chains left in a minor mode
 (NumPyro's shape: ``dual_averaging``, ``welford_covariance`` and ``warmup_adapter`` of
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 from pyro.infer.mcmc.adaptation import WarmupAdapter
@@ -327,3 +328,54 @@ def restart_stray(
     others = (~stray).nonzero()[:, 0]
     index[stray] = others[choose(stray, len(others))]
     return Phase(current.z[index], current.r[index], current.potential[index], current.grad[index], current.velocity[index]), index
+
+
+class WarmUp:
+    r"""The one warm-up of every HMC sampler here (NumPyro's ``warmup_adapter``,
+    ``numpyro/infer/hmc_util.py``, over Stan's windows): :meth:`warm_up` runs a warm-up
+    transition and adapts after it.
+
+    - The step size follows dual averaging of the transition's acceptance statistic.
+    - At the end of every window, a batch sampler restarts its chains left in a minor mode
+      (``_restart_strays``: :class:`WindowPotentials`, :func:`restart_stray`).
+    - In a window of the metric's, each draw is gathered; at the window's end the draws give
+      the metric, from which the step size is searched again and its averaging restarted.
+    - After the last window, the step size is dual averaging's averaged iterate.
+
+    A sampler holds ``target_accept_prob``, ``averaging`` (:class:`DualAveraging`), ``windows``
+    (:class:`WarmupWindows`), ``step_size`` and ``current`` (the chains' :class:`Phase`), and
+    brings the hooks ``_warmup_transition(iteration)`` (the points after a transition, and the
+    statistic dual averaging follows), ``_gather(current)`` (a draw to the metric's window),
+    ``_end_window()`` (the window's draws to the metric, the next window empty) and
+    ``_search_step_size(current, step_size)``; where it needs them, ``_restart_strays``,
+    ``_window_ended(step_size)`` and ``_warmup_ended(step_size)``.
+    """
+
+    def warm_up(self, iteration: int) -> None:
+        r"""Warm-up transition ``iteration`` (from 0) and the adaptation after it."""
+        current, statistic = self._warmup_transition(iteration)
+        self.averaging = self.averaging.update(statistic)
+        step_size = self.averaging.step_size
+        slow, ends = self.windows.at(iteration)
+        current, step_size = self._restart_strays(current, step_size, ends)
+        if slow:
+            self._gather(current)
+            if ends:
+                self._end_window()
+                step_size = self._search_step_size(current, step_size)
+                self.averaging = DualAveraging.start(self.target_accept_prob, step_size)
+                self._window_ended(step_size)
+        if iteration == self.windows.bounds[-1][1]:
+            step_size = self.averaging.averaged_step_size
+            self._warmup_ended(step_size)
+        self.current, self.step_size = current, step_size
+
+    def _restart_strays(self, current: Phase, step_size: Any, ends: bool) -> tuple[Phase, Any]:
+        r"""The chains and step size after the stray chains' restart, at a window's end (by default none)."""
+        return current, step_size
+
+    def _window_ended(self, step_size: Any) -> None:
+        r"""After a metric's window and the step-size search that follows it (by default nothing)."""
+
+    def _warmup_ended(self, step_size: Any) -> None:
+        r"""After the last window, with the step size kept (by default nothing)."""

@@ -5,12 +5,10 @@ r"""The one loop that runs every HMC sampler here, for one chain (NUTS run apart
 with their per-draw statistics, a call after each kept draw (the checkpoints), and a progress
 bar; the shape of NumPyro's ``MCMC`` loop over ``init`` / ``sample`` (``numpyro/infer/mcmc.py``).
 
-A sampler brings its own transitions. The batch samplers share one warm-up
-(:meth:`BatchSampler.warm_up`, over the records of :mod:`~aml_ppl.inference.hmc.adaptation`):
-each chain's step size and metric for vectorised NUTS, one for the batch for ChEES-HMC; NUTS
-on one chain adapts in Pyro's kernel contract, and settles and restarts a degenerate chain
-after its windows. A run continued from a sampler's state (no warm-up) draws what the
-uninterrupted run draws.
+A sampler brings its own transitions; every one warms up by the one warm-up
+(:class:`~aml_ppl.inference.hmc.adaptation.WarmUp`): each chain's step size and metric for NUTS,
+one and the same for the batch for ChEES-HMC. A run continued from a sampler's state (no
+warm-up) draws what the uninterrupted run draws.
 """
 
 from __future__ import annotations
@@ -22,8 +20,8 @@ from tqdm.auto import tqdm
 
 from aml_ppl._core.streams import ChainStreams
 from aml_ppl.inference.compiled import check_jit_compile
-from aml_ppl.inference.hmc.adaptation import DualAveraging, WarmupWindows, WindowCovariance, WindowPotentials, restart_stray
-from aml_ppl.inference.hmc.integrator import velocity_verlet
+from aml_ppl.inference.hmc.adaptation import DualAveraging, WarmUp, WarmupWindows, WindowCovariance, WindowPotentials, restart_stray
+from aml_ppl.inference.hmc.integrator import Phase, velocity_verlet
 from aml_ppl.inference.hmc.potential import ChainPotential, chain_seeds
 from aml_ppl.inference.hmc.state import TransitionStats, stacked
 
@@ -54,18 +52,18 @@ def drive(
             bar.update()
 
 
-class BatchSampler:
+class BatchSampler(WarmUp):
     r"""Chains advanced together in one batch (vectorised NUTS, ChEES-HMC): the batched potential,
     each chain's random stream, the leapfrog integrator on them, and their runs by :func:`drive`.
 
     A subclass brings the kernel: ``setup(warmup_steps, args, kwargs)`` (a fresh warm-up; it
     calls :meth:`_set_up` and :meth:`_start_warm_up`), ``restore(args, kwargs, state)``
     (continued from its state record), ``draw`` (appending ``(positions, TransitionStats)`` to
-    :attr:`kept`), the property ``state`` (its record after the last draw), and the hooks of
-    :meth:`warm_up`: ``_warmup_transition(iteration)`` (the chains' points after a transition,
-    and the statistic dual averaging follows), ``_search_step_size(current, step_size)`` and
-    ``_window_metric()`` (from the draws in :attr:`window`); ``_window_ended`` and
-    ``_warmup_ended`` where it adapts more than the step size and metric.
+    :attr:`kept`), the property ``state`` (its record after the last draw), and the warm-up's
+    hooks (:class:`~aml_ppl.inference.hmc.adaptation.WarmUp`): ``_warmup_transition``,
+    ``_search_step_size`` and ``_window_metric()`` (the metric from the draws in :attr:`window`),
+    and ``_window_ended`` and ``_warmup_ended`` where it adapts more than the step size and
+    metric. The stray chains' restart and the window's draws are this class's.
 
     Args:
         model: The Pyro program.
@@ -100,25 +98,10 @@ class BatchSampler:
         drive(self, 0, num_samples)
         return self.results()
 
-    def warm_up(self, iteration: int) -> None:
-        r"""Warm-up transition ``iteration`` (of ``warmup_steps``, from 0) and the adaptation after
-        it (NumPyro's ``warmup_adapter``, ``numpyro/infer/hmc_util.py``; Stan's windows):
-
-        - the step size follows dual averaging of the transition's acceptance statistic;
-        - at the end of every window, a chain in a minor mode (its mean potential over the window
-          far above the median chain's) is moved to another chain's point
-          (:func:`~aml_ppl.inference.hmc.adaptation.restart_stray`); where each chain adapts on
-          its own it takes that chain's step size, metric and window of draws so far too;
-        - in a window of the metric's, the chains' draws are gathered
-          (:class:`~aml_ppl.inference.hmc.adaptation.WindowCovariance`: each chain's own, or
-          pooled), and at its end they give the metric, from which the step size is searched
-          again and its averaging restarted;
-        - after the last transition, the step size is dual averaging's averaged iterate.
-        """
-        current, statistic = self._warmup_transition(iteration)
-        self.averaging = self.averaging.update(statistic)
-        step_size = self.averaging.step_size
-        slow, ends = self.windows.at(iteration)
+    def _restart_strays(self, current: Phase, step_size: Any, ends: bool) -> tuple[Phase, Any]:
+        r"""At a window's end, each chain in a minor mode (its mean potential over the window far
+        above the median chain's) moved to another chain's point; where each chain adapts on its
+        own it takes that chain's step size, metric and window of draws so far too."""
         self.potentials.update(current.potential)
         if ends:
             current, donors = restart_stray(current, self.potentials.stray(), self.streams.choice)
@@ -126,29 +109,19 @@ class BatchSampler:
             if self.adapts_each_chain:
                 self.averaging, step_size, self.metric = self.averaging.select(donors), step_size[donors], self.metric.select(donors)
                 self.window.select(donors)
-        if slow:
-            self.window.update(current.z[None] if self.adapts_each_chain else current.z)  # one draw of C chains, or C draws
-            if ends:
-                self.metric, self.window = self._window_metric(), WindowCovariance(dense=self.window.dense)
-                step_size = self._search_step_size(current, step_size)
-                self.averaging = DualAveraging.start(self.target_accept_prob, step_size)
-                self._window_ended(step_size)
-        if iteration == self.warmup_steps - 1:
-            step_size = self.averaging.averaged_step_size
-            self._warmup_ended(step_size)
-        self.current, self.step_size = current, step_size
+        return current, step_size
+
+    def _gather(self, current: Phase) -> None:
+        self.window.update(current.z[None] if self.adapts_each_chain else current.z)  # one draw of C chains, or C draws
+
+    def _end_window(self) -> None:
+        self.metric, self.window = self._window_metric(), WindowCovariance(dense=self.window.dense)
 
     def _start_warm_up(self, warmup_steps: int, step_size: Any, window: WindowCovariance) -> None:
         r"""A fresh warm-up of ``warmup_steps`` transitions from ``step_size``, the metric's draws
         gathered in ``window``."""
         self.step_size, self.averaging = step_size, DualAveraging.start(self.target_accept_prob, step_size)
         self.warmup_steps, self.windows, self.potentials, self.window = warmup_steps, WarmupWindows.of(warmup_steps), WindowPotentials(), window
-
-    def _window_ended(self, step_size: Any) -> None:
-        r"""After a metric's window and the step-size search that follows it (by default nothing)."""
-
-    def _warmup_ended(self, step_size: Any) -> None:
-        r"""After the last warm-up transition, with the step size kept (by default nothing)."""
 
     def _set_up(self, args: tuple, kwargs: dict) -> None:
         r"""The batched potential for the data, the chains' streams at their seeds, the leapfrog
