@@ -124,8 +124,6 @@ class ChEESSampler(BatchSampler):
         (torch.Size([16, 100]), 3.0, 1)
     """
 
-    adapts_each_chain = False
-
     def __init__(
         self, model: Callable, num_chains: int, *, target_accept_prob: float = HMC_ACCEPTANCE,
         max_leapfrog_steps: int = 1000, full_mass: bool | None = None, jit: bool | str = True, seeds: Sequence[int] | None = None,
@@ -145,7 +143,7 @@ class ChEESSampler(BatchSampler):
         self.length = TrajectoryLength(math.log(step_size))
         self.log_trajectory_length, self.transitions = self.length.log_length, 0
         tracked = self.full_mass is True or (self.full_mass is None and self.current.z.shape[-1] <= DENSE_AT_MOST)
-        self._start_warm_up(warmup_steps, step_size, WindowCovariance(dense=tracked))
+        self._start_warmup(warmup_steps, step_size, WindowCovariance(dense=tracked))
 
     def restore(self, args: tuple, kwargs: dict, state: ChEESState) -> None:
         r"""Set up to continue from ``state`` (this sampler's chains after warm-up) with its
@@ -170,7 +168,7 @@ class ChEESSampler(BatchSampler):
     def _window_metric(self) -> Metric:
         r"""The chains' pooled covariance where the window tracked it and holds at least
         ``DRAWS_PER_COORDINATE`` draws per coordinate (or ``full_mass`` is ``True``), else their variances."""
-        window = self.window
+        window = self.metric_window
         dense = window.dense and (self.full_mass is True or window.count >= DRAWS_PER_COORDINATE * self.current.z.shape[-1])
         return Metric(window.covariance(dense), dense=dense)
 

@@ -246,7 +246,7 @@ class MultinomialNUTS(WarmUp, MCMCKernel):
     def _adapt_or_settle(self, iteration: int) -> None:
         r"""Warm-up transition ``iteration``: adapting in Stan's windows, or past them settling, its divergences counted."""
         if iteration < self.warmup_steps - self.settle_steps:
-            WarmUp.warm_up(self, iteration)
+            self.adapt(iteration)
         else:
             self._settle_divergences += self._step(self.step_size)[1].diverging
 

@@ -80,7 +80,7 @@ class VectorisedNUTS(BatchSampler):
         self.current = initial_points(self.potential, self.streams)
         self.metric = Metric(torch.ones_like(self.current.z), dense=False)
         step_size = self._search_step_size(self.current, torch.ones_like(self.current.potential))
-        self._start_warm_up(warmup_steps, step_size, WindowCovariance(dense=False))
+        self._start_warmup(warmup_steps, step_size, WindowCovariance(dense=False))
 
     def restore(self, args: tuple, kwargs: dict, state: VectorisedNUTSState) -> None:
         r"""Set up to continue from ``state`` (a batch of this sampler's chains after its
@@ -95,7 +95,7 @@ class VectorisedNUTS(BatchSampler):
         return current, record.acceptance_rate
 
     def _window_metric(self) -> Metric:
-        return Metric(self.window.covariance(dense=False), dense=False)
+        return Metric(self.metric_window.covariance(dense=False), dense=False)
 
     def draw(self) -> None:
         self.current, record = self._transition(self.current, self.step_size)

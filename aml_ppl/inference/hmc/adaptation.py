@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 from pyro.infer.mcmc.adaptation import WarmupAdapter
@@ -332,26 +332,24 @@ def restart_stray(
 
 class WarmUp:
     r"""The one warm-up of every HMC sampler here (NumPyro's ``warmup_adapter``,
-    ``numpyro/infer/hmc_util.py``, over Stan's windows): :meth:`warm_up` runs a warm-up
-    transition and adapts after it.
+    ``numpyro/infer/hmc_util.py``, over Stan's windows): :meth:`adapt` runs a warm-up transition
+    and adapts after it.
 
     - The step size follows dual averaging of the transition's acceptance statistic.
-    - At the end of every window, a batch sampler restarts its chains left in a minor mode
-      (``_restart_strays``: :class:`WindowPotentials`, :func:`restart_stray`).
+    - A batch sampler watches its chains' potentials, and at the end of every window restarts
+      those left in a minor mode (``_restart_strays``: :class:`WindowPotentials`,
+      :func:`restart_stray`).
     - In a window of the metric's, each draw is gathered; at the window's end the draws give
       the metric, from which the step size is searched again and its averaging restarted.
     - After the last window, the step size is dual averaging's averaged iterate.
 
     A sampler holds ``target_accept_prob``, ``averaging`` (:class:`DualAveraging`), ``windows``
     (:class:`WarmupWindows`), ``step_size`` and ``current`` (the chains' :class:`Phase`), and
-    brings the hooks ``_warmup_transition(iteration)`` (the points after a transition, and the
-    statistic dual averaging follows), ``_gather(current)`` (a draw to the metric's window),
-    ``_end_window()`` (the window's draws to the metric, the next window empty) and
-    ``_search_step_size(current, step_size)``; where it needs them, ``_restart_strays``,
-    ``_window_ended(step_size)`` and ``_warmup_ended(step_size)``.
+    brings the four hooks below that raise; where it needs them, ``_restart_strays``,
+    ``_window_ended`` and ``_warmup_ended``.
     """
 
-    def warm_up(self, iteration: int) -> None:
+    def adapt(self, iteration: int) -> None:
         r"""Warm-up transition ``iteration`` (from 0) and the adaptation after it."""
         current, statistic = self._warmup_transition(iteration)
         self.averaging = self.averaging.update(statistic)
@@ -370,12 +368,29 @@ class WarmUp:
             self._warmup_ended(step_size)
         self.current, self.step_size = current, step_size
 
-    def _restart_strays(self, current: Phase, step_size: Any, ends: bool) -> tuple[Phase, Any]:
-        r"""The chains and step size after the stray chains' restart, at a window's end (by default none)."""
+    def _warmup_transition(self, iteration: int) -> tuple[Phase, Value]:
+        r"""The chains after transition ``iteration``, and the statistic dual averaging follows."""
+        raise NotImplementedError
+
+    def _gather(self, current: Phase) -> None:
+        r"""``current``'s draw to the metric's window."""
+        raise NotImplementedError
+
+    def _end_window(self) -> None:
+        r"""The window's draws to the metric; the next window empty."""
+        raise NotImplementedError
+
+    def _search_step_size(self, current: Phase, step_size: Value) -> Value:
+        r"""The step size searched at ``current`` from ``step_size`` (:mod:`~aml_ppl.inference.hmc.step_size`)."""
+        raise NotImplementedError
+
+    def _restart_strays(self, current: Phase, step_size: Value, ends: bool) -> tuple[Phase, Value]:
+        r"""After every transition: the chains and step size, the stray chains restarted where
+        the transition ``ends`` a window (by default, none watched)."""
         return current, step_size
 
-    def _window_ended(self, step_size: Any) -> None:
+    def _window_ended(self, step_size: Value) -> None:
         r"""After a metric's window and the step-size search that follows it (by default nothing)."""
 
-    def _warmup_ended(self, step_size: Any) -> None:
+    def _warmup_ended(self, step_size: Value) -> None:
         r"""After the last window, with the step size kept (by default nothing)."""

@@ -57,11 +57,11 @@ class BatchSampler(WarmUp):
     each chain's random stream, the leapfrog integrator on them, and their runs by :func:`drive`.
 
     A subclass brings the kernel: ``setup(warmup_steps, args, kwargs)`` (a fresh warm-up; it
-    calls :meth:`_set_up` and :meth:`_start_warm_up`), ``restore(args, kwargs, state)``
+    calls :meth:`_set_up` and :meth:`_start_warmup`), ``restore(args, kwargs, state)``
     (continued from its state record), ``draw`` (appending ``(positions, TransitionStats)`` to
     :attr:`kept`), the property ``state`` (its record after the last draw), and the warm-up's
     hooks (:class:`~aml_ppl.inference.hmc.adaptation.WarmUp`): ``_warmup_transition``,
-    ``_search_step_size`` and ``_window_metric()`` (the metric from the draws in :attr:`window`),
+    ``_search_step_size`` and ``_window_metric()`` (the metric from the draws in ``metric_window``),
     and ``_window_ended`` and ``_warmup_ended`` where it adapts more than the step size and
     metric. The stray chains' restart and the window's draws are this class's.
 
@@ -76,7 +76,7 @@ class BatchSampler(WarmUp):
 
     # True: each chain adapts its own step size and metric (vectorised NUTS); False: one for the
     # batch from all chains' statistics and draws pooled (ChEES-HMC).
-    adapts_each_chain: ClassVar[bool]
+    adapts_each_chain: ClassVar[bool] = False
 
     def __init__(self, model: Callable, num_chains: int, jit: bool | str, seeds: Sequence[int] | None) -> None:
         self.seeds = chain_seeds(seeds, num_chains)
@@ -98,30 +98,35 @@ class BatchSampler(WarmUp):
         drive(self, 0, num_samples)
         return self.results()
 
+    def warm_up(self, iteration: int) -> None:
+        r"""Warm-up transition ``iteration`` (from 0) and the adaptation after it (:meth:`adapt`)."""
+        self.adapt(iteration)
+
     def _restart_strays(self, current: Phase, step_size: Any, ends: bool) -> tuple[Phase, Any]:
-        r"""At a window's end, each chain in a minor mode (its mean potential over the window far
-        above the median chain's) moved to another chain's point; where each chain adapts on its
-        own it takes that chain's step size, metric and window of draws so far too."""
+        r"""The chains' potentials watched over the window; at its end each chain in a minor mode
+        (its mean potential far above the median chain's) moved to another chain's point, and
+        where each chain adapts on its own it takes that chain's step size, metric and window of
+        draws so far too."""
         self.potentials.update(current.potential)
         if ends:
             current, donors = restart_stray(current, self.potentials.stray(), self.streams.choice)
             self.potentials = WindowPotentials()
             if self.adapts_each_chain:
                 self.averaging, step_size, self.metric = self.averaging.select(donors), step_size[donors], self.metric.select(donors)
-                self.window.select(donors)
+                self.metric_window.select(donors)
         return current, step_size
 
     def _gather(self, current: Phase) -> None:
-        self.window.update(current.z[None] if self.adapts_each_chain else current.z)  # one draw of C chains, or C draws
+        self.metric_window.update(current.z[None] if self.adapts_each_chain else current.z)  # one draw of C chains, or C draws
 
     def _end_window(self) -> None:
-        self.metric, self.window = self._window_metric(), WindowCovariance(dense=self.window.dense)
+        self.metric, self.metric_window = self._window_metric(), WindowCovariance(dense=self.metric_window.dense)
 
-    def _start_warm_up(self, warmup_steps: int, step_size: Any, window: WindowCovariance) -> None:
+    def _start_warmup(self, warmup_steps: int, step_size: Any, metric_window: WindowCovariance) -> None:
         r"""A fresh warm-up of ``warmup_steps`` transitions from ``step_size``, the metric's draws
-        gathered in ``window``."""
+        gathered in ``metric_window``."""
         self.step_size, self.averaging = step_size, DualAveraging.start(self.target_accept_prob, step_size)
-        self.warmup_steps, self.windows, self.potentials, self.window = warmup_steps, WarmupWindows.of(warmup_steps), WindowPotentials(), window
+        self.windows, self.potentials, self.metric_window = WarmupWindows.of(warmup_steps), WindowPotentials(), metric_window
 
     def _set_up(self, args: tuple, kwargs: dict) -> None:
         r"""The batched potential for the data, the chains' streams at their seeds, the leapfrog
