@@ -105,7 +105,6 @@ class MultinomialNUTS(WarmUp, MCMCKernel):
             draw from torch's generator, so ``fit(seed=...)`` fixes it.
         restarts: How many times the chain was re-initialised at the warm-up's end.
         positions: The flat unconstrained draws kept after warm-up.
-        current: Where the chain stands (its :class:`~aml_ppl.inference.hmc.integrator.Phase`).
         resume_from: A chain's state to continue in :meth:`setup` (:func:`continue_chain`).
 
     Example:
