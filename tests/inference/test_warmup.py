@@ -56,6 +56,7 @@ def test_the_warm_up_gathers_in_the_metric_windows_and_ends_on_the_averaged_step
     assert warm_up.averaging == averaging
     assert warm_up.step_size == averaging.averaged_step_size
 
+
 def test_a_sampler_without_its_hooks_fails_at_once():
     with pytest.raises(NotImplementedError):
         WarmUp().adapt(0)
