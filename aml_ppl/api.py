@@ -57,6 +57,7 @@ def fit(
     args, kwargs = convert_arguments(args, kwargs)
     if isinstance(model, Model):  # its own checks name the argument (`X`, `y`)
         args, kwargs = model.validate(*args, **kwargs)
+        model.check_observed(*args, **kwargs)
         model.check_fitting_data(*args, **kwargs)
     check_finite_arguments(args, kwargs, positional_names(program_of(model), len(args)))
     if seed is not None:

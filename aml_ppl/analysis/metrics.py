@@ -89,18 +89,35 @@ def _entropy(probs: torch.Tensor) -> torch.Tensor:
     return -(probs * torch.log(probs.clamp_min(1e-30))).sum(-1)
 
 
+def checked_probabilities(probs: Any, labels: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    r"""``probs`` (``n x K``, each row a distribution over the classes, to the dtype's rounding)
+    and ``labels`` (``n`` integers in ``0 … K-1``, ``n >= 1``) as tensors; else
+    ``InputDataError`` naming the argument and the first bad row."""
+    probs, labels = torch.as_tensor(probs), torch.as_tensor(labels)
+    if probs.dim() != 2 or labels.dim() != 1 or probs.shape[0] != labels.shape[0] or probs.shape[0] == 0:
+        raise InputDataError(f"`probs` must be n x K and `labels` n, n >= 1; got {tuple(probs.shape)} and {tuple(labels.shape)}.")
+    tolerance = torch.finfo(probs.dtype).eps ** 0.5 if probs.is_floating_point() else 0.0
+    bad = ~(torch.isfinite(probs).all(-1) & (probs >= 0).all(-1) & ((probs.sum(-1) - 1).abs() <= tolerance))
+    if bad.any():
+        row = int(bad.nonzero()[0])
+        raise InputDataError(f"each row of `probs` must be probabilities summing to 1; row {row} is {probs[row].tolist()}.")
+    whole = not labels.is_floating_point() or bool((labels == labels.round()).all())
+    if not whole or bool((labels < 0).any()) or bool((labels >= probs.shape[1]).any()):
+        raise InputDataError(f"`labels` must be integers in 0 … {probs.shape[1] - 1} (the columns of `probs`); got {labels.unique().tolist()[:10]}.")
+    return probs, labels.long()
+
+
 def accuracy(probs: torch.Tensor, labels: torch.Tensor) -> float:
     r"""Fraction of points whose most probable class is the label."""
-    return (probs.argmax(-1) == labels.long()).double().mean().item()
+    probs, labels = checked_probabilities(probs, labels)
+    return (probs.argmax(-1) == labels).double().mean().item()
 
 
 def calibration_bins(probs: torch.Tensor, labels: torch.Tensor, num_bins: int = 10) -> dict[str, torch.Tensor]:
     r"""Confidence (the top class probability) binned into ``num_bins`` equal-width bins:
     per bin the count, mean confidence and accuracy (the reliability diagram's points)."""
     check_count("num_bins", num_bins)
-    probs, labels = torch.as_tensor(probs), torch.as_tensor(labels).long()
-    if probs.dim() != 2 or probs.shape[0] != labels.shape[0]:
-        raise InputDataError(f"`probs` must be n x K with n = len(labels); got {tuple(probs.shape)}.")
+    probs, labels = checked_probabilities(probs, labels)
     confidence, predicted = probs.max(-1)
     correct = (predicted == labels).double()
     index = (confidence * num_bins).long().clamp(max=num_bins - 1)

@@ -16,15 +16,21 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+import pyro
 import torch
+from pyro.infer.mcmc.util import initialize_model
 
 from aml_ppl._core.files import atomic_write
 from aml_ppl.errors import InputDataError
+from aml_ppl.inference.context import isolated_param_store
 from aml_ppl.inference.hmc.driver import drive
+from aml_ppl.inference.hmc.potential import unflatten
 from aml_ppl.inference.hmc.state import HMCState
 
 # Version 2 (2026-12): each chain's own random stream in place of the global generators'.
@@ -138,8 +144,9 @@ def checked_payload(path: Path, format: str, description: dict[str, str], kind: 
     if differing:
         raise InputDataError(
             f"`checkpoint` file `{path}` was written by another run: its {', '.join(differing)} "
-            f"differ ({'; '.join(f'{key}: {written.get(key)!r} there, {description[key]!r} here' for key in differing)}). "
-            "Pass another `checkpoint` folder, or delete the file to start afresh."
+            f"differ ({'; '.join(f'{key}: {written.get(key)!r} there, {description[key]!r} here' for key in differing)})."
+            + (" A run continues its checkpoint only under the same `seed=` to fit." if "seed" in differing else "")
+            + " Pass another `checkpoint` folder, or delete the file to start afresh."
         )
     return payload
 
@@ -218,10 +225,33 @@ def sample_batch(
     return BatchCheckpointing(folder, every, description).run(sampler, args, kwargs, num_samples, warmup_steps, record)
 
 
+def density_fingerprint(model: Callable, args: tuple, kwargs: dict) -> str:
+    r"""The model's latent sites (unconstrained shapes) and its potential energy (Pyro's
+    ``initialize_model``'s, to six digits) at two fixed points of the unconstrained space:
+    what tells an edited model (another prior, another site, a reparameterisation) from the
+    one a checkpoint was written by, where the function's name stays. The random state is
+    left as it was."""
+    state = pyro.util.get_rng_state()
+    try:
+        with isolated_param_store(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            start, potential_fn, _, _ = initialize_model(model, args, kwargs)
+            shapes = {name: value.shape for name, value in sorted(start.items())}
+            size = sum(math.prod(shape) for shape in shapes.values())
+            points = (torch.linspace(-1.5, 1.5, size), torch.full((size,), 0.3))
+            energies = [float(potential_fn(unflatten(point, shapes))) for point in points]
+    except Exception as error:  # the sampler reports a model it cannot run
+        return f"unavailable ({type(error).__name__})"
+    finally:
+        pyro.util.set_rng_state(state)
+    return f"{ {name: tuple(shape) for name, shape in shapes.items()} } {' '.join(f'{energy:.6g}' for energy in energies)}"
+
+
 def describe_run(model: Callable, args: tuple, kwargs: dict, settings: dict[str, Any], seeds: list[int]) -> tuple[dict[str, str], ...]:
     r"""What a checkpoint must match to be continued, per chain: the model (its class or
-    function name, and a built-in model's configuration), a SHA-256 digest of the data, the
-    sampler's settings and the chain's seed."""
+    function name, and a built-in model's configuration), its density
+    (:func:`density_fingerprint`), a SHA-256 digest of the data, the sampler's settings and the
+    chain's seed."""
     config = getattr(model, "get_config", lambda: None)() if not isinstance(model, type) else None
     name = getattr(model, "__qualname__", type(model).__qualname__)
     digest = hashlib.sha256()
@@ -234,6 +264,7 @@ def describe_run(model: Callable, args: tuple, kwargs: dict, settings: dict[str,
     digest.update(repr(sorted(kwargs)).encode())
     common = {
         "model": f"{name} {json.dumps(config, sort_keys=True, default=str)}",
+        "density": density_fingerprint(model, args, kwargs),
         "data": digest.hexdigest()[:16],
         "settings": json.dumps(settings, sort_keys=True),
     }

@@ -56,8 +56,9 @@ from typing import Any, Callable, ClassVar, Sequence
 
 import torch
 
+from aml_ppl._core.checks import Boolean, Optional, Real, check_arguments
 from aml_ppl._data import check_count
-from aml_ppl.errors import InputDataError, ModelFittingError
+from aml_ppl.errors import ModelFittingError
 from aml_ppl.inference.base import Engine, register_engine
 from aml_ppl.inference.chain_state import checkpoint_folder, sample_batch
 from aml_ppl.inference.compiled import check_jit_compile
@@ -329,11 +330,11 @@ class ChEES(Engine):
         self.checkpoint_every = check_count("checkpoint_every", checkpoint_every)
         self.warmup_steps = check_count("warmup_steps", warmup_steps, minimum=0)
         self.num_chains = check_count("num_chains", num_chains, minimum=2)
-        if not 0 < target_accept_prob < 1:
-            raise InputDataError(f"`target_accept_prob` must lie in (0, 1); got {target_accept_prob}.")
+        check_arguments("ChEES", {"target_accept_prob": Real(0.0, 1.0), "full_mass": Optional(Boolean())},
+                        {"target_accept_prob": target_accept_prob, "full_mass": full_mass})
         self.target_accept_prob = float(target_accept_prob)
         self.max_leapfrog_steps = check_count("max_leapfrog_steps", max_leapfrog_steps)
-        self.full_mass = None if full_mass is None else bool(full_mass)
+        self.full_mass = full_mass
         self.jit_compile = True if check_jit_compile(jit_compile) is None else jit_compile
 
     def incompatibility(self, model: Callable, args: tuple, kwargs: dict) -> str | None:

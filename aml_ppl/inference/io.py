@@ -45,6 +45,7 @@ def save(posterior: Savable, path: str | Path) -> None:
             **{f"model_param:{name}": value for name, value in posterior.param_sites.items()},
             "_history": posterior.history,
         },
+        "latent_shapes": {name: list(shape) for name, shape in posterior.latent_shapes.items()},
         "random_stream": posterior.random_stream.state_tensors(),
         "args": [_storable(f"argument {i}", arg) for i, arg in enumerate(posterior.data_args)],
         "kwargs": {k: _storable(f"argument {k!r}", v) for k, v in posterior.data_kwargs.items()},
@@ -82,6 +83,7 @@ def load(path: str | Path, model: Callable | None = None, guide: Callable | None
         raise InputDataError(f"`{path}` is not an aml_ppl posterior (truncated, empty or another format).") from error
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise InputDataError(f"`{path}` is not an aml_ppl posterior (a torch file of another kind).")
+    passed = model is not None
     if model is None:
         spec = payload["model"]
         if spec is None:
@@ -97,10 +99,32 @@ def load(path: str | Path, model: Callable | None = None, guide: Callable | None
     )
     with evaluation_mode(model):
         check_learned_match("model", model, fitted.args, fitted.kwargs, fitted.params)
+        if passed and "latent_shapes" in payload:
+            check_latent_match(payload["latent_shapes"], fitted.structure.latent_shapes)
     posterior = POSTERIORS[payload["kind"]].from_state(fitted, tensors, meta, guide)
     # A seeded fit's draws go on where the saved posterior's stopped.
     posterior.random_stream = RandomStream.from_state_tensors(payload.get("random_stream", {}))
     return posterior
+
+
+def check_latent_match(saved: dict[str, list[int]], here: dict[str, torch.Size]) -> None:
+    r"""Refuse a model passed to ``load`` whose latent sites (names and shapes) are not the saved
+    posterior's: its draws would be replayed into sites that are not there, or leave some out.
+
+    Raises:
+        InputDataError: Naming the missing, unexpected and reshaped sites.
+    """
+    here = {name: list(shape) for name, shape in here.items()}
+    problems = [
+        *([f"saved but not in it: {sorted(set(saved) - set(here))}"] if set(saved) - set(here) else []),
+        *([f"in it but not saved: {sorted(set(here) - set(saved))}"] if set(here) - set(saved) else []),
+        *[f"{name}: saved {tuple(saved[name])}, here {tuple(here[name])}" for name in sorted(set(saved) & set(here)) if saved[name] != here[name]],
+    ]
+    if problems:
+        raise InputDataError(
+            f"the model passed to `load` does not have the saved posterior's latent sites: {'; '.join(problems)}. "
+            "Pass the model that was fitted."
+        )
 
 
 def stored(tensors: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:

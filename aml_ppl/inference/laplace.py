@@ -13,6 +13,7 @@ import pyro.distributions as dist
 import torch
 from pyro import poutine
 
+from aml_ppl._core.checks import changed_options
 from aml_ppl._core.randomness import on_own_stream
 from aml_ppl._data import check_count, check_positive
 from aml_ppl.errors import ConvergenceWarning, InputDataError, ModelFittingError
@@ -106,6 +107,11 @@ class Laplace(Engine):
         ):
             if value not in allowed:
                 raise InputDataError(f"`{option}` must be one of {allowed}; got {value!r}.")
+        if predictive == "nn" and changed_options(Laplace.__init__, {"link_approximation": link_approximation}):
+            raise InputDataError(
+                f"`link_approximation` = {link_approximation!r} links the linearised network's Gaussian outputs, and "
+                "predictive='nn' runs the network itself under the weights' draws; drop it, or pass predictive='glm'."
+            )
         if prior_precision != "evidence":
             check_positive("prior_precision", prior_precision)
         check_count("num_restarts", num_restarts)
@@ -114,7 +120,8 @@ class Laplace(Engine):
         self.prior_precision = prior_precision
         self.predictive = predictive
         self.link_approximation = link_approximation
-        self.map = MAP(num_steps=num_steps, optim=optim, progress_bar=progress_bar, **({"lr": lr} if optim == "adam" else {}))
+        changed_lr = optim == "adam" or changed_options(Laplace.__init__, {"lr": lr})  # MAP refuses an lr L-BFGS does not take
+        self.map = MAP(num_steps=num_steps, optim=optim, progress_bar=progress_bar, **({"lr": lr} if changed_lr else {}))
 
     def incompatibility(self, model: Callable, args: tuple, kwargs: dict) -> str | None:
         if not isinstance(model, LinearisableNetwork):
@@ -122,7 +129,7 @@ class Laplace(Engine):
                 "the linearised Laplace approximation needs a network's outputs and its likelihood's Hessian "
                 "in them (the LinearisableNetwork protocol, which a BayesianNeuralNetwork offers)"
             )
-        return self.map.incompatibility(model, args, kwargs)
+        return model.gauss_newton_problem() or self.map.incompatibility(model, args, kwargs)
 
     def fit(self, model: Callable, *args: Any, **kwargs: Any) -> LaplacePosterior:
         self.check_supports(model, args, kwargs)
@@ -231,7 +238,9 @@ def mackay_prior_precision(eigenvalues: torch.Tensor, penalty: float, iterations
 
 def laplace_evidence(factor: float, eigenvalues: torch.Tensor, penalty: float, log_likelihood: float) -> float:
     r"""The Laplace evidence :math:`\log Z(\alpha)` of :class:`Laplace` (the terms that do not depend
-    on :math:`\alpha` and the weights included: it is :math:`\log p(y)` for a linear-Gaussian model)."""
+    on :math:`\alpha` and the weights included). For a linear-Gaussian model it is :math:`\log p(y \mid
+    \alpha)` where the mode is the MAP under :math:`\alpha`: at :math:`\alpha = 1`, the MAP the engine
+    keeps (away from 1 it is the Laplace's value around that mode, as laplace-torch's)."""
     return log_likelihood - 0.5 * factor * penalty + 0.5 * len(eigenvalues) * math.log(factor) - 0.5 * torch.log(eigenvalues + factor).sum().item()
 
 

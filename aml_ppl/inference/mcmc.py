@@ -13,6 +13,7 @@ import numpy as np
 import pyro.infer
 import torch
 
+from aml_ppl._core.checks import Boolean, Optional, check_arguments
 from aml_ppl._data import check_count, check_positive
 from aml_ppl.errors import InputDataError, JitFallbackWarning, VectorisedChainsWarning
 from aml_ppl.inference.base import Engine, Posterior, register_engine
@@ -287,6 +288,8 @@ class NUTS(Engine):
                 ``None``: no checkpoints.
             checkpoint_every: Kept draws between checkpoints.
         """
+        check_arguments("NUTS", {"full_mass": Optional(Boolean()), "progress_bar": Boolean(), "vectorized": Boolean()},
+                        {"full_mass": full_mass, "progress_bar": progress_bar, "vectorized": vectorized})
         if vectorized and (full_mass or executor != "auto" or timeout is not None):
             raise InputDataError(
                 "`vectorized=True` runs every chain in one batch in this process with a diagonal mass "
@@ -389,6 +392,8 @@ def sampler_incompatibility(sampler: str, model: Callable, args: tuple, kwargs: 
     if not callable(model):
         return "it is not callable"
     structure = inspect_model(model, args, kwargs)
+    if not structure.latent:
+        return f"{sampler} draws continuous latent sites, and the model has none (its sample sites: {sorted(structure.sites)})"
     if structure.params:
         return (
             f"{sampler} samples pyro.sample sites only, and the model has pyro.param sites "

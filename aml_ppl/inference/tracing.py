@@ -31,13 +31,21 @@ _VALUE_READ = "trying to get value out of a tracing tensor"
 def untraceable(error: BaseException) -> str:
     r"""Why a program could not be traced, from the ``error`` the trace raised: where the
     program's own code (not torch's, Pyro's or aml_ppl's) read a tensor's value into Python,
-    as ``"file.py, line N: reads a traced tensor's value into Python"``, else the error's
-    type and first line."""
+    as ``"file.py, line N: reads a traced tensor's value into Python"``, or a distribution's
+    own check of its values, else the error's type and first sentences."""
+    if any(frame.name == "_validate_sample" for frame in traceback.extract_tb(error.__traceback__)):
+        return (
+            "a distribution checks its values (validate_args=True) and reads the check into Python: one built "
+            "while Pyro's validation was on, as a PyroSample prior built in a module's __init__ is; build it "
+            "with validate_args=False, or the module inside `with pyro.validation_enabled(False):`"
+        )
     frames = [frame for frame in traceback.extract_tb(error.__traceback__) if not frame.filename.startswith(_TRUSTED_SOURCES)]
     if _VALUE_READ in str(error) and frames:
         frame = frames[-1]
         return f"{os.path.basename(frame.filename)}, line {frame.lineno}: reads a traced tensor's value into Python (a branch on a value)"
-    first_line = str(error).splitlines()[0][:200] if str(error) else ""
+    first_line = str(error).splitlines()[0] if str(error) else ""
+    if len(first_line) > 300:  # the first sentences whole
+        first_line = first_line[: first_line.rfind(". ", 0, 300) + 1 or 300]
     return f"{type(error).__name__}: {first_line}"
 
 

@@ -8,6 +8,7 @@ a conditional predictive, a BoTorch form, ...).
 
 from __future__ import annotations
 
+import inspect
 from abc import abstractmethod
 from collections.abc import Mapping
 from types import MappingProxyType
@@ -63,6 +64,8 @@ class Model(PyroModule):
         default_engine_options: Settings of that engine when ``fit`` builds it from its
             name (none given, or the name given), such as the DDPM's averaged weights;
             an engine object a user configures is used as it is.
+        observed_arguments: The program's arguments that hold the observations (``("y",)`` for
+            ``model(X, y=None)``): optional for prediction, required by ``fit``.
         jit_traceable: Whether NUTS may trace the model's potential and gradient into one
             compiled graph (it still checks the trace); ``False`` runs it without, silently.
         feature_names: The columns of the pandas ``DataFrame`` it was last fitted on (as
@@ -72,6 +75,7 @@ class Model(PyroModule):
 
     default_engine: ClassVar[str] = "svi"
     default_engine_options: ClassVar[Mapping[str, Any]] = MappingProxyType({})
+    observed_arguments: ClassVar[tuple[str, ...]] = ()
     jit_traceable: ClassVar[bool] = True
     feature_names: list[str] | None = None
 
@@ -96,6 +100,17 @@ class Model(PyroModule):
     def coords(self) -> dict[str, list[str]]:
         r"""Labels of the model's dimensions for the ArviZ export: the feature names, if any."""
         return {} if self.feature_names is None else {"feature": list(self.feature_names)}
+
+    def check_observed(self, *args: Any, **kwargs: Any) -> None:
+        r"""Refuse a fit whose validated arguments leave out one of :attr:`observed_arguments`:
+        the program would draw the observations instead of conditioning on them."""
+        given = inspect.signature(self.model).bind(*args, **kwargs).arguments
+        for name in self.observed_arguments:
+            if given.get(name) is None:
+                raise InputDataError(
+                    f"fitting a {type(self).__name__} needs the observations `{name}`; got none "
+                    f"(`{name}` may be left out only to predict)."
+                )
 
     def check_fitting_data(self, *args: Any, **kwargs: Any) -> None:
         r"""Warn of fitting data that :meth:`validate` accepts (it checks new data too) but

@@ -3,7 +3,7 @@ r"""Bayesian neural networks (notes AML §7.4)."""
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, ClassVar
 
 import pyro
 import pyro.distributions as dist
@@ -14,8 +14,8 @@ from pyro.distributions.util import sum_rightmost
 from pyro.infer import TraceMeanField_ELBO
 from pyro.poutine.messenger import Messenger
 
-from aml_ppl._core.checks import Integer
-from aml_ppl._data import check_regression_data
+from aml_ppl._core.checks import Integer, changed_options
+from aml_ppl._data import check_count, check_positive, check_regression_data
 from aml_ppl.errors import InputDataError, ModelFittingError
 from aml_ppl.models.base import Model, ModelLoss, register_model
 from aml_ppl.models.logistic import check_labels, warn_if_one_class
@@ -79,6 +79,8 @@ class BayesianNeuralNetwork(Model):
         torch.Size([5])
     """
 
+    observed_arguments: ClassVar[tuple[str, ...]] = ("y",)
+
     def __init__(
         self,
         in_features: int,
@@ -117,6 +119,8 @@ class BayesianNeuralNetwork(Model):
                 :math:`\mathcal{N}(0, \sigma_p^2 I)` on every weight.
         """
         super().__init__()
+        if not isinstance(hidden, (tuple, list)):
+            raise InputDataError(f"`hidden` must be a tuple of layer widths, such as (50,) or (); got {hidden!r}.")
         widths = (in_features, *tuple(hidden), out_features)
         if not all(Integer(1).accepts(width) for width in widths):
             raise InputDataError(f"layer widths must be positive integers; got {widths}.")
@@ -127,15 +131,30 @@ class BayesianNeuralNetwork(Model):
         ):
             if value not in allowed:
                 raise InputDataError(f"`{option}` must be one of {allowed}; got {value!r}.")
-        for option, value in (("prior_scale", prior_scale), ("init_scale", init_scale)):
-            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
-                raise InputDataError(f"`{option}` must be a positive number; got {value!r}.")
-        if noise_scale is not None and not (math.isfinite(noise_scale) and noise_scale > 0):
-            raise InputDataError(f"`noise_scale` must be positive or None; got {noise_scale!r}.")
-        if likelihood == "categorical" and out_features < 2:
-            raise InputDataError("a categorical likelihood needs out_features >= 2 (one per class).")
-        if subsample_size is not None and (isinstance(subsample_size, bool) or subsample_size < 1):
-            raise InputDataError(f"`subsample_size` must be a positive integer or None; got {subsample_size!r}.")
+        check_positive("prior_scale", prior_scale)
+        check_positive("init_scale", init_scale)
+        if noise_scale is not None:
+            check_positive("noise_scale", noise_scale)
+        if not (isinstance(noise_prior, (tuple, list)) and len(noise_prior) == 2):
+            raise InputDataError(f"`noise_prior` must be the Gamma prior's (concentration, rate); got {noise_prior!r}.")
+        check_positive("noise_prior[0] (the concentration)", noise_prior[0])
+        check_positive("noise_prior[1] (the rate)", noise_prior[1])
+        if subsample_size is not None:
+            check_count("subsample_size", subsample_size)
+        if likelihood == "categorical":
+            if out_features < 2:
+                raise InputDataError("a categorical likelihood needs out_features >= 2 (one per class).")
+            noise_options = changed_options(BayesianNeuralNetwork.__init__, {"noise_scale": noise_scale, "heteroscedastic": heteroscedastic})
+            if noise_options:
+                raise InputDataError(f"`{noise_options[0]}` sets a Gaussian likelihood's noise, and this network's is categorical; drop it.")
+        elif out_features != 1:
+            raise InputDataError(
+                f"a Gaussian likelihood has one output (the mean; heteroscedastic=True adds the noise's); got out_features = {out_features}."
+            )
+        if heteroscedastic and noise_scale is not None:
+            raise InputDataError(
+                f"`noise_scale` = {noise_scale} fixes the noise, and heteroscedastic=True learns it from each input; pass one of them."
+            )
         self.widths = widths
         self.activation = activation
         self.likelihood = likelihood
@@ -163,7 +182,8 @@ class BayesianNeuralNetwork(Model):
         options: ``local_reparameterization``, the isotropic guide). On the UCI regression
         sets (20 splits each) the Laplace's held-out log-likelihood is ahead of mean-field SVI's on all six and at least
         its own MAP's on five, in a tenth of SVI's time; on the breast-cancer classifier the
-        probit-linked Laplace trails SVI (benchmarks/RESULTS.md), so classifiers keep SVI."""
+        Laplace leads SVI in held-out log density but trails it in calibration (ECE;
+        benchmarks/RESULTS.md), so classifiers keep SVI."""
         weights = sum(math.prod(shape) for shape in self._layer_shapes().values())
         regression = self.likelihood == "gaussian" and not self.heteroscedastic
         guide_set = self.local_reparameterization or self.guide_family != "meanfield"  # options only SVI reads
@@ -276,6 +296,16 @@ class BayesianNeuralNetwork(Model):
         weight_site, bias_site, _ = self._layers()[-1]
         return [weight_site, bias_site]
 
+    def gauss_newton_problem(self) -> str | None:
+        r"""Why :meth:`output_hessian` has no closed form for this network (a heteroscedastic
+        noise), or ``None``."""
+        if self.heteroscedastic:
+            return (
+                "the Laplace approximation's Gauss-Newton Hessian takes the noise as fixed, and a heteroscedastic "
+                "network computes it from the weights; fit it by SVI, or use heteroscedastic=False"
+            )
+        return None
+
     def output_hessian(self, output: torch.Tensor, values: dict[str, torch.Tensor]) -> torch.Tensor:
         r""":math:`\Lambda = \partial^2_f [-\log p(y \mid f)]` at outputs ``output`` (``n x out``):
         :math:`\mathrm{diag}(p) - pp^\top`, :math:`p = \mathrm{softmax}(f)`, for a categorical
@@ -284,11 +314,9 @@ class BayesianNeuralNetwork(Model):
         if self.likelihood == "categorical":
             probs = output.softmax(-1)
             return torch.diag_embed(probs) - probs.unsqueeze(-1) * probs.unsqueeze(-2)
-        if self.heteroscedastic:
-            raise ModelFittingError(
-                "the Laplace approximation's Gauss-Newton Hessian takes the noise as fixed, and a heteroscedastic "
-                "network computes it from the weights; fit it by SVI, or use heteroscedastic=False."
-            )
+        problem = self.gauss_newton_problem()
+        if problem:
+            raise ModelFittingError(problem)
         hessian = output.new_zeros(*output.shape, output.shape[-1])
         hessian[..., 0, 0] = 1 / self._noise_variance(values)
         return hessian
@@ -298,12 +326,18 @@ class BayesianNeuralNetwork(Model):
     ) -> dist.TorchDistribution:
         r"""The predictive of ``y`` when the outputs are :math:`f \sim \mathcal{N}(m, \Sigma)` per point
         (``mean`` ``n x out``, ``covariance`` ``n x out x out``): for a Gaussian likelihood exactly
-        :math:`\mathcal{N}(m_0, \Sigma_{00} + \sigma^2)`; for a categorical one the probit
-        approximation :math:`\mathrm{softmax}_k(m_k / \sqrt{1 + \tfrac{\pi}{8}\Sigma_{kk}})` (MacKay 1992;
-        Daxberger et al. 2021, §3, as laplace-torch's ``link_approx="probit"``)."""
+        :math:`\mathcal{N}(m_0, \Sigma_{00} + \sigma^2)`; for a categorical one MacKay's (1992) probit
+        approximation on each difference of logits (the pairwise form of Lu, Ie and Sha 2020),
+        :math:`p_k \propto 1 / \sum_j \exp(-(m_k - m_j) / \sqrt{1 + \tfrac{\pi}{8}(\Sigma_{kk} +
+        \Sigma_{jj} - 2\Sigma_{kj})})`, MacKay's binary formula for two classes. It reads only the
+        differences, which the likelihood pins down; laplace-torch's ``link_approx="probit"``,
+        :math:`\mathrm{softmax}_k(m_k / \sqrt{1 + \tfrac{\pi}{8}\Sigma_{kk}})`, reads the variance of a
+        shift common to all logits, which only the prior bounds, and flattens the probabilities."""
         if self.likelihood == "categorical":
             variances = covariance.diagonal(dim1=-2, dim2=-1)
-            return dist.Categorical(logits=mean / (1 + math.pi / 8 * variances).sqrt())
+            differences = mean[..., :, None] - mean[..., None, :]
+            difference_variances = variances[..., :, None] + variances[..., None, :] - 2 * covariance
+            return dist.Categorical(logits=-torch.logsumexp(-differences / (1 + math.pi / 8 * difference_variances).sqrt(), -1))
         return dist.Normal(mean[..., 0], (covariance[..., 0, 0] + self._noise_variance(values)).sqrt())
 
     def _noise_variance(self, values: dict[str, torch.Tensor]) -> torch.Tensor | float:

@@ -57,6 +57,7 @@ class BayesianLinearRegression(Model):
     """
 
     default_engine: ClassVar[str] = "exact"
+    observed_arguments: ClassVar[tuple[str, ...]] = ("y",)
 
     def __init__(
         self,

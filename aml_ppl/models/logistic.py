@@ -55,6 +55,7 @@ class BayesianLogisticRegression(Model):
     """
 
     default_engine: ClassVar[str] = "map"
+    observed_arguments: ClassVar[tuple[str, ...]] = ("y",)
 
     def __init__(
         self,

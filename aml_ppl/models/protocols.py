@@ -315,6 +315,11 @@ class LinearisableNetwork(Protocol):
         r"""The outputs :math:`f(X \mid \theta)`, ``n x out``, at weights (site name to value)."""
         ...
 
+    def gauss_newton_problem(self) -> str | None:
+        r"""Why :meth:`output_hessian` cannot be formed for this network, or ``None`` (the engine
+        refuses the network before fitting its MAP)."""
+        ...
+
     def output_hessian(self, output: torch.Tensor, values: dict[str, torch.Tensor]) -> torch.Tensor:
         r""":math:`\Lambda = \partial^2_f [-\log p(y \mid f)]` at ``output`` (``n x out``), the same
         for every ``y``: ``n x out x out`` (``values``: the latent sites, for a learned noise)."""

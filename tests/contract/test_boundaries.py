@@ -78,6 +78,8 @@ def test_new_inputs_with_other_columns_are_refused():
         (lambda: SVI(num_steps=0), "num_steps"),
         (lambda: NUTS(target_accept_prob=1.5), "target_accept_prob"),
         (lambda: NUTS(num_chains=0), "num_chains"),
+        (lambda: NUTS(full_mass="yes"), "`full_mass` must be None or True or False"),
+        (lambda: NUTS(vectorized="yes"), "`vectorized` must be True or False"),
         (lambda: EM(tol=-1.0), "tol"),
     ],
 )

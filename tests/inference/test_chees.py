@@ -11,6 +11,8 @@ import pyro
 import pyro.distributions as dist
 import pytest
 import torch
+from pyro.infer import config_enumerate
+from pyro.ops.indexing import Vindex
 
 import aml_ppl as aml
 from aml_ppl.errors import InputDataError, ModelFittingError, SamplingWarning
@@ -141,10 +143,30 @@ def test_a_model_that_cannot_be_batched_is_refused_with_the_reason():
             aml.fit(branching, torch.tensor(0.5), engine=ChEES(num_chains=2, num_samples=5, warmup_steps=5, jit_compile=False))
 
 
+@config_enumerate
+def local_mixture(y):
+    r"""A two-component mixture with each point's assignment enumerated inside the data's plate."""
+    weights = pyro.sample("weights", dist.Dirichlet(torch.ones(2)))
+    with pyro.plate("components", 2):
+        loc = pyro.sample("loc", dist.Normal(0.0, 5.0))
+    with pyro.plate("data", len(y)):
+        assignment = pyro.sample("assignment", dist.Categorical(weights))
+        pyro.sample("obs", dist.Normal(Vindex(loc)[..., assignment], 1.0), obs=y)
+
+
+def test_a_mixture_enumerated_inside_a_plate_is_refused_naming_its_sites():
+    y = torch.cat([torch.randn(10) - 2, torch.randn(10) + 2])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", category=UserWarning)
+        with pytest.raises(ModelFittingError, match=r"enumerated sites inside plates \['assignment'\] do not batch"):
+            aml.fit(local_mixture, y, engine=ChEES(num_chains=2, num_samples=5, warmup_steps=5))
+
+
 @pytest.mark.parametrize(
     "options, message",
     [({"num_chains": 1}, "`num_chains`"), ({"target_accept_prob": 1.5}, "`target_accept_prob`"),
-     ({"max_leapfrog_steps": 0}, "`max_leapfrog_steps`"), ({"num_samples": 0}, "`num_samples`")],
+     ({"max_leapfrog_steps": 0}, "`max_leapfrog_steps`"), ({"num_samples": 0}, "`num_samples`"),
+     ({"target_accept_prob": "0.9"}, "`target_accept_prob`"), ({"full_mass": "no"}, "`full_mass`")],
 )
 def test_bad_arguments_are_named(options, message):
     with pytest.raises(InputDataError, match=message):

@@ -93,3 +93,22 @@ def test_messages_name_the_arguments_by_the_models_own_names(regression_data):
     x = torch.linspace(-1, 1, 6).masked_fill(torch.arange(6) == 2, float("nan"))
     with pytest.raises(aml.InputDataError, match=r"argument 'x' has 1 NaN .* the first at argument 'x'\[2\]"):
         aml.fit(line, x, torch.zeros(6), engine="map")
+
+
+def only_observed(y):
+    with pyro.plate("data", len(y)):
+        pyro.sample("y", dist.Normal(0.0, 1.0), obs=y)
+
+
+@pytest.mark.parametrize("engine", [ENGINES["nuts"], aml.inference.ChEES(num_samples=5, warmup_steps=5)])
+def test_a_sampler_names_a_model_without_latent_sites(engine):
+    with pytest.raises(aml.IncompatibleEngineError, match=r"has none \(its sample sites: \['y'\]\)"):
+        aml.fit(only_observed, torch.zeros(4), engine=engine)
+
+
+def test_built_in_models_refuse_a_fit_without_their_observations():
+    X = torch.randn(10, 3)
+    with pytest.raises(aml.InputDataError, match="needs the observations `y`"):
+        aml.fit(aml.models.BayesianNeuralNetwork(3, hidden=(4,), noise_scale=0.1), X, engine="map")
+    with pytest.raises(aml.InputDataError, match="needs the observations `y`"):
+        aml.fit(aml.models.BayesianLogisticRegression(), X)

@@ -60,3 +60,30 @@ def test_runs_per_draw_are_compiled_where_faithful_and_plain_where_a_branch_froz
     for run in (smooth, branchy):
         plain = torch.cat([run({"a": a})["out"] for a in draws["a"]])
         torch.testing.assert_close(per_draw(run, draws, 20)["out"], plain, rtol=1e-12, atol=0)
+
+
+class Regression(pyro.nn.PyroModule):
+    r"""Pyro's Bayesian regression tutorial's network: a ``PyroModule[nn.Linear]`` whose weights get
+    ``PyroSample`` priors built in ``__init__``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = pyro.nn.PyroModule[torch.nn.Linear](1, 1)
+        self.linear.weight = PyroSample(dist.Normal(0.0, 1.0).expand([1, 1]).to_event(2))
+        self.linear.bias = PyroSample(dist.Normal(0.0, 1.0).expand([1]).to_event(1))
+
+    def forward(self, x, y=None):
+        mean = self.linear(x).squeeze(-1)  # the weights drawn outside the data's plate
+        with pyro.plate("data", x.shape[0]):
+            pyro.sample("obs", dist.Normal(mean, 1.0), obs=y)
+
+
+def test_a_prior_that_checks_its_values_is_named_with_the_way_out():
+    x = torch.linspace(-2, 2, 40)[:, None]
+    y = torch.sin(x[:, 0])
+    with pyro.validation_enabled(True):
+        checked = Regression()
+    assert "validate_args=True" in jit_problem(checked, (x, y), {})
+    with pyro.validation_enabled(False):
+        unchecked = Regression()
+    assert jit_problem(unchecked, (x, y), {}) is None

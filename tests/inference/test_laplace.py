@@ -11,7 +11,7 @@ import torch
 from pyro import poutine
 
 import aml_ppl as aml
-from aml_ppl.errors import IncompatibleEngineError, InputDataError, ModelFittingError
+from aml_ppl.errors import IncompatibleEngineError, InputDataError
 from aml_ppl.inference import Laplace, LaplacePosterior
 from aml_ppl.inference.laplace import flatten, generalised_gauss_newton, laplace_evidence, unflatten
 
@@ -103,6 +103,26 @@ def test_gauss_newton_is_the_log_likelihood_hessian_when_logits_are_linear():
     torch.testing.assert_close(generalised_gauss_newton(model, mode, X, sites), hessian, atol=1e-10, rtol=1e-10)
 
 
+def test_categorical_probit_reads_only_differences_of_logits():
+    generator = torch.Generator().manual_seed(3)
+    mean = 2 * torch.randn(50, 3, generator=generator, dtype=torch.float64)
+    root = torch.randn(50, 3, 3, generator=generator, dtype=torch.float64)
+    covariance = root @ root.transpose(-1, -2)
+    model = aml.models.BayesianNeuralNetwork(4, hidden=(), out_features=3, likelihood="categorical")
+    probs = model.output_predictive(mean, covariance, {}).probs
+    # A shift common to all logits leaves the softmax unchanged, so its variance must not count.
+    shifted = covariance + 5.0 * torch.ones(3, 3, dtype=torch.float64)
+    torch.testing.assert_close(model.output_predictive(mean, shifted, {}).probs, probs, atol=1e-12, rtol=0)
+    # Without spread the predictive is the softmax of the mean.
+    torch.testing.assert_close(model.output_predictive(mean, 0 * covariance, {}).probs, mean.softmax(-1), atol=1e-12, rtol=0)
+    # Two classes: MacKay's (1992) probit on the difference of the logits, exactly.
+    binary = aml.models.BayesianNeuralNetwork(4, hidden=(), out_features=2, likelihood="categorical")
+    difference = mean[:, 1] - mean[:, 0]
+    variance = covariance[:, 0, 0] + covariance[:, 1, 1] - 2 * covariance[:, 0, 1]
+    mackay = torch.sigmoid(difference / (1 + math.pi / 8 * variance).sqrt())
+    torch.testing.assert_close(binary.output_predictive(mean[:, :2], covariance[:, :2, :2], {}).probs[:, 1], mackay, atol=1e-12, rtol=0)
+
+
 def test_evidence_picks_the_prior_precision_where_the_evidence_is_highest():
     X, y = linear_data()
     model = aml.models.BayesianNeuralNetwork(3, hidden=(), noise_scale=NOISE)
@@ -149,8 +169,13 @@ def test_laplace_refuses_what_it_cannot_do():
     with pytest.raises(InputDataError, match="hessian"):
         Laplace(hessian="kfac")
     heteroscedastic = aml.models.BayesianNeuralNetwork(3, hidden=(4,), heteroscedastic=True)
-    with pytest.raises(ModelFittingError, match="heteroscedastic"):
+    assert "laplace" not in aml.inference.capable_engines(heteroscedastic, (X.float(), y.float()), {})
+    with pytest.raises(IncompatibleEngineError, match="heteroscedastic"):  # before the MAP's fit
         aml.fit(heteroscedastic, X.float(), y.float(), engine=Laplace(num_steps=5), seed=0)
+    with pytest.raises(InputDataError, match="lr"):  # L-BFGS, the MAP's default, takes no learning rate
+        Laplace(lr=0.5)
+    with pytest.raises(InputDataError, match="link_approximation"):
+        Laplace(predictive="nn", link_approximation="mc")
 
 
 def sine_data():

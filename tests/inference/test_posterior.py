@@ -111,6 +111,14 @@ def test_load_needs_the_model_function_for_a_plain_model(tmp_path):
     # MAP of a Beta(1, 1) coin is the sample frequency 3/4.
     assert loaded.sample(1)["p"].item() == pytest.approx(0.75, abs=1e-5)
 
+    def another_coin(flips):
+        q = pyro.sample("q", dist.Beta(1.0, 1.0))
+        with pyro.plate("flips", flips.shape[0]):
+            pyro.sample("flip", dist.Bernoulli(q), obs=flips)
+
+    with pytest.raises(aml.InputDataError, match=r"latent sites: saved but not in it: \['p'\]; in it but not saved: \['q'\]"):
+        aml.load(tmp_path / "coin.pt", model=another_coin)
+
 
 def test_prediction_interval():
     prediction = aml.Prediction(torch.zeros(2), torch.ones(2), gaussian=True)

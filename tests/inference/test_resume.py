@@ -10,8 +10,12 @@ import textwrap
 import time
 from pathlib import Path
 
+import pyro
+import pyro.distributions as dist
 import pytest
 import torch
+from pyro import poutine
+from pyro.infer.reparam import LocScaleReparam
 
 import aml_ppl as aml
 from aml_ppl.errors import InputDataError
@@ -213,6 +217,29 @@ def test_checkpoint_of_another_run_is_refused(tmp_path):
     (tmp_path / "chain-0.pt").write_bytes(b"not a checkpoint")
     with pytest.raises(InputDataError, match="not a NUTS checkpoint"):
         aml.fit(model, *args, engine=nuts(10, executor=None, checkpoint=tmp_path), seed=0)
+
+
+def eight_schools_edited(sigma: torch.Tensor, y: torch.Tensor | None = None) -> None:
+    r"""``eight_schools`` with a narrower prior on ``mu``: another model under the same name."""
+    mu = pyro.sample("mu", dist.Normal(0.0, 1.0))
+    tau = pyro.sample("tau", dist.HalfCauchy(5.0))
+    with pyro.plate("schools", sigma.shape[0]):
+        theta_tilde = pyro.sample("theta_tilde", dist.Normal(0.0, 1.0))
+        pyro.sample("obs", dist.Normal(mu + tau * theta_tilde, sigma), obs=y)
+
+
+eight_schools_edited.__qualname__ = eight_schools.__qualname__
+
+
+@short_runs
+@pytest.mark.parametrize("engine", [NUTS, ChEES])
+def test_checkpoint_of_an_edited_model_of_the_same_name_is_refused(engine, tmp_path):
+    options = dict(num_samples=10, warmup_steps=20, num_chains=2, checkpoint=tmp_path, checkpoint_every=5)
+    options |= dict(executor=None, progress_bar=False) if engine is NUTS else {}
+    aml.fit(eight_schools, SCHOOLS_SIGMA, SCHOOLS_Y, engine=engine(**options), seed=0)
+    for edited in (eight_schools_edited, poutine.reparam(eight_schools, config={"theta_tilde": LocScaleReparam(0.5)})):
+        with pytest.raises(InputDataError, match="density"):
+            aml.fit(edited, SCHOOLS_SIGMA, SCHOOLS_Y, engine=engine(**options), seed=0)
 
 
 def test_bad_checkpoint_options_are_refused(tmp_path):

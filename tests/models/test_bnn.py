@@ -233,6 +233,14 @@ def test_the_jit_loss_is_traced_once_and_equals_the_plain_loss_on_the_same_draws
         (lambda: BayesianNeuralNetwork(2, prior_scale=-1.0), "prior_scale"),
         (lambda: BayesianNeuralNetwork(2, guide="full"), "guide"),
         (lambda: BayesianNeuralNetwork(2, out_features=1, likelihood="categorical"), "out_features >= 2"),
+        (lambda: BayesianNeuralNetwork(2, hidden=8), "`hidden` must be a tuple"),
+        (lambda: BayesianNeuralNetwork(2, noise_scale="0.1"), "`noise_scale` must be a finite number"),
+        (lambda: BayesianNeuralNetwork(2, subsample_size=2.5), "`subsample_size` must be an integer"),
+        (lambda: BayesianNeuralNetwork(2, noise_prior=(-1.0, 1.0)), "noise_prior"),
+        (lambda: BayesianNeuralNetwork(2, noise_prior=(1.0,)), "noise_prior"),
+        (lambda: BayesianNeuralNetwork(2, heteroscedastic=True, noise_scale=0.1), "pass one of them"),
+        (lambda: BayesianNeuralNetwork(2, out_features=2, likelihood="categorical", noise_scale=0.1), "`noise_scale`.*categorical"),
+        (lambda: BayesianNeuralNetwork(2, out_features=2), "one output"),
     ],
 )
 def test_bad_options(make, match):

@@ -82,6 +82,22 @@ def test_expected_calibration_error_of_a_known_case():
     assert aml.analysis.expected_calibration_error(probs, labels) == pytest.approx(0.5 * 0.4 + 0.5 * 0.1)
 
 
+@pytest.mark.parametrize(
+    "probs, labels, match",
+    [
+        ([[0.9, 0.1], [0.2, 0.8]], [5, 1], "`labels` must be integers in 0 … 1"),
+        ([[3.0, 0.1], [0.2, 2.0]], [0, 1], "row 0"),
+        ([[float("nan"), 0.1], [0.2, 0.8]], [0, 1], "row 0"),
+        ([[0.9, 0.1], [0.2, 0.8]], [0.5, 1.0], "`labels` must be integers"),
+        (torch.zeros(0, 2), torch.zeros(0), "n >= 1"),
+    ],
+)
+def test_calibration_metrics_refuse_what_is_not_a_prediction(probs, labels, match):
+    for metric in (aml.analysis.expected_calibration_error, aml.analysis.accuracy):
+        with pytest.raises(aml.InputDataError, match=match):
+            metric(torch.as_tensor(probs), torch.as_tensor(labels))
+
+
 def test_bad_input():
     X, y = classification_data()
     with pytest.raises(aml.InputDataError, match="0 … 1"):

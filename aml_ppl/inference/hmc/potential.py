@@ -115,9 +115,14 @@ class ChainPotential:
         if self._differs():
             self.how, self.evaluate = "vmap", self.mapped_gradient
             if self._differs():
+                local = self.structure.local_enumerated
                 raise BatchingError(
+                    f"the model's enumerated sites inside plates {list(local)} do not batch: the chains' plate collides "
+                    "with the enumeration's dimensions, and Pyro's enumeration does not run under torch.func.vmap"
+                    if local else
                     "the model's potential energy neither runs with the chains on a plate (the model does not "
-                    "broadcast over a leading dimension) nor under torch.func.vmap (a branch on a value)"
+                    "broadcast over a leading dimension) nor under torch.func.vmap (a branch on a value, or an "
+                    "operation vmap does not map)"
                 )
         if jit:
             self._compile(torch_compile=jit == TORCH_COMPILE)

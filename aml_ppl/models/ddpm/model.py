@@ -97,6 +97,7 @@ class DDPM(DiffusionBound, Model):
     default_engine: ClassVar[str] = "svi"
     default_engine_options: ClassVar[Mapping[str, Any]] = MappingProxyType({"lr": 2e-3, "ema_decay": 0.999})
     observed_site: ClassVar[str] = "x_0"
+    observed_arguments: ClassVar[tuple[str, ...]] = ("x0",)
 
     def __init__(
         self,

@@ -69,6 +69,7 @@ class GaussianProcess(_GaussianProcessBase):
     """
 
     default_engine: ClassVar[str] = "exact"
+    observed_arguments: ClassVar[tuple[str, ...]] = ("y",)
 
     def __init__(
         self,

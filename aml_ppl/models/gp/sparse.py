@@ -57,6 +57,7 @@ class SparseGaussianProcess(_GaussianProcessBase):
     """
 
     default_engine: ClassVar[str] = "svi"
+    observed_arguments: ClassVar[tuple[str, ...]] = ("y",)
 
     def __init__(
         self,
