@@ -37,7 +37,7 @@ def engines(steps: int) -> dict[str, object]:
         "MAP, Adam (demo)": MAP(optim="adam", num_steps=steps, lr=0.01, progress_bar=False),
         "Laplace, full GGN": Laplace(),
         "Laplace, full GGN, MC link": Laplace(link_approximation="mc"),
-        "Laplace, last layer": Laplace(hessian="last_layer"),
+        "Laplace, last layer (the classifier's default)": Laplace(hessian="last_layer"),
         "NUTS, 2 x (300 + 300), the exact posterior's reference": NUTS(num_samples=300, warmup_steps=300, num_chains=2),
     }
 

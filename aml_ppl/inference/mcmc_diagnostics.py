@@ -104,6 +104,10 @@ NON_CENTRE = (
 )
 MORE_WARMUP = "run a longer warm-up (`warmup_steps`) and more draws (`num_samples`)"
 DEEPER_TREES = "raise `max_tree_depth` (NUTS) or `max_leapfrog_steps` (ChEES), or rescale the model's parameters"
+ONE_STEP_SIZE = (
+    "or run engine='nuts': ChEES gives every chain and every place one step size, which a posterior whose "
+    "scale changes from place to place (a funnel, a centred hierarchy) cannot take"
+)
 
 
 def check_sampling(

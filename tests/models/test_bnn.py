@@ -259,19 +259,28 @@ def test_bad_data():
         aml.fit(classifier, X, torch.full((20,), 0.5))
 
 
-def test_a_full_batch_regression_network_defaults_to_the_laplace_and_the_rest_to_svi():
-    r"""The default engine: the linearised Laplace for a regression network with one noise, on full
-    batches, of at most ``LAPLACE_AT_MOST`` weights (3-50-1: 251); SVI for a classifier, a
-    minibatched or heteroscedastic network, one of more weights (3-64-64-1: 4 481) and one given
-    SVI's own options."""
+def test_a_full_batch_network_defaults_to_the_laplace_and_the_rest_to_svi():
+    r"""The default engine: the Laplace for a network fitted on full batches with one noise or a
+    categorical likelihood whose Gaussian covers at most ``LAPLACE_AT_MOST`` weights (every weight
+    of a regression network, 3-50-1: 251; a classifier's output layer, 3-64-64-2: 130); SVI for a
+    minibatched or heteroscedastic network, a regression network of more weights (3-64-64-1:
+    4 481) and one given SVI's own options."""
     assert BayesianNeuralNetwork(3).default_engine == "laplace"
     assert BayesianNeuralNetwork(3, noise_scale=0.1).default_engine == "laplace"
+    classifier = BayesianNeuralNetwork(3, hidden=(64, 64), out_features=2, likelihood="categorical")
+    assert classifier.default_engine == "laplace" and classifier.default_engine_options == {"hessian": "last_layer"}
+    assert BayesianNeuralNetwork(3).default_engine_options == {}
     for network in (
-        BayesianNeuralNetwork(3, out_features=2, likelihood="categorical"), BayesianNeuralNetwork(3, subsample_size=16),
-        BayesianNeuralNetwork(3, heteroscedastic=True), BayesianNeuralNetwork(3, hidden=(64, 64)),
-        BayesianNeuralNetwork(3, local_reparameterization=True), BayesianNeuralNetwork(3, guide="isotropic"),
+        BayesianNeuralNetwork(3, subsample_size=16), BayesianNeuralNetwork(3, heteroscedastic=True),
+        BayesianNeuralNetwork(3, hidden=(64, 64)), BayesianNeuralNetwork(3, local_reparameterization=True),
+        BayesianNeuralNetwork(3, guide="isotropic"),
+        BayesianNeuralNetwork(3, out_features=2, likelihood="categorical", subsample_size=16),
     ):
         assert network.default_engine == "svi"
     X, y = gap_data(60, 1)
     post = aml.fit(BayesianNeuralNetwork(1, hidden=(8,), activation="tanh"), X, y, seed=0)
     assert post.engine == "laplace" and post.predict(X[:3]).mean.shape == (3,)
+    labels = (X[:, 0] > 0).to(X.dtype)
+    small = BayesianNeuralNetwork(1, hidden=(8,), out_features=2, likelihood="categorical")
+    post = aml.fit(small, X, labels, seed=0)
+    assert post.engine == "laplace" and post.sites == small.last_layer_sites()
