@@ -11,6 +11,7 @@ import torch
 from aml_ppl._data import check_count
 from aml_ppl.errors import InputDataError
 from aml_ppl.inference.base import Posterior
+from aml_ppl.models.logistic import check_labels
 
 
 def negative_log_likelihood(posterior: Posterior, *args: Any, num_samples: int = 1000, **kwargs: Any) -> float:
@@ -96,15 +97,13 @@ def checked_probabilities(probs: Any, labels: Any) -> tuple[torch.Tensor, torch.
     probs, labels = torch.as_tensor(probs), torch.as_tensor(labels)
     if probs.dim() != 2 or labels.dim() != 1 or probs.shape[0] != labels.shape[0] or probs.shape[0] == 0:
         raise InputDataError(f"`probs` must be n x K and `labels` n, n >= 1; got {tuple(probs.shape)} and {tuple(labels.shape)}.")
-    tolerance = torch.finfo(probs.dtype).eps ** 0.5 if probs.is_floating_point() else 0.0
+    # float32 probabilities cast to float64, or rounded to a few decimals, sum to 1 within 1e-3
+    tolerance = max(torch.finfo(probs.dtype).eps ** 0.5, 1e-3) if probs.is_floating_point() else 0.0
     bad = ~(torch.isfinite(probs).all(-1) & (probs >= 0).all(-1) & ((probs.sum(-1) - 1).abs() <= tolerance))
     if bad.any():
         row = int(bad.nonzero()[0])
         raise InputDataError(f"each row of `probs` must be probabilities summing to 1; row {row} is {probs[row].tolist()}.")
-    whole = not labels.is_floating_point() or bool((labels == labels.round()).all())
-    if not whole or bool((labels < 0).any()) or bool((labels >= probs.shape[1]).any()):
-        raise InputDataError(f"`labels` must be integers in 0 … {probs.shape[1] - 1} (the columns of `probs`); got {labels.unique().tolist()[:10]}.")
-    return probs, labels.long()
+    return probs, check_labels(labels.double(), probs.shape[1], torch.float64, name="labels").long()
 
 
 def accuracy(probs: torch.Tensor, labels: torch.Tensor) -> float:

@@ -34,8 +34,9 @@ from aml_ppl.inference.hmc.potential import unflatten
 from aml_ppl.inference.hmc.state import HMCState
 
 # Version 2 (2026-12): each chain's own random stream in place of the global generators'.
-CHECKPOINT_FORMAT = "aml_ppl.nuts-checkpoint/2"
-BATCH_CHECKPOINT_FORMAT = "aml_ppl.batch-checkpoint/2"
+# Version 3 (2026-12-07): the run's description holds the model's density (density_fingerprint).
+CHECKPOINT_FORMAT = "aml_ppl.nuts-checkpoint/3"
+BATCH_CHECKPOINT_FORMAT = "aml_ppl.batch-checkpoint/3"
 
 
 @dataclass
@@ -227,7 +228,7 @@ def sample_batch(
 
 def density_fingerprint(model: Callable, args: tuple, kwargs: dict) -> str:
     r"""The model's latent sites (unconstrained shapes) and its potential energy (Pyro's
-    ``initialize_model``'s, to six digits) at two fixed points of the unconstrained space:
+    ``initialize_model``'s, to five digits) at two fixed points of the unconstrained space:
     what tells an edited model (another prior, another site, a reparameterisation) from the
     one a checkpoint was written by, where the function's name stays. The random state is
     left as it was."""
@@ -235,16 +236,18 @@ def density_fingerprint(model: Callable, args: tuple, kwargs: dict) -> str:
     try:
         with isolated_param_store(), warnings.catch_warnings():
             warnings.simplefilter("ignore")
+            torch.default_generator.manual_seed(0)  # initialize_model draws a start: the same one every time
             start, potential_fn, _, _ = initialize_model(model, args, kwargs)
             shapes = {name: value.shape for name, value in sorted(start.items())}
+            like = next(iter(start.values()))
             size = sum(math.prod(shape) for shape in shapes.values())
             points = (torch.linspace(-1.5, 1.5, size), torch.full((size,), 0.3))
-            energies = [float(potential_fn(unflatten(point, shapes))) for point in points]
+            energies = [float(potential_fn(unflatten(point.to(like), shapes))) for point in points]
     except Exception as error:  # the sampler reports a model it cannot run
         return f"unavailable ({type(error).__name__})"
     finally:
         pyro.util.set_rng_state(state)
-    return f"{ {name: tuple(shape) for name, shape in shapes.items()} } {' '.join(f'{energy:.6g}' for energy in energies)}"
+    return f"{ {name: tuple(shape) for name, shape in shapes.items()} } {' '.join(f'{energy:.5g}' for energy in energies)}"
 
 
 def describe_run(model: Callable, args: tuple, kwargs: dict, settings: dict[str, Any], seeds: list[int]) -> tuple[dict[str, str], ...]:

@@ -69,6 +69,11 @@ class Fitted:
         r"""The model's sites by kind, traced on the fitting data when first asked for."""
         return self._trace_structure(self.args, self.kwargs)
 
+    def traced_structure(self) -> Structure | None:
+        r""":attr:`structure` if it has been traced already, else ``None`` (no trace is run:
+        for a DDPM it is the whole reverse chain over every fitting point)."""
+        return self.__dict__.get("structure")  # where functools.cached_property keeps its value
+
     def evaluation_model(self) -> Callable:
         r"""The model as it is replayed: learned ``pyro.param`` values substituted (and loaded
         into the model's own ``nn.Parameter`` s while it runs)."""

@@ -21,6 +21,7 @@ from aml_ppl.inference.fitted import Fitted
 from aml_ppl.inference.guides import check_learned_match
 from aml_ppl.inference.protocols import Savable
 from aml_ppl.models.base import Model, model_class
+from aml_ppl.models.protocols import VariationalBound
 
 FORMAT = "aml_ppl.posterior/1"
 POSTERIORS: Registry[type[Savable]] = Registry("posterior kind", lambda cls: cls.kind)
@@ -31,6 +32,11 @@ def save(posterior: Savable, path: str | Path) -> None:
     r"""Write ``posterior`` to ``path`` (read back by :func:`load`), whole or not at all: a
     save killed midway leaves the file that was there."""
     tensors, meta = posterior.state()
+    # The latent sites that load checks a passed model against; a model with a latent per point known
+    # through a bound (a DDPM) is not traced for them (its trace is the reverse chain over every point).
+    structure = posterior.fitted.traced_structure()
+    if structure is None and not isinstance(posterior.model, VariationalBound):
+        structure = posterior.fitted.structure
     model = posterior.model
     model_spec = None
     if isinstance(model, Model) and model.get_config() is not None:
@@ -45,7 +51,7 @@ def save(posterior: Savable, path: str | Path) -> None:
             **{f"model_param:{name}": value for name, value in posterior.param_sites.items()},
             "_history": posterior.history,
         },
-        "latent_shapes": {name: list(shape) for name, shape in posterior.latent_shapes.items()},
+        "latent_shapes": None if structure is None else {name: list(shape) for name, shape in structure.latent_shapes.items()},
         "random_stream": posterior.random_stream.state_tensors(),
         "args": [_storable(f"argument {i}", arg) for i, arg in enumerate(posterior.data_args)],
         "kwargs": {k: _storable(f"argument {k!r}", v) for k, v in posterior.data_kwargs.items()},
@@ -99,7 +105,7 @@ def load(path: str | Path, model: Callable | None = None, guide: Callable | None
     )
     with evaluation_mode(model):
         check_learned_match("model", model, fitted.args, fitted.kwargs, fitted.params)
-        if passed and "latent_shapes" in payload:
+        if passed and payload.get("latent_shapes") is not None:
             check_latent_match(payload["latent_shapes"], fitted.structure.latent_shapes)
     posterior = POSTERIORS[payload["kind"]].from_state(fitted, tensors, meta, guide)
     # A seeded fit's draws go on where the saved posterior's stopped.

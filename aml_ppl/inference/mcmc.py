@@ -13,7 +13,7 @@ import numpy as np
 import pyro.infer
 import torch
 
-from aml_ppl._core.checks import Boolean, Optional, check_arguments
+from aml_ppl._core.checks import Boolean, Optional, Real, check_arguments
 from aml_ppl._data import check_count, check_positive
 from aml_ppl.errors import InputDataError, JitFallbackWarning, VectorisedChainsWarning
 from aml_ppl.inference.base import Engine, Posterior, register_engine
@@ -288,8 +288,10 @@ class NUTS(Engine):
                 ``None``: no checkpoints.
             checkpoint_every: Kept draws between checkpoints.
         """
-        check_arguments("NUTS", {"full_mass": Optional(Boolean()), "progress_bar": Boolean(), "vectorized": Boolean()},
-                        {"full_mass": full_mass, "progress_bar": progress_bar, "vectorized": vectorized})
+        check_arguments(
+            "NUTS", {"target_accept_prob": Real(0.0, 1.0), "full_mass": Optional(Boolean()), "progress_bar": Boolean(), "vectorized": Boolean()},
+            {"target_accept_prob": target_accept_prob, "full_mass": full_mass, "progress_bar": progress_bar, "vectorized": vectorized},
+        )
         if vectorized and (full_mass or executor != "auto" or timeout is not None):
             raise InputDataError(
                 "`vectorized=True` runs every chain in one batch in this process with a diagonal mass "
@@ -307,8 +309,6 @@ class NUTS(Engine):
         self.num_samples = check_count("num_samples", num_samples)
         self.warmup_steps = check_count("warmup_steps", warmup_steps, minimum=0)
         self.num_chains = default_chains() if num_chains is None else check_count("num_chains", num_chains)
-        if not 0 < check_positive("target_accept_prob", target_accept_prob) < 1:
-            raise InputDataError(f"`target_accept_prob` must lie in (0, 1); got {target_accept_prob}.")
         self.jit_compile = check_jit_compile(jit_compile)
         self.kernel_options = {
             "target_accept_prob": target_accept_prob,

@@ -33,7 +33,7 @@ def untraceable(error: BaseException) -> str:
     program's own code (not torch's, Pyro's or aml_ppl's) read a tensor's value into Python,
     as ``"file.py, line N: reads a traced tensor's value into Python"``, or a distribution's
     own check of its values, else the error's type and first sentences."""
-    if any(frame.name == "_validate_sample" for frame in traceback.extract_tb(error.__traceback__)):
+    if _VALUE_READ in str(error) and any(frame.name == "_validate_sample" for frame in traceback.extract_tb(error.__traceback__)):
         return (
             "a distribution checks its values (validate_args=True) and reads the check into Python: one built "
             "while Pyro's validation was on, as a PyroSample prior built in a module's __init__ is; build it "

@@ -104,6 +104,8 @@ class Model(PyroModule):
     def check_observed(self, *args: Any, **kwargs: Any) -> None:
         r"""Refuse a fit whose validated arguments leave out one of :attr:`observed_arguments`:
         the program would draw the observations instead of conditioning on them."""
+        if not self.observed_arguments:
+            return
         given = inspect.signature(self.model).bind(*args, **kwargs).arguments
         for name in self.observed_arguments:
             if given.get(name) is None:

@@ -183,13 +183,13 @@ class BayesianNeuralNetwork(Model):
         shapes = self._layer_shapes()
         covered = self.last_layer_sites() if self.likelihood == "categorical" else list(shapes)
         guide_set = self.local_reparameterization or self.guide_family != "meanfield"  # options only SVI reads
-        laplace = not (self.heteroscedastic or guide_set) and self.subsample_size is None
+        laplace = self.gauss_newton_problem() is None and not guide_set and self.subsample_size is None
         return "laplace" if laplace and sum(math.prod(shapes[name]) for name in covered) <= LAPLACE_AT_MOST else "svi"
 
     @property
     def default_engine_options(self) -> dict[str, Any]:
-        r"""A classifier's Laplace covers its output layer (``hessian="last_layer"``)."""
-        return {"hessian": "last_layer"} if self.likelihood == "categorical" else {}
+        r"""A classifier's default Laplace covers its output layer (``hessian="last_layer"``)."""
+        return {"hessian": "last_layer"} if self.likelihood == "categorical" and self.default_engine == "laplace" else {}
 
     def get_config(self) -> dict[str, Any]:
         return {

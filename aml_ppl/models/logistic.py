@@ -161,16 +161,17 @@ def warn_if_one_class(labels: torch.Tensor | None, num_classes: int) -> None:
         )
 
 
-def check_labels(labels: torch.Tensor, num_classes: int, dtype: torch.dtype) -> torch.Tensor:
-    r"""Class labels as floats of ``dtype``: integers in ``0 … num_classes - 1``, else raise."""
+def check_labels(labels: torch.Tensor, num_classes: int, dtype: torch.dtype, name: str = "y") -> torch.Tensor:
+    r"""Class labels as floats of ``dtype``: integers in ``0 … num_classes - 1``, else raise
+    naming the argument ``name``."""
     if not torch.equal(labels, labels.round()):
         raise InputDataError(
-            "`y` must hold integer class labels 0 … K-1; got non-integer values such as "
+            f"`{name}` must hold integer class labels 0 … K-1; got non-integer values such as "
             f"{labels[labels != labels.round()][0].item():g}."
         )
     if labels.min() < 0 or labels.max() > num_classes - 1:
         raise InputDataError(
-            f"`y` must hold labels in 0 … {num_classes - 1} (num_classes = {num_classes}); got "
+            f"`{name}` must hold labels in 0 … {num_classes - 1} (num_classes = {num_classes}); got "
             f"labels from {int(labels.min())} to {int(labels.max())}."
         )
     return labels.to(dtype)

@@ -276,7 +276,7 @@ def test_a_full_batch_network_defaults_to_the_laplace_and_the_rest_to_svi():
         BayesianNeuralNetwork(3, guide="isotropic"),
         BayesianNeuralNetwork(3, out_features=2, likelihood="categorical", subsample_size=16),
     ):
-        assert network.default_engine == "svi"
+        assert network.default_engine == "svi" and network.default_engine_options == {}  # SVI takes no `hessian`
     X, y = gap_data(60, 1)
     post = aml.fit(BayesianNeuralNetwork(1, hidden=(8,), activation="tanh"), X, y, seed=0)
     assert post.engine == "laplace" and post.predict(X[:3]).mean.shape == (3,)

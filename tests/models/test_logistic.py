@@ -85,10 +85,10 @@ def test_expected_calibration_error_of_a_known_case():
 @pytest.mark.parametrize(
     "probs, labels, match",
     [
-        ([[0.9, 0.1], [0.2, 0.8]], [5, 1], "`labels` must be integers in 0 … 1"),
+        ([[0.9, 0.1], [0.2, 0.8]], [5, 1], "`labels` must hold labels in 0 … 1"),
         ([[3.0, 0.1], [0.2, 2.0]], [0, 1], "row 0"),
         ([[float("nan"), 0.1], [0.2, 0.8]], [0, 1], "row 0"),
-        ([[0.9, 0.1], [0.2, 0.8]], [0.5, 1.0], "`labels` must be integers"),
+        ([[0.9, 0.1], [0.2, 0.8]], [0.5, 1.0], "`labels` must hold integer class labels"),
         (torch.zeros(0, 2), torch.zeros(0), "n >= 1"),
     ],
 )
@@ -96,6 +96,13 @@ def test_calibration_metrics_refuse_what_is_not_a_prediction(probs, labels, matc
     for metric in (aml.analysis.expected_calibration_error, aml.analysis.accuracy):
         with pytest.raises(aml.InputDataError, match=match):
             metric(torch.as_tensor(probs), torch.as_tensor(labels))
+
+
+def test_calibration_metrics_take_probabilities_cast_or_rounded():
+    probs = torch.softmax(torch.randn(50, 3, generator=torch.Generator().manual_seed(0)), -1)
+    labels = probs.argmax(-1)
+    for given in (probs.double(), (probs * 1e4).round() / 1e4):
+        assert aml.analysis.accuracy(given, labels) == 1.0
 
 
 def test_bad_input():
