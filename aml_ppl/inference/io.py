@@ -97,7 +97,13 @@ def load(path: str | Path, model: Callable | None = None, guide: Callable | None
                 "this posterior's model cannot be rebuilt from the file (a plain model "
                 "function, or a model holding objects such as a GPyTorch kernel); pass it as `model=`."
             )
-        model = model_class(spec["class"])(**spec["config"])
+        try:
+            model = model_class(spec["class"])(**spec["config"])
+        except InputDataError as error:  # a configuration an earlier version took: the file's values are kept
+            raise InputDataError(
+                f"this version of aml_ppl refuses the saved {spec['class']}'s configuration ({error}); pass "
+                "`model=` built as this version takes it (the posterior's saved values are used as they are)."
+            ) from error
     meta, tensors = payload["meta"], payload["tensors"]
     fitted = Fitted(
         model, tuple(payload["args"]), dict(payload["kwargs"]), engine=meta["engine"], objective=meta["objective"],

@@ -284,3 +284,20 @@ def test_a_full_batch_network_defaults_to_the_laplace_and_the_rest_to_svi():
     small = BayesianNeuralNetwork(1, hidden=(8,), out_features=2, likelihood="categorical")
     post = aml.fit(small, X, labels, seed=0)
     assert post.engine == "laplace" and post.sites == small.last_layer_sites()
+
+
+def test_a_saved_configuration_this_version_refuses_loads_through_model(tmp_path):
+    r"""A classifier saved with ``noise_scale`` (which it never read, and which it is now refused):
+    ``load`` names the way out, and the posterior loads whole with the model passed."""
+    X = torch.randn(40, 3, generator=torch.Generator().manual_seed(0))
+    labels = (X[:, 0] > 0).to(X.dtype)
+    classifier = BayesianNeuralNetwork(3, hidden=(4,), out_features=2, likelihood="categorical")
+    post = aml.fit(classifier, X, labels, engine=MAP(num_steps=20), seed=0)
+    post.save(tmp_path / "post.pt")
+    payload = torch.load(tmp_path / "post.pt", weights_only=True)
+    payload["model"]["config"]["noise_scale"] = 0.1
+    torch.save(payload, tmp_path / "post.pt")
+    with pytest.raises(aml.InputDataError, match="refuses the saved BayesianNeuralNetwork's configuration.*pass `model=`"):
+        aml.load(tmp_path / "post.pt")
+    loaded = aml.load(tmp_path / "post.pt", model=classifier)
+    torch.testing.assert_close(loaded.log_prob(X, labels), post.log_prob(X, labels))
