@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import copy
 import warnings
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import pyro.distributions as dist
 import torch
@@ -255,6 +255,21 @@ def param_values(program: Callable, args: tuple, kwargs: dict) -> dict[str, torc
     return {name: site["value"].detach().clone() for name, site in capture.trace.nodes.items()}
 
 
+def shape_differences(saved: dict[str, Sequence[int]], here: dict[str, Sequence[int]]) -> list[str]:
+    r"""What differs between the saved sites' shapes and those a program passed to ``load`` has:
+    the sites saved but not in it, those in it but not saved, and those of another shape."""
+    missing, unexpected = sorted(set(saved) - set(here)), sorted(set(here) - set(saved))
+    reshaped = [
+        f"{name}: saved {tuple(saved[name])}, here {tuple(here[name])}"
+        for name in sorted(set(saved) & set(here)) if tuple(saved[name]) != tuple(here[name])
+    ]
+    return [
+        *([f"saved but not in it: {missing}"] if missing else []),
+        *([f"in it but not saved: {unexpected}"] if unexpected else []),
+        *([f"shapes differ ({'; '.join(reshaped)})"] if reshaped else []),
+    ]
+
+
 def check_learned_match(what: str, program: Callable, args: tuple, kwargs: dict, learned: dict[str, torch.Tensor]) -> None:
     r"""Refuse a ``program`` (a model or guide passed to ``load``) whose param sites, the
     parameters of its ``pyro.module`` and ``PyroModule`` networks among them, are not the
@@ -269,18 +284,8 @@ def check_learned_match(what: str, program: Callable, args: tuple, kwargs: dict,
         return
     with isolated_param_store():
         announced = {name: value.shape for name, value in param_values(program, args, kwargs).items()}
-    missing = sorted(set(learned) - set(announced))
-    unexpected = sorted(set(announced) - set(learned))
-    reshaped = [
-        f"{name}: saved {tuple(learned[name].shape)}, here {tuple(announced[name])}"
-        for name in sorted(set(learned) & set(announced)) if learned[name].shape != announced[name]
-    ]
-    if missing or unexpected or reshaped:
-        problems = [
-            *([f"saved but not in it: {missing}"] if missing else []),
-            *([f"in it but not saved: {unexpected}"] if unexpected else []),
-            *([f"shapes differ ({'; '.join(reshaped)})"] if reshaped else []),
-        ]
+    problems = shape_differences({name: value.shape for name, value in learned.items()}, announced)
+    if problems:
         raise InputDataError(
             f"the {what} passed to `load` does not have the saved posterior's parameters: {'; '.join(problems)}. "
             f"Pass a {what} built as the fitted one was (the same networks, names and sizes)."

@@ -18,7 +18,7 @@ from aml_ppl._core.registry import Registry
 from aml_ppl.errors import AmlPplError, InputDataError
 from aml_ppl.inference.context import evaluation_mode
 from aml_ppl.inference.fitted import Fitted
-from aml_ppl.inference.guides import check_learned_match
+from aml_ppl.inference.guides import check_learned_match, shape_differences
 from aml_ppl.inference.protocols import Savable
 from aml_ppl.models.base import Model, model_class
 from aml_ppl.models.protocols import VariationalBound
@@ -126,12 +126,7 @@ def check_latent_match(saved: dict[str, list[int]], here: dict[str, torch.Size])
     Raises:
         InputDataError: Naming the missing, unexpected and reshaped sites.
     """
-    here = {name: list(shape) for name, shape in here.items()}
-    problems = [
-        *([f"saved but not in it: {sorted(set(saved) - set(here))}"] if set(saved) - set(here) else []),
-        *([f"in it but not saved: {sorted(set(here) - set(saved))}"] if set(here) - set(saved) else []),
-        *[f"{name}: saved {tuple(saved[name])}, here {tuple(here[name])}" for name in sorted(set(saved) & set(here)) if saved[name] != here[name]],
-    ]
+    problems = shape_differences(saved, here)
     if problems:
         raise InputDataError(
             f"the model passed to `load` does not have the saved posterior's latent sites: {'; '.join(problems)}. "
