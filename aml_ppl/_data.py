@@ -137,6 +137,50 @@ def positional_names(program: Any, count: int) -> list[str]:
     return [named[index] if index < len(named) else f"positional argument {index}" for index in range(count)]
 
 
+def check_keyword_names(program: Any, kwargs: dict, context: str) -> None:
+    r"""Raise, naming the keyword, where ``kwargs`` holds a name that ``program`` (a model's
+    function: :func:`~aml_ppl.models.base.program_of`) does not take.
+
+    ``context`` says where the keywords came from (``"fit"``, ``"the posterior"``); an engine
+    option given to ``fit`` as the model's keyword is named with its right place.
+    """
+    try:
+        parameters = inspect.signature(program).parameters.values()
+    except (TypeError, ValueError):
+        return
+    if any(parameter.kind is inspect.Parameter.VAR_KEYWORD for parameter in parameters):
+        return
+    accepted = [
+        parameter.name for parameter in parameters
+        if parameter.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    ]
+    for key in kwargs:
+        if key not in accepted:
+            hint = " Engine options go to the engine: `engine=NUTS(num_samples=...)`, say." if context == "fit" else ""
+            raise InputDataError(
+                f"`{key}` is not an argument of the model (its keyword arguments are {accepted}); "
+                f"{context} passes keyword arguments to the model.{hint}"
+            )
+
+
+def note_numeric_lists(error: BaseException, args: tuple, kwargs: dict, names: list[str]) -> None:
+    r"""Add a note to ``error`` naming each argument that is a Python list or tuple of numbers.
+
+    Pyro's sites take tensors: such a list given as ``obs=`` fails deep inside Pyro with an
+    ``AttributeError`` (``'list' object has no attribute ...``) that does not name it. The
+    original error is kept; the note names the argument and the conversion.
+    """
+    named = list(zip(names, args)) + [(f"keyword argument {key!r}", value) for key, value in kwargs.items()]
+    for name, value in named:
+        if isinstance(value, (list, tuple)) and value and all(
+            isinstance(item, (int, float)) and not isinstance(item, bool) for item in value
+        ):
+            error.add_note(
+                f"aml_ppl: the model's {name} is a Python {type(value).__name__} of numbers; Pyro's "
+                "sites take tensors: pass `torch.tensor(...)` (or a numpy array) instead."
+            )
+
+
 def check_finite_arguments(args: tuple, kwargs: dict, names: list[str] | None = None) -> None:
     r"""Raise, naming the argument and the path inside it (``keyword argument 'data'["C"][7]``),
     where a floating tensor among a model's arguments, or inside a dict, list, tuple or

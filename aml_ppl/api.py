@@ -5,7 +5,15 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from aml_ppl._core.randomness import RandomStream
-from aml_ppl._data import check_count, check_finite_arguments, column_names, convert_arguments, positional_names
+from aml_ppl._data import (
+    check_count,
+    check_finite_arguments,
+    check_keyword_names,
+    column_names,
+    convert_arguments,
+    note_numeric_lists,
+    positional_names,
+)
 from aml_ppl.errors import InputDataError
 from aml_ppl.inference.base import ENGINES, Engine, Posterior
 from aml_ppl.models.base import Model, program_of
@@ -55,15 +63,21 @@ def fit(
     if isinstance(model, Model):
         model.feature_names = column_names(args[0]) if args else None
     args, kwargs = convert_arguments(args, kwargs)
+    check_keyword_names(program_of(model), kwargs, "fit")
     if isinstance(model, Model):  # its own checks name the argument (`X`, `y`)
         args, kwargs = model.validate(*args, **kwargs)
         model.check_observed(*args, **kwargs)
         model.check_fitting_data(*args, **kwargs)
-    check_finite_arguments(args, kwargs, positional_names(program_of(model), len(args)))
+    names = positional_names(program_of(model), len(args))
+    check_finite_arguments(args, kwargs, names)
     if seed is not None:
         check_count("seed", seed, minimum=0)
     with RandomStream(seed).active():
-        return engine.fit(model, *args, **kwargs)
+        try:
+            return engine.fit(model, *args, **kwargs)
+        except (AttributeError, TypeError) as error:
+            note_numeric_lists(error, args, kwargs, names)
+            raise
 
 
 def _resolve_engine(engine: str | Engine | None, model: Callable) -> Engine:

@@ -12,6 +12,7 @@ A :class:`RandomStream` keeps the state a piece of seeded work reached, so the n
 
 from __future__ import annotations
 
+import inspect
 import random
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -20,6 +21,8 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
+
+from aml_ppl._core.checks import Integer, check_arguments
 
 
 def _global_states() -> tuple[Any, Any, torch.Tensor, list[torch.Tensor]]:
@@ -183,16 +186,38 @@ def _states_from_tensors(tensors: dict[str, torch.Tensor]) -> tuple[Any, Any, to
 
 
 _ACTIVE: ContextVar[RandomStream] = ContextVar("aml_ppl_random_stream", default=RandomStream(None))
+_SEEDED_CALL: ContextVar[RandomStream | None] = ContextVar("aml_ppl_seeded_call", default=None)
 
 
 def on_own_stream(method: Callable) -> Callable:
     r"""Run a posterior's method on the posterior's :class:`RandomStream` (its
     ``random_stream``: the seeded fit's, continued; the caller's generators when the fit
-    was not seeded)."""
+    was not seeded), or, given ``seed=``, on a stream of its own seeded with it.
+
+    The method gains a keyword-only ``seed`` (shown in its signature): ``post.predict(X,
+    seed=0)`` gives the same draws on every call and leaves the posterior's stream where it
+    was, as ``aml_ppl.fit(..., seed=0)`` leaves the caller's.
+    """
 
     @wraps(method)
-    def drawing(self: Any, *args: Any, **kwargs: Any) -> Any:
-        with self.random_stream.active():
-            return method(self, *args, **kwargs)
+    def drawing(self: Any, *args: Any, seed: int | None = None, **kwargs: Any) -> Any:
+        if seed is None:  # the posterior's stream, or the seeded call's that this one serves
+            with (_SEEDED_CALL.get() or self.random_stream).active():
+                return method(self, *args, **kwargs)
+        check_arguments("", {"seed": Integer(0)}, {"seed": seed})
+        stream = RandomStream(seed)
+        token = _SEEDED_CALL.set(stream)
+        try:
+            with stream.active():
+                return method(self, *args, **kwargs)
+        finally:
+            _SEEDED_CALL.reset(token)
 
+    parameters = list(inspect.signature(method).parameters.values())
+    seed = inspect.Parameter("seed", inspect.Parameter.KEYWORD_ONLY, default=None, annotation="int | None")
+    position = next(
+        (index for index, parameter in enumerate(parameters) if parameter.kind is inspect.Parameter.VAR_KEYWORD),
+        len(parameters),
+    )
+    drawing.__signature__ = inspect.signature(method).replace(parameters=[*parameters[:position], seed, *parameters[position:]])
     return drawing

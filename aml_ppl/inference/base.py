@@ -91,9 +91,10 @@ class Posterior(ArvizExport, _WithoutChains, ABC):
             ``objective`` and ``history``, the learned ``param_sites``, the ``rank``; each
             also an attribute here.
         structure: The model's sites by kind (:class:`~aml_ppl.inference.structure.Structure`).
-        random_stream: Where its draws come from: a fit with ``seed=`` continues its own
-            seeded stream (the caller's generators are left alone, and two fits with one
-            seed draw the same); otherwise the caller's generators, as in Pyro.
+        random_stream: Where its draws come from: a seeded fit's stream, continued (the
+            caller's generators are left alone; two fits with one seed draw the same), else
+            the caller's generators, as in Pyro. A drawing method given ``seed=`` draws on a
+            stream of its own, the same on every call, and leaves this one where it was.
     """
 
     kind: ClassVar[str]
@@ -190,6 +191,7 @@ class Posterior(ArvizExport, _WithoutChains, ABC):
             num_samples: Posterior draws to average over.
             site: The observed site to predict (or a ``pyro.deterministic`` site);
                 needed only when there are several observed sites.
+            seed: Draw on a stream of this call's own (:attr:`random_stream`).
             **kwargs: The model's keyword arguments; keyword options of the fit that
                 are not tensors (a batch size, say) are kept unless given again.
         """
@@ -205,9 +207,7 @@ class Posterior(ArvizExport, _WithoutChains, ABC):
         return self.replay(num_samples, args, kwargs).deterministic
 
     @on_own_stream
-    def log_prob(
-        self, *args: Any, num_samples: int = 1000, site: str | None = None, **kwargs: Any
-    ) -> torch.Tensor:
+    def log_prob(self, *args: Any, num_samples: int = 1000, site: str | None = None, **kwargs: Any) -> torch.Tensor:
         r"""Pointwise log predictive density of the observations in ``args``.
 
         .. math:: \log p(y_i \mid \mathcal{D}) \approx
@@ -243,9 +243,7 @@ class Posterior(ArvizExport, _WithoutChains, ABC):
         return self.model.botorch_ensemble(draws, *self.data_args, **self.data_kwargs)
 
     @on_own_stream
-    def credible_interval(
-        self, site: str, level: float = 0.95, num_samples: int = 4000
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def credible_interval(self, site: str, level: float = 0.95, num_samples: int = 4000) -> tuple[torch.Tensor, torch.Tensor]:
         r"""Central credible interval of a latent (or reparameterised) site: ``(lower, upper)``."""
         sites = [*self.latent_sites, *self.structure.reparameterised]
         if site not in sites:

@@ -17,7 +17,13 @@ import numpy as np
 import pyro
 import torch
 
-from aml_ppl._data import check_finite_arguments, check_new_arguments, convert_arguments, positional_names
+from aml_ppl._data import (
+    check_finite_arguments,
+    check_keyword_names,
+    check_new_arguments,
+    convert_arguments,
+    positional_names,
+)
 from aml_ppl.errors import InputDataError
 from aml_ppl.inference.context import evaluation_mode, isolated_param_store, module_parameters, with_learned_values
 from aml_ppl.inference.density import log_densities
@@ -119,6 +125,7 @@ class Fitted:
         if not args and not kwargs:
             return self.args, self.kwargs
         args, kwargs = convert_arguments(args, kwargs)
+        check_keyword_names(program_of(self.model), kwargs, "the posterior")
         if isinstance(self.model, Model):
             args, kwargs = self.model.validate(*args, **kwargs)
         names = positional_names(program_of(self.model), len(args))

@@ -59,6 +59,47 @@ def test_nan_inside_a_dict_list_or_namespace_argument_is_named_by_its_path():
         aml.fit(regression, types.SimpleNamespace(C=values), engine=FAST_SVI)
 
 
+@pytest.mark.parametrize("engine", [FAST_SVI, MAP(), NUTS(num_samples=5, warmup_steps=5, progress_bar=False)],
+                         ids=["svi", "map", "nuts"])
+def test_a_python_list_of_observations_keeps_pyros_error_with_a_note_naming_the_argument(engine):
+    r"""Pyro fails on a list given as ``obs=`` with ``'list' object has no attribute ...``
+    raised in its own code; the error is kept and a note names the argument."""
+    with pytest.raises(AttributeError, match="'list' object") as raised:
+        aml.fit(conjugate_normal, [0.1, 0.2, 0.3], engine=engine)
+    assert "the model's argument 'y' is a Python list of numbers" in " ".join(raised.value.__notes__)
+
+
+def test_keywords_the_model_does_not_take_are_named_with_their_place():
+    r"""An engine option passed where the model's keywords go is named, with where it
+    belongs, not Python's ``TypeError`` from inside a validation."""
+    y = torch.tensor([0.1, 0.2, 0.3])
+    with pytest.raises(aml.InputDataError, match=r"`num_samples` is not an argument of the model.*engine=NUTS"):
+        aml.fit(conjugate_normal, y, engine=FAST_SVI, num_samples=10)
+    X = torch.randn(12, 2, dtype=torch.float64)
+    post = aml.fit(BayesianLinearRegression(), X, X.sum(-1))
+    with pytest.raises(aml.InputDataError, match=r"`num_draws` is not an argument.*\['X', 'y'\]"):
+        post.predict(X[:2], num_draws=10)
+
+
+@pytest.mark.parametrize("engine", ["svi", "exact"])
+def test_a_posteriors_draws_take_a_seed_of_their_own_and_leave_its_stream(engine):
+    r"""``predict(..., seed=)`` and ``sample(seed=)`` (as a DDPM's ``predict`` took) repeat
+    their draws and leave the posterior's stream where it was: the unseeded draws after them
+    are those of a posterior that never drew with a seed."""
+    X = torch.randn(12, 2, dtype=torch.float64)
+    y = X.sum(-1)
+    model = BayesianLinearRegression()
+    fitting = FAST_SVI if engine == "svi" else engine
+    post, twin = (aml.fit(model, X, y, engine=fitting, seed=1) for _ in range(2))
+    first = post.predict(X[:3], num_samples=20, seed=5).samples
+    assert torch.equal(first, post.predict(X[:3], num_samples=20, seed=5).samples)
+    assert not torch.equal(first, post.predict(X[:3], num_samples=20, seed=6).samples)
+    assert torch.equal(post.sample(7, seed=2)["beta"], post.sample(7, seed=2)["beta"])
+    assert torch.equal(post.sample(7)["beta"], twin.sample(7)["beta"])
+    with pytest.raises(aml.InputDataError, match="`seed` must be an integer >= 0; got -1"):
+        post.sample(3, seed=-1)
+
+
 def test_new_inputs_with_other_columns_are_refused():
     X = torch.randn(20, 3, dtype=torch.float64)
     y = X.sum(-1)

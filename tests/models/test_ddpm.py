@@ -308,11 +308,17 @@ def test_jit_traces_the_diffusion_loss_once_and_it_equals_the_eager_loss_on_the_
         (lambda: DDPM((1, 8, 8), network="mlp"), "unet"),
         (lambda: DDPM((2,), levels=17), "data_range"),
         (lambda: DDPM((2,), reverse_variance="interpolated", objective="bound"), "L_hybrid"),
+        (lambda: DDPM("two"), "data_shape"),
+        (lambda: DDPM(0), "data_shape"),
     ],
 )
 def test_bad_settings_are_refused_by_name(make, message: str) -> None:
     with pytest.raises(InputDataError, match=message):
         make()
+
+
+def test_a_vectors_size_is_its_shape() -> None:
+    assert DDPM(2, num_timesteps=5).data_shape == DDPM((2,), num_timesteps=5).data_shape == (2,)
 
 
 def test_bad_data_is_refused_by_name() -> None:

@@ -101,7 +101,7 @@ class DDPM(DiffusionBound, Model):
 
     def __init__(
         self,
-        data_shape: Sequence[int],
+        data_shape: int | Sequence[int],
         *,
         network: str | nn.Module = "mlp",
         network_options: dict[str, Any] | None = None,
@@ -115,7 +115,7 @@ class DDPM(DiffusionBound, Model):
     ) -> None:
         r"""
         Args:
-            data_shape: The shape of one data point: ``(d,)`` for vectors, ``(C, H, W)`` for images.
+            data_shape: The shape of one data point: ``(d,)`` (or ``d``) for vectors, ``(C, H, W)`` for images.
             network: ``"mlp"`` (:class:`~aml_ppl.models.ddpm.denoisers.MLPDenoiser`), ``"unet"``
                 (:class:`~aml_ppl.models.ddpm.denoisers.UNetDenoiser`), or a module of your own
                 called as ``network(x_t, t)`` on a batch (``B x *data_shape``, ``B`` integers);
@@ -149,7 +149,12 @@ class DDPM(DiffusionBound, Model):
             data_range: For discrete data, the grid's ``(lowest, highest)`` value.
         """
         super().__init__()
-        self.data_shape = tuple(int(size) for size in data_shape)
+        if isinstance(data_shape, int) and not isinstance(data_shape, bool):
+            data_shape = (data_shape,)  # as torch.zeros(2) takes a size
+        try:
+            self.data_shape = tuple(int(size) for size in data_shape)
+        except (TypeError, ValueError):
+            self.data_shape = ()
         if not self.data_shape or any(size < 1 for size in self.data_shape):
             raise InputDataError(f"`data_shape` must be a non-empty sequence of positive sizes; got {data_shape!r}.")
         check_count("num_timesteps", num_timesteps)
