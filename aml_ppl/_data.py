@@ -219,6 +219,22 @@ def _tensors_within(value: Any, path: str, depth: int = 0) -> list[tuple[str, to
     return [found for item_path, item in items for found in _tensors_within(item, item_path, depth + 1)]
 
 
+def cast_like_fitting(args: tuple, kwargs: dict, fitted_args: tuple, fitted_kwargs: dict) -> tuple[tuple, dict]:
+    r"""New floating tensor arguments in the dtype and on the device of the fitting data's at the
+    same place: a model fitted on float32 (torch's default) takes numpy's float64 inputs, and
+    the reverse, as its fit did not see them."""
+
+    def like(new: Any, old: Any) -> Any:
+        if isinstance(new, torch.Tensor) and isinstance(old, torch.Tensor) and new.is_floating_point() and old.is_floating_point():
+            return new.to(dtype=old.dtype, device=old.device)
+        return new
+
+    return (
+        tuple(like(new, old) for new, old in zip(args, fitted_args)) + tuple(args[len(fitted_args):]),
+        {key: like(value, fitted_kwargs.get(key)) for key, value in kwargs.items()},
+    )
+
+
 def check_new_arguments(
     args: tuple, kwargs: dict, fitted_args: tuple, fitted_kwargs: dict, names: list[str] | None = None
 ) -> None:

@@ -99,7 +99,8 @@ class HyperparameterFitWarning(AmlPplWarning):
 
 class StagnationWarning(AmlPplWarning):
     r"""A safe-BO loop's pessimistic safe set has stopped growing while it evaluates only
-    points it has already evaluated: it cannot leave what it knows."""
+    points it has already evaluated: it cannot leave what it knows; or no point an active
+    learner may evaluate informs its target, so its choices are arbitrary."""
 
 
 def _describe(model: object) -> str:

@@ -3,6 +3,7 @@ r"""Active learning: transductive learning of a function on a target set (notes 
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 from typing import Callable
 
@@ -13,15 +14,18 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from aml_ppl._core.linalg import plus_diagonal
+from aml_ppl._core.checks import POSITIVE, Integer, check_arguments
 from aml_ppl._data import check_count, check_float_tensor
 from aml_ppl.api import fit
 from aml_ppl.bo.acquisition import TRANSDUCTIVE, transductive
-from aml_ppl.errors import InputDataError
+from aml_ppl.errors import InputDataError, StagnationWarning
 from aml_ppl.inference.exact import Exact
 from aml_ppl.models.gp import GaussianProcess
 
 
 STRATEGIES = (*TRANSDUCTIVE, "random")
+# An ITL value (an information gain) at or below this many nats informs the target of nothing.
+UNINFORMATIVE = 1e-9
 
 
 @dataclass(frozen=True)
@@ -74,8 +78,17 @@ class TransductiveActiveLearning:
             raise InputDataError(
                 f"`target` has {self.target.shape[1]} columns but `sample_space` has {self.sample_space.shape[1]}."
             )
+        check_arguments(
+            type(self).__name__, {"lengthscale": POSITIVE, "noise_variance": POSITIVE, "seed": Integer(0)},
+            {"lengthscale": lengthscale, "noise_variance": noise_variance, "seed": seed},
+        )
         if bounds is not None:
             bounds = torch.as_tensor(bounds, dtype=torch.float64)
+            if bounds.shape != (2, self.sample_space.shape[1]):
+                raise InputDataError(
+                    f"`bounds` must be 2 x {self.sample_space.shape[1]} (lower and upper per column of "
+                    f"`sample_space`); got shape {tuple(bounds.shape)}."
+                )
             for name, points in (("sample_space", self.sample_space), ("target", self.target)):
                 outside = ((points < bounds[0]) | (points > bounds[1])).any(1)
                 if outside.any():
@@ -91,6 +104,7 @@ class TransductiveActiveLearning:
         self.X = self.sample_space.new_zeros(0, self.sample_space.shape[1])
         self.y = self.sample_space.new_zeros(0)
         self.steps: list[ActiveLearningStep] = []
+        self._said_uninformative = False
 
     def _posterior(self):
         kernel = gpytorch.kernels.RBFKernel().double()
@@ -105,10 +119,29 @@ class TransductiveActiveLearning:
             return self.sample_space[index[0]]
         model = self._posterior().to_botorch()
         acquisition = transductive(self.strategy, model, self.target)
-        return optimize_acqf_discrete(acquisition, q=1, choices=self.sample_space)[0][0]
+        candidates, values = optimize_acqf_discrete(acquisition, q=1, choices=self.sample_space)
+        if self.strategy == "itl" and float(values.max()) <= UNINFORMATIVE and not self._said_uninformative:
+            self._said_uninformative = True
+            warnings.warn(
+                f"no point of `sample_space` informs `target` (the best information gain, ITL's value, is "
+                f"{float(values.max()):.2g} nats): the target lies many lengthscales ({self.lengthscale:g}) from every "
+                "sample point, so the choice is arbitrary and the target's variance stays at the prior's. Bring the "
+                "sample space nearer the target or use a longer lengthscale.",
+                StagnationWarning,
+                stacklevel=3,
+            )
+        return candidates[0]
 
     def observe(self, x: Tensor, y: float) -> ActiveLearningStep:
         r"""Add an observation and record the posterior on the target set."""
+        x = torch.as_tensor(x, dtype=torch.float64)
+        if x.numel() != self.sample_space.shape[1]:
+            raise InputDataError(
+                f"`x` must have {self.sample_space.shape[1]} coordinates, as `sample_space`'s points; got shape {tuple(x.shape)}."
+            )
+        value = torch.as_tensor(y)
+        if value.numel() != 1:
+            raise InputDataError(f"the observation at {x.tolist()} must be one number; got shape {tuple(value.shape)}.")
         self.X = torch.cat([self.X, x.reshape(1, -1)])
         self.y = torch.cat([self.y, self.y.new_tensor([float(y)])])
         covariance = self._posterior().to_botorch().posterior(self.target).distribution.covariance_matrix
@@ -125,7 +158,7 @@ class TransductiveActiveLearning:
         r"""Take ``budget`` steps with ``objective`` (``d`` -> a noisy value)."""
         for _ in tqdm(range(check_count("budget", budget)), desc=f"active learning ({self.strategy})", disable=not progress_bar):
             x = self.suggest()
-            self.observe(x, float(objective(x)))
+            self.observe(x, objective(x))
         return self.steps
 
 

@@ -40,18 +40,23 @@ def module_parameters(model: Callable, values: dict[str, torch.Tensor]) -> Itera
     restoring them after. A ``PyroModule`` 's ``nn.Parameter`` s are announced as
     ``pyro.param`` sites but used as they are, so ``poutine.substitute`` does not reach them;
     this keeps a posterior's record, not whatever the module was trained to since."""
+    saved = set_module_parameters(model, values)
+    try:
+        yield
+    finally:
+        set_module_parameters(model, saved)
+
+
+def set_module_parameters(model: Callable, values: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    r"""Copy ``values`` into a torch module's own parameters of the same names (others are
+    left out); return the values those parameters held."""
     own = dict(model.named_parameters()) if isinstance(model, torch.nn.Module) else {}
     chosen = {name: value for name, value in values.items() if name in own}
     saved = {name: own[name].detach().clone() for name in chosen}
     with torch.no_grad():
         for name, value in chosen.items():
             own[name].copy_(value)
-    try:
-        yield
-    finally:
-        with torch.no_grad():
-            for name, value in saved.items():
-                own[name].copy_(value)
+    return saved
 
 
 class LearnedValues(Messenger):

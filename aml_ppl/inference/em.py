@@ -12,10 +12,10 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from aml_ppl._core.checks import changed_options
+from aml_ppl._core.checks import NON_NEGATIVE, POSITIVE, Boolean, Integer, OneOf, changed_options, check_arguments
 from aml_ppl._core.threads import intra_op_threads
 from aml_ppl._data import check_count
-from aml_ppl.errors import AmlPplError, AmlPplWarning, InputDataError, ModelFittingError
+from aml_ppl.errors import AmlPplError, AmlPplWarning, ConvergenceWarning, ModelFittingError
 from aml_ppl.inference.base import Engine, Posterior, register_engine
 from aml_ppl.inference.distributed import Ranks
 from aml_ppl.inference.fitted import Fitted
@@ -107,16 +107,16 @@ class MixturePosterior(Posterior):
         if not self._closed_form:
             raise AmlPplError(f"`{what}` needs a model with closed-form EM steps, such as GaussianMixture.")
 
-    def _data(self, X: Any) -> torch.Tensor:
-        X = self.fitted.arguments((X,), {})[0][0]
-        return X.to(self.data_args[0])
+    def _data(self, X: Any = None) -> torch.Tensor:
+        r"""``X`` checked (else the fitting data), in the dtype EM computed the estimate in."""
+        X = self.data_args[0] if X is None else self.fitted.arguments((X,), {})[0][0]
+        return X.to(next(iter(self.params.values())))
 
     def log_prob(self, *args: Any, num_samples: int = 1000, site: str | None = None, **kwargs: Any) -> torch.Tensor:
         r"""Pointwise :math:`\log p(x_i) = \log\sum_j \pi_j \mathcal{N}(x_i;\mu_j,\Sigma_j)` at the estimate."""
         if not self._closed_form:
             return super().log_prob(*args, num_samples=num_samples, site=site, **kwargs)
-        X = self._data(args[0]) if args else self.data_args[0]
-        return self.model.em_e_step(X, self.params)[1]
+        return self.model.em_e_step(self._data(*args[:1]), self.params)[1]
 
     def responsibilities(self, X: Any) -> torch.Tensor:
         r"""``n x k`` posterior component probabilities :math:`\gamma_j(x_i)` (IML §14.2)."""
@@ -146,7 +146,7 @@ class MixturePosterior(Posterior):
         r"""New points from the fitted mixture: ``(X, labels)``."""
         if not isinstance(self.model, DataSampling):
             raise AmlPplError("`sample_data` needs a model with `em_sample_data`, such as GaussianMixture.")
-        return self.model.em_sample_data(self.params, num_points)
+        return self.model.em_sample_data(self.params, check_count("num_points", num_points))
 
     def state(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         tensors = {f"param:{k}": v for k, v in self.params.items()}
@@ -159,6 +159,28 @@ class MixturePosterior(Posterior):
         return cls(
             fitted, params=stored(tensors, "param"), replicates=stored(tensors, "replicate") or None, converged=meta["converged"]
         )
+
+
+OPTIONS = {  # EM's options and what each takes
+    "max_iter": Integer(1), "tol": NON_NEGATIVE, "n_init": Integer(1), "hard": Boolean(),
+    "uncertainty": OneOf(("point", "fisher", "bootstrap")), "num_replicates": Integer(1), "m_step_iterations": Integer(1),
+    "progress_bar": Boolean(), "distributed": Boolean(), "timeout": POSITIVE,
+}
+
+
+def warn_unless_converged(posterior: MixturePosterior, max_iter: int, tol: float) -> None:
+    r"""Warn once where the kept run stopped at ``max_iter`` with ``tol > 0`` asked for (as
+    scikit-learn's ``GaussianMixture`` does); ``tol=0`` asks for ``max_iter`` iterations."""
+    history = posterior.history
+    if posterior.converged or tol == 0 or len(history) < 2:
+        return
+    warnings.warn(
+        f"EM stopped at max_iter={max_iter} before its objective changed by less than tol={tol:g} "
+        f"(the last change: {abs(history[-1] - history[-2]):.3g}); raise max_iter, or pass tol=0 to run a "
+        "fixed number of iterations.",
+        ConvergenceWarning,
+        stacklevel=4,
+    )
 
 
 @register_engine
@@ -233,23 +255,10 @@ class EM(Engine):
             timeout: Seconds a distributed step waits for the other ranks (see
                 :class:`~aml_ppl.inference.SVI`).
         """
-        if not tol >= 0:
-            raise InputDataError(f"`tol` must be non-negative; got {tol}.")
-        self.max_iter = check_count("max_iter", max_iter)
-        self.tol = tol
-        self.n_init = check_count("n_init", n_init)
-        self.init = init
-        self.hard = hard
-        if uncertainty not in ("point", "fisher", "bootstrap"):
-            raise InputDataError(
-                f"`uncertainty` must be 'point', 'fisher' or 'bootstrap'; got {uncertainty!r}."
-            )
-        self.uncertainty = uncertainty
-        self.num_replicates = check_count("num_replicates", num_replicates)
-        self.m_step_iterations = check_count("m_step_iterations", m_step_iterations)
-        self.progress_bar = progress_bar
-        self.distributed = distributed
-        self.timeout = timeout
+        check_arguments("EM", OPTIONS, locals())
+        self.max_iter, self.tol, self.n_init, self.init, self.hard = max_iter, tol, n_init, init, hard
+        self.uncertainty, self.num_replicates, self.m_step_iterations = uncertainty, num_replicates, m_step_iterations
+        self.progress_bar, self.distributed, self.timeout = progress_bar, distributed, timeout
 
     def incompatibility(self, model: Callable, args: tuple, kwargs: dict) -> str | None:
         if self.distributed:
@@ -272,8 +281,11 @@ class EM(Engine):
         self.check_supports(model, args, kwargs)
         if isinstance(model, ClosedFormEM):
             with _threads_for(model, args[0]):
-                return self._fit_closed_form(model, args, kwargs)
-        return self._fit_generic(model, args, kwargs)
+                posterior = self._fit_closed_form(model, args, kwargs)
+        else:
+            posterior = self._fit_generic(model, args, kwargs)
+        warn_unless_converged(posterior, self.max_iter, self.tol)
+        return posterior
 
     # -- closed form ----------------------------------------------------------------------
 
@@ -342,7 +354,7 @@ class EM(Engine):
         for _ in range(self.num_replicates):
             resample = X[torch.randint(n, (n,), device=X.device)]
             fitted = self._run(model, resample, params)[0]
-            fitted = model.em_relabel(fitted) if isinstance(model, Relabelable) else fitted
+            fitted = model.em_relabel(fitted, params) if isinstance(model, Relabelable) else fitted
             for name, value in model.em_sites(fitted).items():
                 replicates.setdefault(name, []).append(value)
         return {name: torch.stack(values) for name, values in replicates.items()}

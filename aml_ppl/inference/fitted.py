@@ -18,6 +18,7 @@ import pyro
 import torch
 
 from aml_ppl._data import (
+    cast_like_fitting,
     check_finite_arguments,
     check_keyword_names,
     check_new_arguments,
@@ -131,6 +132,7 @@ class Fitted:
         names = positional_names(program_of(self.model), len(args))
         check_finite_arguments(args, kwargs, names)
         check_new_arguments(args, kwargs, self.args, self.kwargs, names)
+        args, kwargs = cast_like_fitting(args, kwargs, self.args, self.kwargs)
         options = {k: v for k, v in self.kwargs.items() if not isinstance(v, torch.Tensor)}
         return args, {**options, **kwargs}
 

@@ -16,7 +16,7 @@ from aml_ppl._core.files import atomic_write
 from aml_ppl._core.randomness import RandomStream
 from aml_ppl._core.registry import Registry
 from aml_ppl.errors import AmlPplError, InputDataError
-from aml_ppl.inference.context import evaluation_mode
+from aml_ppl.inference.context import evaluation_mode, set_module_parameters
 from aml_ppl.inference.fitted import Fitted
 from aml_ppl.inference.guides import check_learned_match, shape_differences
 from aml_ppl.inference.protocols import Savable
@@ -113,6 +113,8 @@ def load(path: str | Path, model: Callable | None = None, guide: Callable | None
         check_learned_match("model", model, fitted.args, fitted.kwargs, fitted.params)
         if passed and payload.get("latent_shapes") is not None:
             check_latent_match(payload["latent_shapes"], fitted.structure.latent_shapes)
+    if not passed:  # the rebuilt model's own networks hold what the fitted one's held (a DDPM's `generate`)
+        set_module_parameters(model, fitted.params)
     posterior = POSTERIORS[payload["kind"]].from_state(fitted, tensors, meta, guide)
     # A seeded fit's draws go on where the saved posterior's stopped.
     posterior.random_stream = RandomStream.from_state_tensors(payload.get("random_stream", {}))

@@ -3,6 +3,7 @@ r"""Gaussian mixtures (notes AML §2, IML §14) with closed-form EM steps."""
 from __future__ import annotations
 
 import contextlib
+import inspect
 import math
 import warnings
 from typing import Any, Callable, ClassVar, Iterator
@@ -11,6 +12,7 @@ import pyro
 import pyro.distributions as dist
 import torch
 from pyro.ops.indexing import Vindex
+from scipy.optimize import linear_sum_assignment
 
 from aml_ppl._core.checks import (
     NON_NEGATIVE,
@@ -69,8 +71,9 @@ class GaussianMixture(Model):
         equal_weights: Fix :math:`\pi_j = 1/k`.
         fixed_variance: Fix every covariance at ``fixed_variance * I`` (spherical
             only); with ``equal_weights`` hard EM is Lloyd's k-means (IML §14.1).
-        weight_concentration: :math:`\alpha`, the Dirichlet prior's concentration
-            (1 is flat; EM then is maximum likelihood).
+        weight_concentration: :math:`\alpha`, the Dirichlet prior's concentration (1 is
+            flat). Like the two priors below, SVI, MAP and NUTS read it; EM maximises the
+            likelihood and warns where one of the three is set.
         mean_prior_scale: Scale of the Normal prior on the means (SVI, MAP, NUTS).
         scale_prior_scale: Scale of the log-normal prior on standard deviations.
 
@@ -254,6 +257,17 @@ class GaussianMixture(Model):
                     f"`init['{name}']` must have shape {shape}; got {tuple(value.shape)}."
                 )
             params[name] = value
+        weights = params["weights"]
+        if not bool(torch.isfinite(weights).all() and (weights >= 0).all()) or abs(weights.sum().item() - 1) > 1e-6:
+            raise InputDataError(f"`init['weights']` must be non-negative and sum to 1; got {weights.tolist()}.")
+        variances = self._covariance.variances(params["covariances"])
+        full = self._covariance.as_full(params["covariances"], k, d)
+        symmetric = torch.allclose(full, full.mT)
+        if not symmetric or not bool((variances > 0).all()) or bool((torch.linalg.cholesky_ex(full).info != 0).any()):
+            raise InputDataError(
+                f"`init['covariances']` must be symmetric positive definite ({self.covariance_type}: "
+                f"shape {tuple(params['covariances'].shape)}); one is not."
+            )
         return params
 
     def component_log_densities(
@@ -392,8 +406,19 @@ class GaussianMixture(Model):
         return {"weights": weights, "means": centre + offsets, "covariances": covariances}
 
     def em_check(self, params: dict[str, torch.Tensor]) -> None:
-        r"""Warn, naming the component, where a fitted covariance collapsed: its smallest
-        variance is at most twice ``reg_covar``, so the regulariser alone holds it up."""
+        r"""Warn where EM left out a prior the user set (EM maximises the likelihood), and,
+        naming the component, where a fitted covariance collapsed: its smallest variance is at
+        most twice ``reg_covar``, so the regulariser alone holds it up."""
+        defaults = inspect.signature(GaussianMixture.__init__).parameters
+        priors = [f"{name}={getattr(self, name)!r}" for name in ("weight_concentration", "mean_prior_scale", "scale_prior_scale")
+                  if getattr(self, name) != defaults[name].default]
+        if priors:
+            warnings.warn(
+                f"EM maximises the likelihood and leaves out the priors: {', '.join(priors)} did not enter the "
+                "fit. engine='map' finds the posterior mode under them (engine='nuts' the posterior).",
+                AmlPplWarning,
+                stacklevel=5,
+            )
         if self.fixed_variance is not None:
             return
         smallest = self._covariance.variances(params["covariances"]).min(-1).values
@@ -403,7 +428,7 @@ class GaussianMixture(Model):
                 f"{2 * self.reg_covar:g}); it is held up by reg_covar alone. Use fewer components, "
                 "a larger reg_covar, or standardised data.",
                 CollapsedComponentWarning,
-                stacklevel=4,
+                stacklevel=5,
             )
 
     def em_sites(self, params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -421,10 +446,15 @@ class GaussianMixture(Model):
         covariance = 0 if self.fixed_variance is not None else self._covariance.num_parameters(k, d)
         return covariance + k * d + (0 if self.equal_weights else k - 1)
 
-    def em_relabel(self, params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        r"""Components sorted by the first coordinate of their means: the declared key that
-        keeps labels consistent across bootstrap replicates."""
-        order = params["means"][:, 0].argsort()
+    def em_relabel(self, params: dict[str, torch.Tensor], reference: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        r"""``params``' components matched one to one to ``reference``'s (the estimate's): the
+        permutation :math:`\pi` minimising :math:`\sum_k \lVert \mu^{	ext{ref}}_k -
+        \mu_{\pi(k)} 
+Vert^2`, by the Hungarian algorithm (pivotal relabelling: Marin,
+        Mengersen & Robert 2005, §4.2). A key such as the first coordinate of the means
+        swaps two components that share it between replicates and mixes them."""
+        cost = torch.cdist(reference["means"], params["means"]).square()
+        order = torch.as_tensor(linear_sum_assignment(cost.cpu().numpy())[1], device=cost.device)
         return {
             "weights": params["weights"][order],
             "means": params["means"][order],

@@ -105,10 +105,10 @@ class DataSampling(Protocol):
 
 @runtime_checkable
 class Relabelable(Protocol):
-    r"""A canonical labelling of EM parameters (bootstrap replicates stay comparable)."""
+    r"""EM parameters labelled as a reference's (bootstrap replicates as the estimate)."""
 
-    def em_relabel(self, params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        r"""``params`` with components in a canonical order."""
+    def em_relabel(self, params: dict[str, torch.Tensor], reference: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        r"""``params`` with its components in the order that matches ``reference``'s."""
         ...
 
 

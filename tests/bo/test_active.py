@@ -49,3 +49,34 @@ def test_greedy_ball_coverage_covers_clusters_first():
     assert chosen[0] < 60 and chosen[1] >= 60  # the dense cluster first, then the other one
     with pytest.raises(ValueError, match="`budget`"):
         greedy_ball_coverage(pool, budget=0, radius=1.0)
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda S: TransductiveActiveLearning(S, S[:3], lengthscale=0.0), "`lengthscale` must be a finite number > 0"),
+        (lambda S: TransductiveActiveLearning(S, S[:3], noise_variance=-1.0), "`noise_variance` must be a finite number > 0"),
+        (lambda S: TransductiveActiveLearning(S, S[:3], seed=1.5), "`seed` must be an integer >= 0"),
+        (lambda S: TransductiveActiveLearning(S, S[:3], bounds=torch.tensor([[0.0, 0.0], [1.0, 1.0]])), r"`bounds` must be 2 x 1"),
+        (lambda S: TransductiveActiveLearning(S, S[:3]).observe(torch.tensor([0.1, 0.2]), 1.0), "`x` must have 1 coordinates"),
+        (lambda S: TransductiveActiveLearning(S, S[:3]).run(lambda x: torch.tensor([1.0, 2.0]), 2), "must be one number"),
+    ],
+)
+def test_bad_settings_and_observations_are_named(make, message):
+    from aml_ppl.errors import InputDataError
+
+    with pytest.raises(InputDataError, match=message):
+        make(torch.linspace(0, 1, 21, dtype=torch.float64)[:, None])
+
+
+def test_a_target_no_sample_point_informs_is_said_once():
+    r"""A target 20 lengthscales from every sample point: ITL's value is 0 everywhere, so the
+    choices are arbitrary and the target's variance stays at the prior's; it is said once."""
+    from aml_ppl.errors import StagnationWarning
+
+    S = torch.linspace(0, 1, 41, dtype=torch.float64)[:, None]
+    learner = TransductiveActiveLearning(S, torch.tensor([[5.0]], dtype=torch.float64), lengthscale=0.2)
+    with pytest.warns(StagnationWarning, match="no point of `sample_space` informs `target`") as caught:
+        steps = learner.run(lambda x: float(torch.sin(6 * x).sum()), 4)
+    assert len([w for w in caught if issubclass(w.category, StagnationWarning)]) == 1
+    assert steps[-1].max_std == pytest.approx(1.0)

@@ -100,6 +100,22 @@ def test_a_posteriors_draws_take_a_seed_of_their_own_and_leave_its_stream(engine
         post.sample(3, seed=-1)
 
 
+@pytest.mark.parametrize("engine", ["laplace", MAP()], ids=["laplace", "map"])
+def test_new_inputs_of_the_other_float_type_are_read_in_the_fitting_datas(engine):
+    r"""A network fitted on float32 (torch's default) predicts at numpy's float64 inputs, and
+    one fitted on float64 at float32 inputs: the inputs are cast to the fitting data's dtype
+    (a raw ``RuntimeError`` from a matrix product before)."""
+    generator = torch.Generator().manual_seed(0)
+    X = torch.randn(40, 2, generator=generator)
+    y = torch.sin(2 * X[:, 0])
+    for dtype, other in [(torch.float32, torch.float64), (torch.float64, torch.float32)]:
+        model = aml.models.BayesianNeuralNetwork(2, hidden=(8,), noise_scale=0.1)
+        post = aml.fit(model, X.to(dtype), y.to(dtype), engine=engine, seed=0)
+        same = post.predict(X[:3].to(dtype), num_samples=10, seed=1).samples
+        torch.testing.assert_close(post.predict(X[:3].to(other).numpy(), num_samples=10, seed=1).samples, same)
+        assert post.log_prob(X[:3].to(other), y[:3].to(other)).dtype == dtype
+
+
 def test_new_inputs_with_other_columns_are_refused():
     X = torch.randn(20, 3, dtype=torch.float64)
     y = X.sum(-1)

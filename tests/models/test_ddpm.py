@@ -273,6 +273,13 @@ def test_unet_on_discrete_images_bound_in_bits_and_samples_on_the_grid(tmp_path)
     first = posterior.log_prob(images[:3])
     pyro.set_rng_seed(5)
     assert torch.allclose(loaded.log_prob(images[:3]), first)
+    # The rebuilt model's network holds the trained weights, as the fitted model's does: its own
+    # methods (the guide's `bits_per_dim`, `generate`) agree, not only the posterior's verbs.
+    pyro.set_rng_seed(5)
+    expected = model.bits_per_dim(images[:4])
+    pyro.set_rng_seed(5)
+    assert torch.allclose(loaded.model.bits_per_dim(images[:4]), expected)
+    assert torch.equal(loaded.model.generate(2, seed=1, progress_bar=False), model.generate(2, seed=1, progress_bar=False))
 
 
 def test_only_svi_runs_it_and_the_surface_says_what_to_use_instead() -> None:
@@ -308,8 +315,13 @@ def test_jit_traces_the_diffusion_loss_once_and_it_equals_the_eager_loss_on_the_
         (lambda: DDPM((1, 8, 8), network="mlp"), "unet"),
         (lambda: DDPM((2,), levels=17), "data_range"),
         (lambda: DDPM((2,), reverse_variance="interpolated", objective="bound"), "L_hybrid"),
+        (lambda: DDPM((2,), num_timesteps=1, reverse_variance="learned"), "num_timesteps >= 2"),
+        (lambda: DDPM((2,), num_timesteps=1, reverse_variance="interpolated", objective="simple"), "num_timesteps >= 2"),
         (lambda: DDPM("two"), "data_shape"),
         (lambda: DDPM(0), "data_shape"),
+        (lambda: DDPM((2.5,)), "data_shape"),
+        (lambda: DDPM((2,), network_options={"hiden": 8}), r"\['hiden'\] are not options of the 'mlp' network"),
+        (lambda: DDPM((2,), network_options=8), "`network_options` must be a dict"),
     ],
 )
 def test_bad_settings_are_refused_by_name(make, message: str) -> None:
@@ -326,6 +338,8 @@ def test_bad_data_is_refused_by_name() -> None:
     engine = aml.inference.SVI(num_steps=1, progress_bar=False)
     with pytest.raises(InputDataError, match="n x 2"):
         aml.fit(model, torch.randn(10, 3), engine=engine)
+    with pytest.raises(InputDataError, match="n x 2"):
+        model.bound_terms(torch.randn(10, 3))
     with pytest.raises(InputDataError, match="NaN"):
         aml.fit(model, torch.tensor([[0.0, float("nan")]]), engine=engine)
     digits = DDPM((2,), num_timesteps=5, levels=17, data_range=(0, 16))

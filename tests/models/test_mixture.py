@@ -236,6 +236,49 @@ def test_posterior_extras(mixture_data, tmp_path):
     torch.testing.assert_close(loaded.replicates["locs"], post.replicates["locs"])
 
 
+def test_bootstrap_replicates_keep_the_estimates_labels_where_means_share_a_coordinate():
+    r"""Two of three clusters share their first coordinate; a relabelling by it swapped them
+    between replicates (36 of 40), and the summary showed a component at neither. Matched to
+    the estimate, each replicate's component k lies within its sampling error of the estimate's
+    (clusters 6 apart, 100 unit-variance points each: a bootstrap sd near 0.1)."""
+    generator = torch.Generator().manual_seed(0)
+    centres = torch.tensor([[-3.0, -3.0], [3.0, 3.0], [3.0, -3.0]], dtype=torch.float64)
+    X = torch.cat([torch.randn(100, 2, dtype=torch.float64, generator=generator) + centre for centre in centres])
+    post = aml.fit(GaussianMixture(3), X, engine=EM(uncertainty="bootstrap", num_replicates=20), seed=0)
+    locations = post.replicates["locs"]
+    assert (locations - post.params["means"]).abs().max() < 1.0
+    assert locations.std(0).max() < 0.3
+
+
+def test_em_says_when_it_stopped_at_max_iter_and_when_it_left_out_a_prior(mixture_data):
+    r"""As scikit-learn's ``ConvergenceWarning``: a run capped by ``max_iter`` with a tolerance
+    asked for says so once; ``tol=0`` (a fixed number of iterations) and a converged run do not.
+    A prior set on the model, which EM's likelihood leaves out, is named."""
+    import warnings
+
+    with pytest.warns(aml.ConvergenceWarning, match=r"max_iter=2 .* tol=1e-08"):
+        post = aml.fit(GaussianMixture(3), mixture_data, engine=EM(max_iter=2, tol=1e-8, init="random"), seed=0)
+    assert not post.converged
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        aml.fit(GaussianMixture(3), mixture_data, engine=EM(max_iter=2, tol=0, init="random"), seed=0)
+        aml.fit(GaussianMixture(3), mixture_data, engine=EM(), seed=0)
+    with pytest.warns(aml.AmlPplWarning, match=r"weight_concentration=50.0 did not enter the fit.*engine='map'"):
+        aml.fit(GaussianMixture(3, weight_concentration=50.0), mixture_data, engine=EM(), seed=0)
+
+
+@pytest.mark.parametrize("covariance_type", ["full", "tied", "diag", "spherical"])
+def test_a_fit_on_float32_data_scores_as_the_float64_fit(mixture_data, covariance_type):
+    r"""EM computes in float64 whatever the data's dtype; the posterior's scores read float32
+    data in that dtype too (diagonal and spherical ones raised a dtype error)."""
+    single = mixture_data.float()
+    post = aml.fit(GaussianMixture(3, covariance_type=covariance_type), single, engine=EM(), seed=0)
+    double = aml.fit(GaussianMixture(3, covariance_type=covariance_type), single.double(), engine=EM(), seed=0)
+    assert post.score(single[:50]) == pytest.approx(double.score(single[:50].double()), rel=1e-12)
+    assert torch.equal(post.predict_labels(single[:50]), double.predict_labels(single[:50].double()))
+    torch.testing.assert_close(post.log_prob(), double.log_prob())
+
+
 def test_fisher_draws_have_the_asymptotic_standard_errors():
     """One component: the mean's standard error is sqrt(diag Σ / n) (AML §3 with errata 6:
     √n(θ̂ − θ) → N(0, I⁻¹); the notes' (θ̂ − θ)/√n would give sds n times too large)."""
@@ -258,6 +301,19 @@ def test_bad_mixture_input():
         aml.fit(GaussianMixture(2), torch.tensor([[0.0, float("nan")], [1.0, 1.0], [2.0, 2.0]]))
     with pytest.raises(aml.InputDataError, match="covariance_type"):
         GaussianMixture(2, covariance_type="fulll")
+    X = torch.randn(20, 2, dtype=torch.float64)
+    start = {"weights": torch.tensor([0.5, 0.5]), "means": torch.zeros(2, 2), "covariances": torch.eye(2).expand(2, 2, 2)}
+    for name, value, message in [
+        ("weights", torch.tensor([-0.5, 1.5]), r"non-negative and sum to 1; got \[-0.5, 1.5\]"),
+        ("weights", torch.tensor([5.0, 5.0]), "sum to 1"),
+        ("covariances", torch.tensor([[1.0, 2.0], [2.0, 1.0]]).expand(2, 2, 2), "symmetric positive definite"),
+    ]:
+        with pytest.raises(aml.InputDataError, match=message):
+            aml.fit(GaussianMixture(2), X, engine=EM(init={**start, name: value}))
+    with pytest.raises(aml.InputDataError, match="EM: `hard` must be True or False; got 'yes'"):
+        EM(hard="yes")
+    with pytest.raises(aml.InputDataError, match="`num_points` must be an integer >= 1; got 0"):
+        aml.fit(GaussianMixture(2), X, engine=EM(init=start)).sample_data(0)
 
 
 def test_a_collapsing_component_is_held_up_by_reg_covar_with_a_warning():

@@ -242,7 +242,7 @@ class DiffusionBound:
         Returns:
             An ``n x (T + 1)`` tensor.
         """
-        x0 = self.to_model_scale(x0)
+        x0 = self.to_model_scale(self.validate(x0)[0][0])  # named if it is not n x data_shape
         chunk_size = chunk_size or max(1, 2**18 // x0.numel())
         columns = [self.schedule.prior_kl(x0, self.event_dims).unsqueeze(-1)]
         with torch.no_grad():

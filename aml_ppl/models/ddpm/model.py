@@ -12,7 +12,9 @@ not one forward step.
 
 from __future__ import annotations
 
+import inspect
 import math
+import operator
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any, ClassVar, Sequence
@@ -152,7 +154,7 @@ class DDPM(DiffusionBound, Model):
         if isinstance(data_shape, int) and not isinstance(data_shape, bool):
             data_shape = (data_shape,)  # as torch.zeros(2) takes a size
         try:
-            self.data_shape = tuple(int(size) for size in data_shape)
+            self.data_shape = tuple(operator.index(size) for size in data_shape)  # 2.5 is no size
         except (TypeError, ValueError):
             self.data_shape = ()
         if not self.data_shape or any(size < 1 for size in self.data_shape):
@@ -167,6 +169,11 @@ class DDPM(DiffusionBound, Model):
         ):
             if value not in allowed:
                 raise InputDataError(f"`{option}` must be one of {allowed}; got {value!r}.")
+        if reverse_variance in ("learned", "interpolated") and num_timesteps < 2:
+            raise InputDataError(
+                f"reverse_variance={reverse_variance!r} needs num_timesteps >= 2: its variances lie between "
+                "the posterior variance and beta_t, and at t = 1 the posterior variance is 0 (use 'beta')."
+            )
         if reverse_variance == "interpolated" and objective != "simple":
             raise InputDataError(
                 "reverse_variance='interpolated' trains by L_hybrid (objective='simple'): its per-point "
@@ -182,6 +189,8 @@ class DDPM(DiffusionBound, Model):
         self.schedule_spec = schedule
         self.schedule = self._make_schedule(schedule, num_timesteps)
         self.network_name = network if isinstance(network, str) else None
+        if network_options is not None and not isinstance(network_options, dict):
+            raise InputDataError(f"`network_options` must be a dict of the network's keyword arguments; got {network_options!r}.")
         self.network_options = dict(network_options or {})
         network = self._make_network(network)
         to_pyro_module_(network)  # its parameters become pyro.param sites, which SVI optimises
@@ -216,6 +225,10 @@ class DDPM(DiffusionBound, Model):
                 f"the {network!r} network takes {kind} (data_shape {shape}); got {self.data_shape}. Use {other!r}."
             )
         options = dict(self.network_options)
+        accepted = [name for name in inspect.signature(NETWORKS[network]).parameters][1:]
+        unknown = sorted(set(options) - set(accepted))
+        if unknown:
+            raise InputDataError(f"`network_options` {unknown} are not options of the {network!r} network; it takes {accepted}.")
         if self.reverse_variance == "interpolated":  # the noise and v: twice the channels
             options["out_channels"] = 2 * self.data_shape[0]
         built = NETWORKS[network](self.data_shape[0], **options)
