@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -113,8 +114,10 @@ def checkpoint_folder(checkpoint: str | Path | None) -> Path | None:
     r"""An engine's ``checkpoint`` argument as a folder (``None`` stays ``None``).
 
     Raises:
-        InputDataError: If it names a file.
+        InputDataError: If it is not a path, or names a file.
     """
+    if checkpoint is not None and not isinstance(checkpoint, (str, os.PathLike)):
+        raise InputDataError(f"`checkpoint` must be a folder's path (a str or a Path) or None; got {checkpoint!r}.")
     folder = None if checkpoint is None else Path(checkpoint)
     if folder is not None and folder.exists() and not folder.is_dir():
         raise InputDataError(f"`checkpoint` must be a folder; `{checkpoint}` is a file.")

@@ -28,13 +28,23 @@ from typing import Any, Callable, Iterator
 import torch
 import tqdm.std
 
-from aml_ppl.errors import AmlPplWarning, ModelFittingError
+from aml_ppl._core.checks import POSITIVE, check_arguments
+from aml_ppl.errors import AmlPplWarning, InputDataError, ModelFittingError
 
 
 def default_chains() -> int:
     r"""How many chains a sampler runs unless told: the cores there are, at least 2 (r-hat needs
     two) and at most 4 (PyMC's choice)."""
     return max(2, min(4, os.cpu_count() or 1))
+
+
+def check_chain_options(executor: Any, timeout: Any) -> None:
+    r"""Refuse, by name, an ``executor`` or ``timeout`` that :func:`chain_executor` and
+    :func:`run_chains` do not take (NUTS's and ``resume``'s options)."""
+    if not (executor is None or executor in ("auto", "processes") or isinstance(executor, Executor)):
+        raise InputDataError(f"`executor` must be 'auto', 'processes', None or a concurrent.futures.Executor; got {executor!r}.")
+    if timeout is not None:
+        check_arguments("", {"timeout": POSITIVE}, {"timeout": timeout})
 
 
 def chain_executor(executor: str | Executor | None, num_chains: int, model: Callable) -> Executor | str | None:

@@ -72,7 +72,7 @@ from aml_ppl.inference.hmc.metric import DENSE_AT_MOST, Metric
 from aml_ppl.inference.hmc.step_size import reasonable_step_sizes
 from aml_ppl.inference.io import register_posterior
 from aml_ppl.inference.mcmc import SamplePosterior, sampler_incompatibility
-from aml_ppl.inference.mcmc_diagnostics import ONE_STEP_SIZE, check_sampling, warn_if_untrustworthy
+from aml_ppl.inference.mcmc_diagnostics import NON_CENTRE, ONE_STEP_SIZE, check_sampling, warn_if_untrustworthy
 from aml_ppl.inference.hmc.nuts import MAX_ENERGY_ERROR
 from aml_ppl.inference.hmc.potential import BatchingError, initial_points
 
@@ -357,7 +357,7 @@ class ChEES(Engine):
         fitted = Fitted(model, args, kwargs, engine=self.name, objective="lp", history=stats["lp"].flatten())
         samples = {name: value.detach() for name, value in samples.items()}
         report = check_sampling(samples, stats, step_cap=("n_steps", self.max_leapfrog_steps))
-        report.fixes.extend([ONE_STEP_SIZE] if report.problems else [])
+        report.fixes.extend([ONE_STEP_SIZE] if NON_CENTRE in report.fixes else [])  # a posterior of varying scale
         warn_if_untrustworthy("ChEES-HMC", report)
         return ChEESPosterior(fitted, samples=samples, stats=stats, batch_state=state, kernel_options=options)
 

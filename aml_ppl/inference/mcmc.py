@@ -14,11 +14,11 @@ import pyro.infer
 import torch
 
 from aml_ppl._core.checks import Boolean, Optional, Real, check_arguments
-from aml_ppl._data import check_count, check_positive
+from aml_ppl._data import check_count
 from aml_ppl.errors import InputDataError, JitFallbackWarning, VectorisedChainsWarning
 from aml_ppl.inference.base import Engine, Posterior, register_engine
 from aml_ppl.inference.chain_state import ChainProgress, Checkpointing, checkpoint_folder, describe_run, sample_batch
-from aml_ppl.inference.chains import chain_executor, default_chains, run_chains
+from aml_ppl.inference.chains import chain_executor, check_chain_options, default_chains, run_chains
 from aml_ppl.inference.compiled import TORCH_COMPILE, Gradient, check_jit_compile
 from aml_ppl.inference.context import isolated_param_store
 from aml_ppl.inference.fitted import Fitted
@@ -91,7 +91,14 @@ class SamplePosterior(Posterior):
                 kept them), or ``num_samples`` is not a positive count.
         """
         num_samples = check_count("num_samples", num_samples)
+        check_chain_options(executor, timeout)
+        check_arguments("resume", {"progress_bar": Boolean()}, {"progress_bar": progress_bar})
         if self.batch_state is not None:
+            if executor != "auto" or timeout is not None or progress_bar:
+                raise InputDataError(
+                    "this posterior's chains run as one batch in this process (vectorised NUTS, ChEES): "
+                    "`executor`, `timeout` and `progress_bar` do not apply to its `resume`."
+                )
             return self._resumed_batch(num_samples)
         if self.chain_states is None:
             raise InputDataError(
@@ -300,10 +307,7 @@ class NUTS(Engine):
         self.checkpoint = checkpoint_folder(checkpoint)
         self.checkpoint_every = check_count("checkpoint_every", checkpoint_every)
         self.vectorized = vectorized
-        if not (executor is None or executor in ("auto", "processes") or isinstance(executor, Executor)):
-            raise InputDataError(f"`executor` must be 'auto', 'processes', None or a concurrent.futures.Executor; got {executor!r}.")
-        if timeout is not None:
-            check_positive("timeout", timeout)
+        check_chain_options(executor, timeout)
         self.executor = executor
         self.timeout = timeout
         self.num_samples = check_count("num_samples", num_samples)
@@ -404,6 +408,14 @@ def sampler_incompatibility(sampler: str, model: Callable, args: tuple, kwargs: 
         return (
             f"{sampler} needs the whole likelihood, and the plates {sorted(structure.subsampled)} "
             "subsample the data; drop subsample_size, or use 'svi'"
+        )
+    if structure.enumeration_dependent:
+        return (
+            f"{sampler} draws one value of each continuous latent site, and the distributions of "
+            f"{list(structure.enumeration_dependent)} depend on the enumerated sites {list(structure.enumerated)} "
+            "(a prior reading their value), so under enumeration they would be drawn once per discrete value: "
+            "a different model. Use 'svi' (its guide draws them, and the discrete sites are summed out), or "
+            "write their marginal (dist.MixtureSameFamily) in place of the discrete site"
         )
     return None
 

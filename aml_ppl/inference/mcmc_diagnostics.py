@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from aml_ppl._core.stack import user_stacklevel
 from aml_ppl.errors import SamplingWarning
 
 # Split r-hat above this marks a run that should not be trusted (see the module's description).
@@ -99,8 +100,8 @@ class SamplingReport:
 # The remedies, as the warning words them.
 RAISE_TARGET = "raise `target_accept_prob` (e.g. 0.95) for a smaller step size"
 NON_CENTRE = (
-    "non-centre the parametrisation of a hierarchical scale (sample a standard normal and scale it, "
-    "e.g. pyro.poutine.reparam with LocScaleReparam(0))"
+    "where a scale of the model sets other parameters' spread (a hierarchy, a funnel), non-centre them "
+    "(sample a standard normal and scale it, e.g. pyro.poutine.reparam with LocScaleReparam(centered=0.0))"
 )
 MORE_WARMUP = "run a longer warm-up (`warmup_steps`) and more draws (`num_samples`)"
 DEEPER_TREES = "raise `max_tree_depth` (NUTS) or `max_leapfrog_steps` (ChEES), or rescale the model's parameters"
@@ -156,11 +157,11 @@ def check_sampling(
     return report
 
 
-def warn_if_untrustworthy(sampler: str, report: SamplingReport, stacklevel: int = 4) -> None:
-    r"""One :class:`~aml_ppl.errors.SamplingWarning` listing ``report``'s problems; nothing
-    for a clean run."""
+def warn_if_untrustworthy(sampler: str, report: SamplingReport) -> None:
+    r"""One :class:`~aml_ppl.errors.SamplingWarning` listing ``report``'s problems, at the user's
+    line; nothing for a clean run."""
     if report.problems:
-        warnings.warn(report.message(sampler), SamplingWarning, stacklevel=stacklevel + 1)
+        warnings.warn(report.message(sampler), SamplingWarning, stacklevel=user_stacklevel())
 
 
 def _check_divergences(report: SamplingReport, diverging: torch.Tensor) -> None:
@@ -227,14 +228,29 @@ def _check_convergence(report: SamplingReport, samples: dict[str, torch.Tensor])
         report.rhat = _by_parameter(az.rhat(dataset))
         report.ess_bulk = _by_parameter(az.ess(dataset, method="bulk"))
         report.ess_tail = _by_parameter(az.ess(dataset, method="tail"))
-    constant = {name for name, value in samples.items() if bool((value == value.flatten(0, 1)[:1]).all())}
-    high = {name: value for name, value in report.rhat.items() if not value <= MAX_RHAT and _site(name) not in constant}
+    constant = _constant_parameters(samples)
+    high = {name: value for name, value in report.rhat.items() if not value <= MAX_RHAT and name not in constant}
     if high:
         report.add(f"split r-hat above {MAX_RHAT} for {_worst(high, reverse=True)}", MORE_WARMUP, NON_CENTRE)
     for kind, values in (("bulk", report.ess_bulk), ("tail", report.ess_tail)):
-        low = {name: value for name, value in values.items() if value < MIN_ESS and _site(name) not in constant}
+        low = {name: value for name, value in values.items() if value < MIN_ESS and name not in constant}
         if low:
             report.add(f"{kind} ESS below {MIN_ESS} for {_worst(low, reverse=False)}", MORE_WARMUP)
+
+
+def _constant_parameters(samples: dict[str, torch.Tensor]) -> set[str]:
+    r"""The parameters, named as :func:`_by_parameter` names them, that take one value in every
+    draw of every chain: a whole site, or elements fixed by construction (an LKJ Cholesky
+    factor's first diagonal entry and upper triangle), whose r-hat and ESS are not defined."""
+    constant = set()
+    for name, value in samples.items():
+        draws = value.flatten(0, 1)
+        fixed = (draws == draws[:1]).all(0).cpu().numpy()
+        if fixed.ndim == 0:
+            constant.update([name] if fixed else [])
+            continue
+        constant.update(f"{name}[{', '.join(map(str, index))}]" for index in zip(*np.nonzero(fixed)))
+    return constant
 
 
 def _by_parameter(dataset) -> dict[str, float]:

@@ -88,6 +88,9 @@ class Structure:
         reparameterised: The sites a reparameteriser turned into deterministic functions of
             its auxiliary latents (``poutine.reparam``'s ``x`` beside its ``x_decentered``):
             latents of the posterior, drawn by recomputing them (among ``deterministic``).
+        enumeration_dependent: Latent sites whose distribution varies over the values of an
+            enumerated site (a continuous prior reading a discrete site marked for
+            enumeration): one value per draw cannot stand for them under enumeration.
     """
 
     sites: dict[str, SiteShape]
@@ -103,6 +106,7 @@ class Structure:
     observations: dict[str, torch.Tensor] = field(default_factory=dict)
     coupled: dict[str, CoupledObservations] = field(default_factory=dict)
     reparameterised: tuple[str, ...] = ()
+    enumeration_dependent: tuple[str, ...] = ()
 
     @property
     def latent_shapes(self) -> dict[str, torch.Size]:
@@ -198,6 +202,7 @@ def inspect_model(model: Callable, args: tuple, kwargs: dict) -> Structure:
         observations={name: trace.nodes[name]["value"] for name in kinds["observed"]},
         coupled=_coupled(trace, sites, tuple(kinds["observed"]), tuple(kinds["local"])),
         reparameterised=tuple(reparameterised),
+        enumeration_dependent=tuple(name for name in kinds["latent"] if _varies_over_enumeration(trace.nodes[name])),
     )
 
 
@@ -304,6 +309,13 @@ def _site_shape(site: dict, plates: tuple[tuple[str, int], ...]) -> SiteShape:
         depth = max((-dim for _, dim in plates), default=0)
         batch_shape = batch_shape[len(batch_shape) - depth :]
     return SiteShape(batch_shape, site["fn"].event_shape, plates)
+
+
+def _varies_over_enumeration(site: dict) -> bool:
+    r"""Whether a site's distribution in the structure trace has a dimension of the
+    enumeration's (``STRUCTURE_ENUM_DIM`` and to its left) of size above one."""
+    batch_shape = site["fn"].batch_shape
+    return any(size > 1 for size in batch_shape[: max(0, len(batch_shape) + STRUCTURE_ENUM_DIM + 1)])
 
 
 def is_enumerated(site: dict) -> bool:

@@ -42,7 +42,11 @@ def untraceable(error: BaseException) -> str:
     frames = [frame for frame in traceback.extract_tb(error.__traceback__) if not frame.filename.startswith(_TRUSTED_SOURCES)]
     if _VALUE_READ in str(error) and frames:
         frame = frames[-1]
-        return f"{os.path.basename(frame.filename)}, line {frame.lineno}: reads a traced tensor's value into Python (a branch on a value)"
+        return (
+            f"{os.path.basename(frame.filename)}, line {frame.lineno}: reads a traced tensor's value into Python (a branch "
+            "on a value, or int(), float() or .item() of a tensor, the data's too: compute such a number outside the "
+            "model and pass it in)"
+        )
     first_line = str(error).splitlines()[0] if str(error) else ""
     if len(first_line) > 300:  # the first sentences whole
         first_line = first_line[: first_line.rfind(". ", 0, 300) + 1 or 300]

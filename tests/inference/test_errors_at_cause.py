@@ -6,9 +6,11 @@ import pyro
 import pyro.distributions as dist
 import pytest
 import torch
+from pyro.infer import config_enumerate
 
 import aml_ppl as aml
 from aml_ppl.inference import MAP, NUTS, SVI
+from aml_ppl.inference.structure import inspect_model
 
 ENGINES = {
     "svi": SVI(num_steps=5, progress_bar=False),
@@ -106,9 +108,41 @@ def test_a_sampler_names_a_model_without_latent_sites(engine):
         aml.fit(only_observed, torch.zeros(4), engine=engine)
 
 
+@config_enumerate
+def mean_by_enumerated_class(y):
+    kind = pyro.sample("kind", dist.Bernoulli(0.3))
+    mean = pyro.sample("mean", dist.Normal(3.0 * kind, 1.0))
+    pyro.sample("y", dist.Normal(mean, 1.0), obs=y)
+
+
+@pytest.mark.parametrize("engine", [ENGINES["nuts"], aml.inference.ChEES(num_samples=5, warmup_steps=5)])
+def test_a_sampler_refuses_a_continuous_site_whose_prior_reads_an_enumerated_one(engine):
+    r"""Under enumeration ``mean`` would be drawn once per value of ``kind`` (Pyro's HMC samples
+    a 2-vector there, one coordinate improper, and drifts off); it is refused, naming both,
+    and SVI, whose guide draws ``mean`` while ``kind`` is summed out, still runs it."""
+    assert inspect_model(mean_by_enumerated_class, (torch.tensor(2.5),), {}).enumeration_dependent == ("mean",)
+    with pytest.raises(aml.IncompatibleEngineError, match=r"\['mean'\] depend on the enumerated sites \['kind'\].*'svi'"):
+        aml.fit(mean_by_enumerated_class, torch.tensor(2.5), engine=engine)
+    assert inspect_model(enumerated_mixture_like, (torch.randn(5),), {}).enumeration_dependent == ()
+
+
+@config_enumerate
+def enumerated_mixture_like(y):
+    locs = pyro.sample("locs", dist.Normal(0.0, 5.0).expand([2]).to_event(1))
+    with pyro.plate("data", len(y)):
+        component = pyro.sample("component", dist.Categorical(torch.ones(2) / 2))
+        pyro.sample("y", dist.Normal(locs[component], 1.0), obs=y)
+
+
 def test_built_in_models_refuse_a_fit_without_their_observations():
     X = torch.randn(10, 3)
     with pytest.raises(aml.InputDataError, match="needs the observations `y`"):
         aml.fit(aml.models.BayesianNeuralNetwork(3, hidden=(4,), noise_scale=0.1), X, engine="map")
     with pytest.raises(aml.InputDataError, match="needs the observations `y`"):
         aml.fit(aml.models.BayesianLogisticRegression(), X)
+
+
+@pytest.mark.parametrize("make", [lambda: NUTS(checkpoint=123), lambda: aml.inference.ChEES(checkpoint=123)], ids=["nuts", "chees"])
+def test_a_checkpoint_that_is_no_path_is_named(make):
+    with pytest.raises(aml.InputDataError, match=r"`checkpoint` must be a folder's path .* got 123"):
+        make()

@@ -75,6 +75,18 @@ def test_a_chain_that_sticks_after_moving_is_told_from_one_stuck_since_its_warmu
     assert any("target_accept_prob" in fix for fix in report.fixes) and any("non-centre" in fix for fix in report.fixes)
 
 
+def test_elements_fixed_by_construction_are_not_judged():
+    r"""An LKJ Cholesky factor's first diagonal entry is 1 and its upper triangle 0 in every draw:
+    their r-hat and ESS are NaN and say nothing; the other entries are judged (a well-mixed
+    LKJ fit had warned of "r-hat nan" on them, with the non-centring advice)."""
+    generator = torch.Generator().manual_seed(4)
+    factor = torch.randn(2, 300, 2, 2, generator=generator, dtype=torch.float64)
+    factor[..., 0, 0], factor[..., 0, 1] = 1.0, 0.0
+    assert check_sampling({"L": factor}, clean_stats(2, 300, generator)).problems == []
+    factor[1, :, 1, 0] += 4.0  # a free entry whose chains disagree is still named
+    assert "r-hat above 1.05 for L[1, 0]" in " ".join(check_sampling({"L": factor}, clean_stats(2, 300, generator)).problems)
+
+
 def test_short_runs_are_judged_on_divergences_only():
     generator = torch.Generator().manual_seed(2)
     stuck = torch.cat([torch.randn(1, 50, generator=generator), torch.full((1, 50), 3.0)]).double()
@@ -86,6 +98,8 @@ def test_nuts_on_the_centred_funnel_warns_once_naming_the_fix():
     with pytest.warns(SamplingWarning, match=r"NUTS's draws should not be trusted.*r-hat above 1.05 for [^;]*\by \(.*non-centre") as caught:
         aml.fit(centred_funnel, engine=engine, seed=0)
     assert len(caught) == 1
+    assert caught[0].filename == __file__  # the user's line, not Python's "sys:1"
+    assert "LocScaleReparam(centered=0.0)" in str(caught[0].message)  # what Pyro takes (LocScaleReparam(0) fails)
 
 
 def test_chees_on_the_centred_funnel_warns():

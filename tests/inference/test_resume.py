@@ -113,6 +113,8 @@ def test_resumed_chees_draws_equal_one_run(case, tmp_path):
     assert first.samples[next(iter(first.samples))].shape[1] == 30
     with pytest.raises(InputDataError, match="num_samples"):
         first.resume(0)
+    with pytest.raises(InputDataError, match="`executor`, `timeout` and `progress_bar` do not apply"):
+        first.resume(30, timeout=5.0)
 
 
 @short_runs
@@ -256,8 +258,13 @@ def test_resume_without_chains_is_refused():
     model, args = CASES["blr"]
     with pytest.raises(InputDataError, match="'map'"):
         aml.fit(model, *args, engine=MAP(progress_bar=False), seed=0).resume(10)
+    post = aml.fit(model, *args, engine=nuts(10, executor=None), seed=0)
     with pytest.raises(InputDataError, match="num_samples"):
-        aml.fit(model, *args, engine=nuts(10, executor=None), seed=0).resume(0)
+        post.resume(0)
+    for options, message in [({"executor": "threads"}, "`executor` must be"), ({"timeout": 0}, "`timeout` must be"),
+                             ({"progress_bar": "no"}, "`progress_bar` must be True or False")]:
+        with pytest.raises(InputDataError, match=message):  # refused as NUTS() refuses them, not run otherwise
+            post.resume(10, **options)
 
 
 @short_runs
