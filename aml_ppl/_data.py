@@ -137,26 +137,30 @@ def positional_names(program: Any, count: int) -> list[str]:
     return [named[index] if index < len(named) else f"positional argument {index}" for index in range(count)]
 
 
-def check_keyword_names(program: Any, kwargs: dict, context: str) -> None:
+def check_keyword_names(program: Any, kwargs: dict, context: str, engine_options: frozenset[str] = frozenset()) -> None:
     r"""Raise, naming the keyword, where ``kwargs`` holds a name that ``program`` (a model's
     function: :func:`~aml_ppl.models.base.program_of`) does not take.
 
-    ``context`` says where the keywords came from (``"fit"``, ``"the posterior"``); an engine
-    option given to ``fit`` as the model's keyword is named with its right place.
+    ``context`` says where the keywords came from (``"fit"``, ``"the posterior"``); a keyword
+    among ``engine_options`` (the engines' own) is pointed to the engine. A decorator's own
+    keywords count as the program's: both its signature and the wrapped function's are read.
     """
-    try:
-        parameters = inspect.signature(program).parameters.values()
-    except (TypeError, ValueError):
-        return
-    if any(parameter.kind is inspect.Parameter.VAR_KEYWORD for parameter in parameters):
-        return
-    accepted = [
-        parameter.name for parameter in parameters
-        if parameter.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-    ]
+    accepted: list[str] = []
+    for follow_wrapped in (True, False):
+        try:
+            parameters = inspect.signature(program, follow_wrapped=follow_wrapped).parameters.values()
+        except (TypeError, ValueError):
+            return
+        if any(parameter.kind is inspect.Parameter.VAR_KEYWORD for parameter in parameters):
+            return
+        accepted += [
+            parameter.name for parameter in parameters
+            if parameter.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+            and parameter.name not in accepted
+        ]
     for key in kwargs:
         if key not in accepted:
-            hint = " Engine options go to the engine: `engine=NUTS(num_samples=...)`, say." if context == "fit" else ""
+            hint = f" `{key}` is an engine's option: pass it to the engine, `engine=NUTS({key}=...)`, say." if key in engine_options else ""
             raise InputDataError(
                 f"`{key}` is not an argument of the model (its keyword arguments are {accepted}); "
                 f"{context} passes keyword arguments to the model.{hint}"
@@ -176,8 +180,8 @@ def note_numeric_lists(error: BaseException, args: tuple, kwargs: dict, names: l
             isinstance(item, (int, float)) and not isinstance(item, bool) for item in value
         ):
             error.add_note(
-                f"aml_ppl: the model's {name} is a Python {type(value).__name__} of numbers; Pyro's "
-                "sites take tensors: pass `torch.tensor(...)` (or a numpy array) instead."
+                f"aml_ppl: the model's {name} is a Python {type(value).__name__} of numbers; if it is read as "
+                "observations or by a distribution, pass `torch.tensor(...)` (or a numpy array): Pyro's sites take tensors."
             )
 
 

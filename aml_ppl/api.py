@@ -2,6 +2,7 @@ r"""The one call: ``aml_ppl.fit(model, *args, engine=...)``."""
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, Callable
 
 from aml_ppl._core.randomness import RandomStream
@@ -63,7 +64,7 @@ def fit(
     if isinstance(model, Model):
         model.feature_names = column_names(args[0]) if args else None
     args, kwargs = convert_arguments(args, kwargs)
-    check_keyword_names(program_of(model), kwargs, "fit")
+    check_keyword_names(program_of(model), kwargs, "fit", engine_options())
     if isinstance(model, Model):  # its own checks name the argument (`X`, `y`)
         args, kwargs = model.validate(*args, **kwargs)
         model.check_observed(*args, **kwargs)
@@ -98,3 +99,8 @@ def default_engine_options(model: Callable, engine: str) -> dict[str, Any]:
     if engine != getattr(model, "default_engine", None):
         return {}
     return dict(getattr(model, "default_engine_options", {}))
+
+
+def engine_options() -> frozenset[str]:
+    r"""The names of every registered engine's options (for the hint where one is given to the model)."""
+    return frozenset(name for engine in ENGINES.values() for name in inspect.signature(engine.__init__).parameters if name != "self")

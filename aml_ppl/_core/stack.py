@@ -3,9 +3,10 @@ r"""Where a warning points: the user's line, however deep in the package it was 
 from __future__ import annotations
 
 import inspect
+import os
 from pathlib import Path
 
-PACKAGE = str(Path(__file__).resolve().parent.parent)
+PACKAGE = str(Path(__file__).resolve().parent.parent) + os.sep  # aml_ppl/, not aml_ppl_demo.py beside it
 
 
 def user_stacklevel() -> int:

@@ -15,6 +15,7 @@ from tqdm.auto import tqdm
 
 from aml_ppl._core.linalg import plus_diagonal
 from aml_ppl._core.checks import POSITIVE, Integer, check_arguments
+from aml_ppl._core.stack import user_stacklevel
 from aml_ppl._data import check_count, check_float_tensor
 from aml_ppl.api import fit
 from aml_ppl.bo.acquisition import TRANSDUCTIVE, transductive
@@ -128,7 +129,7 @@ class TransductiveActiveLearning:
                 "sample point, so the choice is arbitrary and the target's variance stays at the prior's. Bring the "
                 "sample space nearer the target or use a longer lengthscale.",
                 StagnationWarning,
-                stacklevel=3,
+                stacklevel=user_stacklevel(),
             )
         return candidates[0]
 
@@ -142,6 +143,8 @@ class TransductiveActiveLearning:
         value = torch.as_tensor(y)
         if value.numel() != 1:
             raise InputDataError(f"the observation at {x.tolist()} must be one number; got shape {tuple(value.shape)}.")
+        if not (bool(torch.isfinite(x).all()) and bool(torch.isfinite(value).all())):
+            raise InputDataError(f"the observation {value.item()} at {x.tolist()} must be finite, as its point; nothing was added.")
         self.X = torch.cat([self.X, x.reshape(1, -1)])
         self.y = torch.cat([self.y, self.y.new_tensor([float(y)])])
         covariance = self._posterior().to_botorch().posterior(self.target).distribution.covariance_matrix

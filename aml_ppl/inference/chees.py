@@ -357,7 +357,8 @@ class ChEES(Engine):
         fitted = Fitted(model, args, kwargs, engine=self.name, objective="lp", history=stats["lp"].flatten())
         samples = {name: value.detach() for name, value in samples.items()}
         report = check_sampling(samples, stats, step_cap=("n_steps", self.max_leapfrog_steps))
-        report.fixes.extend([ONE_STEP_SIZE] if NON_CENTRE in report.fixes else [])  # a posterior of varying scale
+        if NON_CENTRE in report.fixes:  # a posterior of varying scale: one step size cannot serve it
+            report.fixes.insert(report.fixes.index(NON_CENTRE) + 1, ONE_STEP_SIZE)
         warn_if_untrustworthy("ChEES-HMC", report)
         return ChEESPosterior(fitted, samples=samples, stats=stats, batch_state=state, kernel_options=options)
 

@@ -14,8 +14,10 @@ from tqdm.auto import tqdm
 
 from aml_ppl._core.checks import NON_NEGATIVE, POSITIVE, Boolean, Integer, OneOf, changed_options, check_arguments
 from aml_ppl._core.threads import intra_op_threads
+from aml_ppl._core.randomness import on_own_stream
+from aml_ppl._core.stack import user_stacklevel
 from aml_ppl._data import check_count
-from aml_ppl.errors import AmlPplError, AmlPplWarning, ConvergenceWarning, ModelFittingError
+from aml_ppl.errors import AmlPplError, AmlPplWarning, ConvergenceWarning, InputDataError, ModelFittingError
 from aml_ppl.inference.base import Engine, Posterior, register_engine
 from aml_ppl.inference.distributed import Ranks
 from aml_ppl.inference.fitted import Fitted
@@ -112,10 +114,13 @@ class MixturePosterior(Posterior):
         X = self.data_args[0] if X is None else self.fitted.arguments((X,), {})[0][0]
         return X.to(next(iter(self.params.values())))
 
+    @on_own_stream
     def log_prob(self, *args: Any, num_samples: int = 1000, site: str | None = None, **kwargs: Any) -> torch.Tensor:
         r"""Pointwise :math:`\log p(x_i) = \log\sum_j \pi_j \mathcal{N}(x_i;\mu_j,\Sigma_j)` at the estimate."""
         if not self._closed_form:
             return super().log_prob(*args, num_samples=num_samples, site=site, **kwargs)
+        if kwargs or len(args) > 1:
+            raise InputDataError(f"`log_prob` of {type(self.model).__name__} takes the points `X` alone; got {len(args)} arguments and keywords {sorted(kwargs)}.")
         return self.model.em_e_step(self._data(*args[:1]), self.params)[1]
 
     def responsibilities(self, X: Any) -> torch.Tensor:
@@ -142,6 +147,7 @@ class MixturePosterior(Posterior):
         X = self._data(X)
         return -2 * self.log_prob(X).sum().item() + 2 * self.model.em_num_parameters(X.shape[1])
 
+    @on_own_stream
     def sample_data(self, num_points: int) -> tuple[torch.Tensor, torch.Tensor]:
         r"""New points from the fitted mixture: ``(X, labels)``."""
         if not isinstance(self.model, DataSampling):
@@ -179,7 +185,7 @@ def warn_unless_converged(posterior: MixturePosterior, max_iter: int, tol: float
         f"(the last change: {abs(history[-1] - history[-2]):.3g}); raise max_iter, or pass tol=0 to run a "
         "fixed number of iterations.",
         ConvergenceWarning,
-        stacklevel=4,
+        stacklevel=user_stacklevel(),
     )
 
 
@@ -300,7 +306,7 @@ class EM(Engine):
                 result = self._run(model, X, start, restart, ranks)
             except ModelFittingError as error:  # one bad start loses nothing else
                 failures.append(str(error))
-                warnings.warn(f"EM restart {restart} failed: {error}", AmlPplWarning, stacklevel=3)
+                warnings.warn(f"EM restart {restart} failed: {error}", AmlPplWarning, stacklevel=user_stacklevel())
                 continue
             if best is None or result[1][-1] > best[1][-1]:
                 best = result

@@ -153,6 +153,7 @@ class GaussianPosterior(Posterior):
 
         return Prediction(mean=predictive.mean, variance=predictive.variance, gaussian=True, draw=draw)
 
+    @on_own_stream
     def log_prob(
         self, *args: Any, num_samples: int = 1000, site: str | None = None, **kwargs: Any
     ) -> torch.Tensor:
@@ -167,6 +168,7 @@ class GaussianPosterior(Posterior):
         r"""The model at the fitted hyperparameters (a GP's ``SingleTaskGP``)."""
         return self.model.botorch_model(self.latents, *self.data_args, **self.data_kwargs)
 
+    @on_own_stream
     def credible_interval(
         self, site: str, level: float = 0.95, num_samples: int = 4000
     ) -> tuple[torch.Tensor, torch.Tensor]:

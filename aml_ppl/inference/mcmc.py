@@ -94,7 +94,7 @@ class SamplePosterior(Posterior):
         check_chain_options(executor, timeout)
         check_arguments("resume", {"progress_bar": Boolean()}, {"progress_bar": progress_bar})
         if self.batch_state is not None:
-            if executor != "auto" or timeout is not None or progress_bar:
+            if executor not in ("auto", None) or timeout is not None or progress_bar:
                 raise InputDataError(
                     "this posterior's chains run as one batch in this process (vectorised NUTS, ChEES): "
                     "`executor`, `timeout` and `progress_bar` do not apply to its `resume`."
@@ -411,11 +411,11 @@ def sampler_incompatibility(sampler: str, model: Callable, args: tuple, kwargs: 
         )
     if structure.enumeration_dependent:
         return (
-            f"{sampler} draws one value of each continuous latent site, and the distributions of "
-            f"{list(structure.enumeration_dependent)} depend on the enumerated sites {list(structure.enumerated)} "
-            "(a prior reading their value), so under enumeration they would be drawn once per discrete value: "
-            "a different model. Use 'svi' (its guide draws them, and the discrete sites are summed out), or "
-            "write their marginal (dist.MixtureSameFamily) in place of the discrete site"
+            f"the priors of the continuous sites {list(structure.enumeration_dependent)} read the value of an "
+            f"enumerated site (of {list(structure.enumerated)}); summing that site out would give each of them one "
+            f"copy per discrete value, with an improper prior, which {sampler} would sample as another model. "
+            "Use 'svi' (its guide draws them, and the discrete sites are summed out), or write their marginal "
+            "(dist.MixtureSameFamily) in place of the discrete site"
         )
     return None
 

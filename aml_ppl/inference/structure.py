@@ -123,7 +123,8 @@ class Structure:
         r"""This structure with ``observed`` (a fit's observed sites) as the observed
         sites, also where these arguments leave them unobserved (``obs=None``)."""
         latent = tuple(name for name in self.latent if name not in observed)
-        return replace(self, observed=observed, latent=latent)
+        dependent = tuple(name for name in self.enumeration_dependent if name in latent)
+        return replace(self, observed=observed, latent=latent, enumeration_dependent=dependent)
 
 
 def structure_trace(model: Callable, args: tuple, kwargs: dict) -> Any:
@@ -202,7 +203,9 @@ def inspect_model(model: Callable, args: tuple, kwargs: dict) -> Structure:
         observations={name: trace.nodes[name]["value"] for name in kinds["observed"]},
         coupled=_coupled(trace, sites, tuple(kinds["observed"]), tuple(kinds["local"])),
         reparameterised=tuple(reparameterised),
-        enumeration_dependent=tuple(name for name in kinds["latent"] if _varies_over_enumeration(trace.nodes[name])),
+        enumeration_dependent=tuple(
+            name for name in kinds["latent"] if kinds["enumerated"] and _varies_over_enumeration(trace.nodes[name])
+        ),
     )
 
 

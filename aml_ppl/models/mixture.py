@@ -3,7 +3,6 @@ r"""Gaussian mixtures (notes AML §2, IML §14) with closed-form EM steps."""
 from __future__ import annotations
 
 import contextlib
-import inspect
 import math
 import warnings
 from typing import Any, Callable, ClassVar, Iterator
@@ -22,8 +21,10 @@ from aml_ppl._core.checks import (
     Integer,
     OneOf,
     Optional,
+    changed_options,
     check_arguments,
 )
+from aml_ppl._core.stack import user_stacklevel
 from aml_ppl._data import check_float_tensor
 from aml_ppl.errors import AmlPplWarning, InputDataError
 from aml_ppl.models.base import Model, register_model
@@ -409,15 +410,17 @@ class GaussianMixture(Model):
         r"""Warn where EM left out a prior the user set (EM maximises the likelihood), and,
         naming the component, where a fitted covariance collapsed: its smallest variance is at
         most twice ``reg_covar``, so the regulariser alone holds it up."""
-        defaults = inspect.signature(GaussianMixture.__init__).parameters
-        priors = [f"{name}={getattr(self, name)!r}" for name in ("weight_concentration", "mean_prior_scale", "scale_prior_scale")
-                  if getattr(self, name) != defaults[name].default]
-        if priors:
+        priors = {"mean_prior_scale": self.mean_prior_scale}  # those the Pyro program reads
+        priors.update({} if self.equal_weights else {"weight_concentration": self.weight_concentration})
+        priors.update({} if self.fixed_variance is not None else {"scale_prior_scale": self.scale_prior_scale})
+        changed = changed_options(type(self).__init__, priors)
+        if changed:
             warnings.warn(
-                f"EM maximises the likelihood and leaves out the priors: {', '.join(priors)} did not enter the "
-                "fit. engine='map' finds the posterior mode under them (engine='nuts' the posterior).",
+                f"EM maximises the likelihood and leaves out the priors: "
+                f"{', '.join(f'{name}={priors[name]!r}' for name in changed)} did not enter the fit. engine='map' "
+                "finds the posterior mode under them (engine='nuts' the posterior).",
                 AmlPplWarning,
-                stacklevel=5,
+                stacklevel=user_stacklevel(),
             )
         if self.fixed_variance is not None:
             return
@@ -428,7 +431,7 @@ class GaussianMixture(Model):
                 f"{2 * self.reg_covar:g}); it is held up by reg_covar alone. Use fewer components, "
                 "a larger reg_covar, or standardised data.",
                 CollapsedComponentWarning,
-                stacklevel=5,
+                stacklevel=user_stacklevel(),
             )
 
     def em_sites(self, params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -448,12 +451,27 @@ class GaussianMixture(Model):
 
     def em_relabel(self, params: dict[str, torch.Tensor], reference: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         r"""``params``' components matched one to one to ``reference``'s (the estimate's): the
-        permutation :math:`\pi` minimising :math:`\sum_k \lVert \mu^{	ext{ref}}_k -
-        \mu_{\pi(k)} 
-Vert^2`, by the Hungarian algorithm (pivotal relabelling: Marin,
-        Mengersen & Robert 2005, §4.2). A key such as the first coordinate of the means
-        swaps two components that share it between replicates and mixes them."""
-        cost = torch.cdist(reference["means"], params["means"]).square()
+        permutation :math:`\pi` minimising :math:`\sum_k D(\mathcal{N}^{\text{ref}}_k,
+        \mathcal{N}_{\pi(k)})` by the Hungarian algorithm, :math:`D` the symmetrised
+        Kullback-Leibler divergence of two Gaussians,
+
+        .. math:: D = \tfrac12 \operatorname{tr}(\Lambda_b \Sigma_a + \Lambda_a \Sigma_b)
+            + \tfrac12 \delta^\top (\Lambda_a + \Lambda_b) \delta - d, \quad \delta = \mu_a - \mu_b
+
+        (pivotal relabelling: Marin, Mengersen & Robert 2005, §4.2). It tells apart components
+        that share a mean but not a spread, and components that share a coordinate, which a key
+        such as the first coordinate of the means swaps between replicates."""
+        k, d = params["means"].shape
+        covariances = self._covariance.as_full(params["covariances"], k, d)
+        reference_covariances = self._covariance.as_full(reference["covariances"], k, d)
+        precisions, reference_precisions = torch.linalg.inv(covariances), torch.linalg.inv(reference_covariances)
+        delta = reference["means"][:, None] - params["means"][None]  # reference i, replicate j
+        cost = 0.5 * (
+            torch.einsum("jab,iab->ij", precisions, reference_covariances)
+            + torch.einsum("iab,jab->ij", reference_precisions, covariances)
+            + torch.einsum("ija,jab,ijb->ij", delta, precisions, delta)
+            + torch.einsum("ija,iab,ijb->ij", delta, reference_precisions, delta)
+        )
         order = torch.as_tensor(linear_sum_assignment(cost.cpu().numpy())[1], device=cost.device)
         return {
             "weights": params["weights"][order],

@@ -80,3 +80,15 @@ def test_a_target_no_sample_point_informs_is_said_once():
         steps = learner.run(lambda x: float(torch.sin(6 * x).sum()), 4)
     assert len([w for w in caught if issubclass(w.category, StagnationWarning)]) == 1
     assert steps[-1].max_std == pytest.approx(1.0)
+
+
+def test_a_non_finite_observation_is_refused_before_the_learner_changes():
+    from aml_ppl.errors import InputDataError
+
+    sample_space = torch.linspace(0, 1, 21, dtype=torch.float64)[:, None]
+    learner = TransductiveActiveLearning(sample_space, sample_space[:3])
+    learner.observe(sample_space[0], 1.0)
+    with pytest.raises(InputDataError, match="must be finite.*nothing was added"):
+        learner.observe(sample_space[1], float("nan"))
+    assert learner.y.tolist() == [1.0] and learner.X.shape == (1, 1)
+    learner.suggest()  # the learner goes on

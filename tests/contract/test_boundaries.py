@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import arviz as az
 import numpy as np
 import pandas as pd
@@ -73,8 +75,19 @@ def test_keywords_the_model_does_not_take_are_named_with_their_place():
     r"""An engine option passed where the model's keywords go is named, with where it
     belongs, not Python's ``TypeError`` from inside a validation."""
     y = torch.tensor([0.1, 0.2, 0.3])
-    with pytest.raises(aml.InputDataError, match=r"`num_samples` is not an argument of the model.*engine=NUTS"):
+    with pytest.raises(aml.InputDataError, match=r"`num_samples` is not an argument of the model.*engine=NUTS\(num_samples=\.\.\.\)"):
         aml.fit(conjugate_normal, y, engine=FAST_SVI, num_samples=10)
+    with pytest.raises(aml.InputDataError, match=r"`yy` is not an argument of the model \(its keyword arguments are \['y'\]\); fit passes keyword arguments to the model\.$"):
+        aml.fit(conjugate_normal, y, engine=FAST_SVI, yy=y)
+
+    def scaled(program):  # a decorator that adds a keyword of its own, as functools.wraps writes them
+        @functools.wraps(program)
+        def wrapper(*args, temperature=1.0, **kwargs):
+            with pyro.poutine.scale(scale=1.0 / temperature):
+                return program(*args, **kwargs)
+        return wrapper
+
+    aml.fit(scaled(conjugate_normal), y, engine=FAST_SVI, temperature=2.0)
     X = torch.randn(12, 2, dtype=torch.float64)
     post = aml.fit(BayesianLinearRegression(), X, X.sum(-1))
     with pytest.raises(aml.InputDataError, match=r"`num_draws` is not an argument.*\['X', 'y'\]"):
@@ -98,6 +111,9 @@ def test_a_posteriors_draws_take_a_seed_of_their_own_and_leave_its_stream(engine
     assert torch.equal(post.sample(7)["beta"], twin.sample(7)["beta"])
     with pytest.raises(aml.InputDataError, match="`seed` must be an integer >= 0; got -1"):
         post.sample(3, seed=-1)
+    interval = post.credible_interval("beta", num_samples=50, seed=3)  # every verb takes it (an exact posterior's too)
+    assert all(torch.equal(a, b) for a, b in zip(interval, post.credible_interval("beta", num_samples=50, seed=3)))
+    assert post.log_prob(X, y, seed=0).shape == (12,)
 
 
 @pytest.mark.parametrize("engine", ["laplace", MAP()], ids=["laplace", "map"])

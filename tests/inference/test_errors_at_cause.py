@@ -121,9 +121,11 @@ def test_a_sampler_refuses_a_continuous_site_whose_prior_reads_an_enumerated_one
     a 2-vector there, one coordinate improper, and drifts off); it is refused, naming both,
     and SVI, whose guide draws ``mean`` while ``kind`` is summed out, still runs it."""
     assert inspect_model(mean_by_enumerated_class, (torch.tensor(2.5),), {}).enumeration_dependent == ("mean",)
-    with pytest.raises(aml.IncompatibleEngineError, match=r"\['mean'\] depend on the enumerated sites \['kind'\].*'svi'"):
+    with pytest.raises(aml.IncompatibleEngineError, match=r"continuous sites \['mean'\] read the value of an enumerated site \(of \['kind'\]\).*'svi'"):
         aml.fit(mean_by_enumerated_class, torch.tensor(2.5), engine=engine)
     assert inspect_model(enumerated_mixture_like, (torch.randn(5),), {}).enumeration_dependent == ()
+    wide = lambda: pyro.sample("w", dist.Normal(torch.zeros(2, 1, 1, 1, 1, 1, 1, 2), 1.0))  # 8 dims, nothing enumerated
+    assert inspect_model(wide, (), {}).enumeration_dependent == ()
 
 
 @config_enumerate

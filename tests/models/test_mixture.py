@@ -1,5 +1,7 @@
 """Gaussian mixtures and EM against scikit-learn, closed forms and Theorem 2.1."""
 
+import math
+
 import numpy as np
 import pyro
 import pyro.distributions as dist
@@ -227,6 +229,9 @@ def test_posterior_extras(mixture_data, tmp_path):
     assert post.bic(X) > post.aic(X)  # log n > 2 at n = 3000
     new_points, labels = post.sample_data(500)
     assert new_points.shape == (500, 2) and labels.max() < 3
+    twin = aml.fit(GaussianMixture(3), X, engine=EM(uncertainty="bootstrap", num_replicates=8), seed=0)
+    assert torch.equal(twin.sample_data(5)[0], aml.fit(GaussianMixture(3), X, engine=EM(uncertainty="bootstrap", num_replicates=8), seed=0).sample_data(5)[0])
+    assert torch.equal(post.sample_data(5, seed=1)[0], post.sample_data(5, seed=1)[0])
     idata = post.to_arviz(num_samples=50)
     assert idata.posterior["locs"].shape == (1, 50, 3, 2)
     assert idata.log_likelihood["obs"].shape == (1, 50, 3000)
@@ -248,6 +253,13 @@ def test_bootstrap_replicates_keep_the_estimates_labels_where_means_share_a_coor
     locations = post.replicates["locs"]
     assert (locations - post.params["means"]).abs().max() < 1.0
     assert locations.std(0).max() < 0.3
+    # Two components about one centre, spreads 0.1 and 3: told apart by their spread, not their
+    # means (matched by their means, 20 of these 40 replicates swapped them).
+    generator = torch.Generator().manual_seed(2)
+    X = torch.cat([0.1 * torch.randn(300, 2, dtype=torch.float64, generator=generator),
+                   3.0 * torch.randn(300, 2, dtype=torch.float64, generator=generator)])
+    post = aml.fit(GaussianMixture(2, covariance_type="spherical"), X, engine=EM(uncertainty="bootstrap", num_replicates=40), seed=0)
+    assert (post.replicates["scales"] / post.params["covariances"].sqrt()).log().abs().max() < math.log(2)
 
 
 def test_em_says_when_it_stopped_at_max_iter_and_when_it_left_out_a_prior(mixture_data):
