@@ -7,7 +7,7 @@ boundary works on tensors and trusts their shape.
 from __future__ import annotations
 
 import inspect
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -137,12 +137,12 @@ def positional_names(program: Any, count: int) -> list[str]:
     return [named[index] if index < len(named) else f"positional argument {index}" for index in range(count)]
 
 
-def check_keyword_names(program: Any, kwargs: dict, context: str, engine_options: frozenset[str] = frozenset()) -> None:
+def check_keyword_names(program: Any, kwargs: dict, context: str, engine_options: Callable[[], frozenset[str]] = frozenset) -> None:
     r"""Raise, naming the keyword, where ``kwargs`` holds a name that ``program`` (a model's
     function: :func:`~aml_ppl.models.base.program_of`) does not take.
 
     ``context`` says where the keywords came from (``"fit"``, ``"the posterior"``); a keyword
-    among ``engine_options`` (the engines' own) is pointed to the engine. A decorator's own
+    among ``engine_options()`` (the engines' own, read only for the message) is pointed to the engine. A decorator's own
     keywords count as the program's: both its signature and the wrapped function's are read.
     """
     accepted: list[str] = []
@@ -160,7 +160,7 @@ def check_keyword_names(program: Any, kwargs: dict, context: str, engine_options
         ]
     for key in kwargs:
         if key not in accepted:
-            hint = f" `{key}` is an engine's option: pass it to the engine, `engine=NUTS({key}=...)`, say." if key in engine_options else ""
+            hint = f" `{key}` is an engine's option: pass it to the engine, `engine=NUTS({key}=...)`, say." if key in engine_options() else ""
             raise InputDataError(
                 f"`{key}` is not an argument of the model (its keyword arguments are {accepted}); "
                 f"{context} passes keyword arguments to the model.{hint}"

@@ -64,7 +64,7 @@ def fit(
     if isinstance(model, Model):
         model.feature_names = column_names(args[0]) if args else None
     args, kwargs = convert_arguments(args, kwargs)
-    check_keyword_names(program_of(model), kwargs, "fit", engine_options())
+    check_keyword_names(program_of(model), kwargs, "fit", engine_options)
     if isinstance(model, Model):  # its own checks name the argument (`X`, `y`)
         args, kwargs = model.validate(*args, **kwargs)
         model.check_observed(*args, **kwargs)

@@ -146,12 +146,12 @@ class TransductiveActiveLearning:
         if not (bool(torch.isfinite(x).all()) and bool(torch.isfinite(value).all())):
             raise InputDataError(f"the observation {value.item()} at {x.tolist()} must be finite, as its point; nothing was added.")
         self.X = torch.cat([self.X, x.reshape(1, -1)])
-        self.y = torch.cat([self.y, self.y.new_tensor([float(y)])])
+        self.y = torch.cat([self.y, self.y.new_tensor([float(value)])])
         covariance = self._posterior().to_botorch().posterior(self.target).distribution.covariance_matrix
         variance = covariance.diagonal().clamp_min(0)
         log_det = torch.linalg.slogdet(plus_diagonal(covariance, 1e-9)).logabsdet
         step = ActiveLearningStep(
-            x=x.tolist(), y=float(y), max_std=variance.max().sqrt().item(), total_variance=variance.sum().item(),
+            x=x.tolist(), y=float(value), max_std=variance.max().sqrt().item(), total_variance=variance.sum().item(),
             entropy=0.5 * (log_det.item() + covariance.shape[0] * math.log(2 * math.pi * math.e)),
         )
         self.steps.append(step)

@@ -261,10 +261,8 @@ class GaussianMixture(Model):
         weights = params["weights"]
         if not bool(torch.isfinite(weights).all() and (weights >= 0).all()) or abs(weights.sum().item() - 1) > 1e-6:
             raise InputDataError(f"`init['weights']` must be non-negative and sum to 1; got {weights.tolist()}.")
-        variances = self._covariance.variances(params["covariances"])
         full = self._covariance.as_full(params["covariances"], k, d)
-        symmetric = torch.allclose(full, full.mT)
-        if not symmetric or not bool((variances > 0).all()) or bool((torch.linalg.cholesky_ex(full).info != 0).any()):
+        if not torch.allclose(full, full.mT) or bool((torch.linalg.cholesky_ex(full).info != 0).any()):
             raise InputDataError(
                 f"`init['covariances']` must be symmetric positive definite ({self.covariance_type}: "
                 f"shape {tuple(params['covariances'].shape)}); one is not."
