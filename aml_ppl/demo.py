@@ -299,8 +299,9 @@ def neural_networks(report: Report) -> None:
         return f"accuracy {aml.analysis.accuracy(probs, labels[test]):.3f}, ECE {aml.analysis.expected_calibration_error(probs, labels[test]):.3f}"
 
     bayes = report.timed_fit("BNN classifier, 30-32-2", "breast cancer", classifier, (X[train], labels[train]),
-                             None, score, accuracy)  # its default: the Laplace over the output layer
-    report.say("BNN classifier: its default engine is the Laplace approximation over the output layer around the MAP")
+                             None, score, accuracy)  # its default: the Laplace over the output layer, the prior refitted
+    report.say("BNN classifier: its default engine is the Laplace approximation over the output layer, around the MAP "
+               "under the prior scale the network's evidence chooses")
     report.timed_fit("BNN classifier, 30-32-2", "breast cancer", classifier, (X[train], labels[train]),
                      SVI(num_steps=steps, lr=0.01, progress_bar=False), score, accuracy)
     report.timed_fit("BNN classifier, 30-32-2", "breast cancer", classifier, (X[train], labels[train]),

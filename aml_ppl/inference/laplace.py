@@ -7,14 +7,16 @@ from __future__ import annotations
 import dataclasses
 import math
 import warnings
-from typing import Any, Callable, ClassVar
+from typing import Any, Callable, ClassVar, NamedTuple
 
 import pyro.distributions as dist
 import torch
 from pyro import poutine
+from pyro.poutine.messenger import Messenger
 
 from aml_ppl._core.checks import changed_options
-from aml_ppl._core.randomness import on_own_stream
+from aml_ppl._core.randomness import global_states, on_own_stream, set_global_states
+from aml_ppl._core.stack import user_stacklevel
 from aml_ppl._data import check_count, check_positive
 from aml_ppl.errors import ConvergenceWarning, InputDataError, ModelFittingError
 from aml_ppl.inference.base import Engine, Posterior, register_engine
@@ -28,6 +30,11 @@ from aml_ppl.models.protocols import LinearisableNetwork
 
 #: Data points per Jacobian: each holds ``points x out x P`` values.
 JACOBIAN_ROWS = 256
+#: MAP fits at most under ``prior_precision="refit"``, and the change of :math:`\log\alpha` at
+#: which the refit stops.
+REFIT_ROUNDS, REFIT_TOLERANCE = 20, 1e-2
+#: Weights at most under ``prior_precision="refit"``, whose evidence holds a ``P x P`` matrix.
+REFIT_WEIGHTS_AT_MOST = 5000
 
 
 @register_engine
@@ -55,7 +62,8 @@ class Laplace(Engine):
 
     :math:`\lambda_j` the eigenvalues of :math:`P_0^{-1/2} G P_0^{-1/2}`, by MacKay's fixed point
     :math:`\alpha \leftarrow \gamma / m`, :math:`\gamma = \sum_j \lambda_j / (\lambda_j + \alpha)`
-    (the mode is kept, as laplace-torch keeps it). With ``predictive="glm"`` the posterior is
+    (the mode is kept, as laplace-torch keeps it; ``"refit"`` refits the MAP under
+    :math:`\alpha P_0` until :math:`\alpha` settles, MacKay's alternation, Bishop 2006 §5.7.2). With ``predictive="glm"`` the posterior is
     that of the network linearised at the mode, :math:`f(x \mid \hat\theta) + J(x)(\theta -
     \hat\theta)` (Immer et al. 2021): ``log_prob`` is its closed form (a Gaussian for
     regression, the probit approximation for classification; with ``link_approximation="mc"`` an
@@ -90,7 +98,14 @@ class Laplace(Engine):
         Args:
             hessian: ``"full"`` (every Gaussian weight site) or ``"last_layer"`` (the output layer's,
                 the others at the MAP; Kristiadi et al. 2020).
-            prior_precision: ``"evidence"``, or the factor :math:`\alpha` itself (1: the model's prior).
+            prior_precision: ``"evidence"`` (over the sites ``hessian`` covers, around the model's
+                MAP), ``"refit"`` (an empirical-Bayes choice of the prior's scale: :math:`\alpha`
+                read from every Gaussian weight's evidence, whichever sites the Gaussian covers, and
+                the MAP refitted under :math:`\alpha P_0`, from the same start, until :math:`\alpha`
+                changes by under ``REFIT_TOLERANCE``: up to ``REFIT_ROUNDS`` fits, at most
+                ``REFIT_WEIGHTS_AT_MOST`` weights; MacKay 1992; Bishop 2006, *Pattern Recognition
+                and Machine Learning*, §3.5.2 and §5.7.2), or the factor :math:`\alpha` itself (1:
+                the model's prior).
             predictive: ``"glm"`` (the linearised network) or ``"nn"`` (the network).
             link_approximation: ``"probit"`` (the model's closed form) or ``"mc"`` (``num_samples``
                 draws of the linearised network), for ``log_prob`` under ``"glm"``.
@@ -112,7 +127,7 @@ class Laplace(Engine):
                 f"`link_approximation` = {link_approximation!r} links the linearised network's Gaussian outputs, and "
                 "predictive='nn' runs the network itself under the weights' draws; drop it, or pass predictive='glm'."
             )
-        if prior_precision != "evidence":
+        if prior_precision not in ("evidence", "refit"):
             check_positive("prior_precision", prior_precision)
         check_count("num_restarts", num_restarts)
         self.num_restarts = int(num_restarts)
@@ -138,39 +153,106 @@ class Laplace(Engine):
 
     def _around_a_map(self, model: Callable, args: tuple, kwargs: dict) -> LaplacePosterior:
         r"""The approximation around one MAP fit (from the initialisation the global generators draw
-        next: the first is the one ``MAP`` reaches with the same seed)."""
-        point = self.map.fit_supported(model, args, kwargs)  # checked by fit: from the MAP engine's start
+        next: the first is the one ``MAP`` reaches with the same seed); under ``"refit"``, around
+        the MAP refitted from that start under each new :math:`\alpha` until :math:`\alpha` settles."""
+        if self.prior_precision != "refit":
+            return self._around(model, args, kwargs, self._map(model, args, kwargs), factor=None)
+        start, factor, weights = global_states(), 1.0, []
+        for _ in range(REFIT_ROUNDS):
+            set_global_states(start)
+            point, mode, trace = self._map(model, args, kwargs, weights, factor)
+            weights = [name for name in mode if name in gaussian_prior(trace, [name])[0]]
+            size = sum(mode[name].numel() for name in weights)
+            if size > REFIT_WEIGHTS_AT_MOST:
+                raise InputDataError(
+                    f"prior_precision='refit' reads the evidence of all {size} Gaussian weights (a {size} x {size} "
+                    f"matrix), more than REFIT_WEIGHTS_AT_MOST = {REFIT_WEIGHTS_AT_MOST}; pass prior_precision='evidence'."
+                )
+            weights, spectrum = gaussian_spectrum(model, mode, trace, args[0], weights)
+            chosen = mackay_prior_precision(spectrum.eigenvalues, spectrum.penalty)
+            settled, factor = abs(math.log(chosen / factor)) <= REFIT_TOLERANCE, chosen
+            if settled:
+                break
+        else:
+            warnings.warn(
+                f"the prior precision's refit did not settle in {REFIT_ROUNDS} MAP fits (the last chose factor "
+                f"{factor:.4g}); pass prior_precision='evidence' or a factor of your own.",
+                ConvergenceWarning, stacklevel=user_stacklevel(),
+            )
+        return self._around(model, args, kwargs, (point, mode, trace), factor=factor)
+
+    def _map(self, model: Callable, args: tuple, kwargs: dict, scaled: list[str] = (), factor: float = 1.0) -> tuple:
+        r"""The MAP fit under the prior whose precision on the ``scaled`` sites is ``factor`` times the
+        model's: the fit, its mode, and the model's trace at the mode."""
+        program = ScaledPriorPrecision(scaled, factor)(model) if scaled else model
+        point = self.map.fit_supported(program, args, kwargs)  # checked by fit: from the MAP engine's start
         mode = {name: value[0] for name, value in point.model_draws(1).items()}
         with evaluation_mode(model), torch.no_grad():
             trace = poutine.trace(poutine.condition(model, mode)).get_trace(*args, **kwargs)
+        return point, mode, trace
+
+    def _around(self, model: Callable, args: tuple, kwargs: dict, fit: tuple, factor: float | None) -> LaplacePosterior:
+        r"""The approximation around a MAP ``fit`` (of :meth:`_map`) over the sites ``hessian``
+        covers, with the prior precision ``factor`` times the model's (``None``: as the options say)."""
+        point, mode, trace = fit
         sites = model.last_layer_sites() if self.hessian == "last_layer" else list(mode)
-        prior_loc, prior_precision = gaussian_prior(trace, sites)
-        sites = [name for name in sites if name in prior_loc]
-        if not sites:
-            raise ModelFittingError("the model has no latent site with a Gaussian prior for the Laplace approximation.")
-        X = args[0]
-        ggn = generalised_gauss_newton(model, mode, X, sites)
-        loc = flatten(mode, sites)
-        penalty = flatten(prior_precision, sites) * (loc - flatten(prior_loc, sites)).square()
-        root_precision = flatten(prior_precision, sites).rsqrt()
-        eigenvalues, eigenvectors = torch.linalg.eigh(root_precision[:, None] * ggn * root_precision)
-        eigenvalues = eigenvalues.clamp_min(0)
-        factor = (
-            mackay_prior_precision(eigenvalues, penalty.sum().item())
-            if self.prior_precision == "evidence"
-            else float(self.prior_precision)
-        )
+        sites, spectrum = gaussian_spectrum(model, mode, trace, args[0], sites)
+        if factor is None:
+            factor = (
+                mackay_prior_precision(spectrum.eigenvalues, spectrum.penalty)
+                if self.prior_precision == "evidence"
+                else float(self.prior_precision)
+            )
         log_likelihood = sum(trace.nodes[name]["fn"].log_prob(trace.nodes[name]["value"]).sum() for name in point.fitted.structure.observed)
-        evidence = laplace_evidence(factor, eigenvalues, penalty.sum().item(), float(log_likelihood))
-        covariance_root = root_precision[:, None] * eigenvectors * (eigenvalues + factor).rsqrt()
+        evidence = laplace_evidence(factor, spectrum.eigenvalues, spectrum.penalty, float(log_likelihood))
+        covariance_root = spectrum.root_precision[:, None] * spectrum.eigenvectors * (spectrum.eigenvalues + factor).rsqrt()
         fitted = dataclasses.replace(
             point.fitted, model=model.linearised(mode) if self.predictive == "glm" else model, engine=self.name
-        )
+        )  # the model's own prior: a refit's factor is in the approximation
         return LaplacePosterior(
             fitted, network=model, mode=mode, sites=sites, covariance_root=covariance_root,
             prior_precision_factor=factor, log_marginal_likelihood=evidence,
             predictive=self.predictive if self.predictive == "nn" else f"glm-{self.link_approximation}",
         )
+
+
+class Spectrum(NamedTuple):
+    r"""The eigendecomposition :math:`P_0^{-1/2} G P_0^{-1/2} = V \operatorname{diag}(\lambda) V^\top`
+    at a mode, with :math:`P_0^{-1/2}` (the diagonal, ``root_precision``) and the penalty
+    :math:`m = (\hat\theta - \mu_0)^\top P_0 (\hat\theta - \mu_0)`."""
+
+    eigenvalues: torch.Tensor
+    eigenvectors: torch.Tensor
+    root_precision: torch.Tensor
+    penalty: float
+
+
+def gaussian_spectrum(network: LinearisableNetwork, mode: dict[str, torch.Tensor], trace: Any, X: torch.Tensor, sites: list[str]) -> tuple[list[str], Spectrum]:
+    r"""Those of ``sites`` whose prior in ``trace`` (the model's, at ``mode``) is Gaussian, and
+    the :class:`Spectrum` of the generalised Gauss-Newton matrix over them, for the inputs ``X``."""
+    prior_loc, prior_precision = gaussian_prior(trace, sites)
+    sites = [name for name in sites if name in prior_loc]
+    if not sites:
+        raise ModelFittingError("the model has no latent site with a Gaussian prior for the Laplace approximation.")
+    ggn = generalised_gauss_newton(network, mode, X, sites)
+    penalty = flatten(prior_precision, sites) * (flatten(mode, sites) - flatten(prior_loc, sites)).square()
+    root_precision = flatten(prior_precision, sites).rsqrt()
+    eigenvalues, eigenvectors = torch.linalg.eigh(root_precision[:, None] * ggn * root_precision)
+    return sites, Spectrum(eigenvalues.clamp_min(0), eigenvectors, root_precision, penalty.sum().item())
+
+
+class ScaledPriorPrecision(Messenger):
+    r"""A program whose Gaussian prior :math:`\mathcal{N}(\mu_0, P_0^{-1})` on each of ``sites`` is
+    :math:`\mathcal{N}(\mu_0, (\alpha P_0)^{-1})` to its mode: the site's log density scaled by
+    :math:`\alpha`, which differs from the latter's only by a constant."""
+
+    def __init__(self, sites: list[str], factor: float) -> None:
+        super().__init__()
+        self.sites, self.factor = set(sites), factor
+
+    def _process_message(self, msg: dict) -> None:
+        if msg["type"] == "sample" and msg["name"] in self.sites and not msg["is_observed"]:
+            msg["scale"] = self.factor * msg["scale"]
 
 
 def gaussian_prior(trace: Any, sites: list[str]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:

@@ -21,16 +21,14 @@ from aml_ppl.models.base import Model, ModelLoss, register_model
 from aml_ppl.models.logistic import check_labels, warn_if_one_class
 
 ACTIVATIONS = {"relu": torch.relu, "tanh": torch.tanh, "sigmoid": torch.sigmoid}
-# The Laplace holds a P x P generalised Gauss-Newton matrix and its eigenvectors (2 x 72 MB in float64
-# at this P): a network whose Gaussian covers at most this many weights gets it as its default engine.
+# A network whose Laplace covers at most this many weights (its P x P GGN and eigenvectors, 2 x 72 MB) gets it by default.
 LAPLACE_AT_MOST = 3000
 GUIDES = ("meanfield", "isotropic")
 LIKELIHOODS = ("gaussian", "categorical")
 
 
 class _AtMeans(Messenger):
-    r"""Set the named sample sites to their distributions' means instead of drawing them
-    (a guide's trace read for those sites' distributions only); other sites are drawn."""
+    r"""The named sample sites at their distributions' means, not drawn (other sites are drawn)."""
 
     def __init__(self, names: set[str]) -> None:
         super().__init__()
@@ -174,12 +172,10 @@ class BayesianNeuralNetwork(Model):
 
     @property
     def default_engine(self) -> str:
-        r"""``"laplace"`` for a network fitted on full batches with one noise or a categorical
-        likelihood, whose Gaussian covers at most ``LAPLACE_AT_MOST`` weights: every weight of a
-        regression network (linearised, Immer et al. 2021), a classifier's output layer (Kristiadi et
-        al. 2020; laplace-torch's default subset); else ``"svi"`` (minibatches, heteroscedastic noise, larger
-        networks, SVI's own options). Measured (benchmarks/RESULTS.md): ahead of mean-field SVI in
-        held-out log-likelihood on all six UCI sets and on every breast-cancer split."""
+        r"""``"laplace"`` for a network fitted on full batches with one noise or a categorical likelihood,
+        whose Gaussian covers at most ``LAPLACE_AT_MOST`` weights: every weight of a regression network
+        (linearised, Immer et al. 2021), a classifier's output layer (Kristiadi et al. 2020; laplace-torch's
+        default subset); else ``"svi"``. Ahead of mean-field SVI on all six UCI sets and every breast-cancer split."""
         shapes = self._layer_shapes()
         covered = self.last_layer_sites() if self.likelihood == "categorical" else list(shapes)
         guide_set = self.local_reparameterization or self.guide_family != "meanfield"  # options only SVI reads
@@ -188,8 +184,12 @@ class BayesianNeuralNetwork(Model):
 
     @property
     def default_engine_options(self) -> dict[str, Any]:
-        r"""A classifier's default Laplace covers its output layer (``hessian="last_layer"``)."""
-        return {"hessian": "last_layer"} if self.likelihood == "categorical" and self.default_engine == "laplace" else {}
+        r"""A classifier's Laplace covers its output layer, around the MAP under the prior scale the
+        evidence chooses where the network has at most ``LAPLACE_AT_MOST`` weights (benchmarks/RESULTS.md)."""
+        if self.likelihood != "categorical" or self.default_engine != "laplace":
+            return {}
+        refit = sum(math.prod(shape) for shape in self._layer_shapes().values()) <= LAPLACE_AT_MOST
+        return {"hessian": "last_layer", **({"prior_precision": "refit"} if refit else {})}
 
     def get_config(self) -> dict[str, Any]:
         return {

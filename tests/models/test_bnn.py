@@ -262,13 +262,17 @@ def test_bad_data():
 def test_a_full_batch_network_defaults_to_the_laplace_and_the_rest_to_svi():
     r"""The default engine: the Laplace for a network fitted on full batches with one noise or a
     categorical likelihood whose Gaussian covers at most ``LAPLACE_AT_MOST`` weights (every weight
-    of a regression network, 3-50-1: 251; a classifier's output layer, 3-64-64-2: 130); SVI for a
+    of a regression network, 3-50-1: 251; a classifier's output layer, 3-64-64-2: 130), a
+    classifier's around the MAP under the prior its evidence chooses where the whole network has at
+    most ``LAPLACE_AT_MOST``; SVI for a
     minibatched or heteroscedastic network, a regression network of more weights (3-64-64-1:
     4 481) and one given SVI's own options."""
     assert BayesianNeuralNetwork(3).default_engine == "laplace"
     assert BayesianNeuralNetwork(3, noise_scale=0.1).default_engine == "laplace"
     classifier = BayesianNeuralNetwork(3, hidden=(64, 64), out_features=2, likelihood="categorical")
-    assert classifier.default_engine == "laplace" and classifier.default_engine_options == {"hessian": "last_layer"}
+    assert classifier.default_engine == "laplace" and classifier.default_engine_options == {"hessian": "last_layer"}  # 4 546 weights
+    small_classifier = BayesianNeuralNetwork(3, hidden=(32,), out_features=2, likelihood="categorical")  # 194 weights
+    assert small_classifier.default_engine_options == {"hessian": "last_layer", "prior_precision": "refit"}
     assert BayesianNeuralNetwork(3).default_engine_options == {}
     for network in (
         BayesianNeuralNetwork(3, subsample_size=16), BayesianNeuralNetwork(3, heteroscedastic=True),
