@@ -75,9 +75,6 @@ class Checkpointing:
     every: int
     description: tuple[dict[str, str], ...]
 
-    def path(self, index: int) -> Path:
-        return self.folder / f"chain-{index}.pt"
-
     def read(self, index: int, num_samples: int) -> ChainProgress | None:
         r"""Chain ``index``'s last checkpoint, or ``None`` where it has none.
 
@@ -85,29 +82,18 @@ class Checkpointing:
             InputDataError: If the file is not a checkpoint, was written by a run that
                 differs (naming what differs), or holds more draws than ``num_samples``.
         """
-        path = self.path(index)
-        payload = checked_payload(path, CHECKPOINT_FORMAT, self.description[index], "a NUTS checkpoint")
+        payload = checked_payload(self.folder / f"chain-{index}.pt", CHECKPOINT_FORMAT, self.description[index], "a NUTS checkpoint", num_samples)
         if payload is None:
             return None
         positions = list(payload["positions"].unbind(0))
-        if len(positions) > num_samples:
-            raise InputDataError(
-                f"`checkpoint` file `{path}` holds {len(positions)} draws, more than num_samples = {num_samples}."
-            )
         records = {name: value.tolist() for name, value in payload["records"].items()}
         return ChainProgress(HMCState.from_tensors(payload["state"]), positions, records)
 
     def write(self, index: int, progress: ChainProgress) -> None:
         r"""Replace chain ``index``'s checkpoint with ``progress``."""
-        self.folder.mkdir(parents=True, exist_ok=True)
-        payload = {
-            "format": CHECKPOINT_FORMAT,
-            "description": self.description[index],
-            "state": progress.state.tensors(),
-            "positions": torch.stack(progress.positions),
-            "records": {name: torch.tensor(values) for name, values in progress.records.items()},
-        }
-        atomic_write(self.path(index), lambda file: torch.save(payload, file))
+        records = {name: torch.tensor(values) for name, values in progress.records.items()}
+        write_payload(self.folder / f"chain-{index}.pt", CHECKPOINT_FORMAT, self.description[index],
+                      state=progress.state.tensors(), positions=torch.stack(progress.positions), records=records)
 
 
 def checkpoint_folder(checkpoint: str | Path | None) -> Path | None:
@@ -124,12 +110,19 @@ def checkpoint_folder(checkpoint: str | Path | None) -> Path | None:
     return folder
 
 
-def checked_payload(path: Path, format: str, description: dict[str, str], kind: str) -> dict | None:
-    r"""The checkpoint at ``path`` (``None`` where there is none), once it is of ``format`` and
-    was written by the run ``description`` describes.
+def write_payload(path: Path, format: str, description: dict[str, str], **content: Any) -> None:
+    r"""Replace the checkpoint at ``path`` (its folder made if missing), whole or not at all."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(path, lambda file: torch.save({"format": format, "description": description, **content}, file))
+
+
+def checked_payload(path: Path, format: str, description: dict[str, str], kind: str, num_samples: int) -> dict | None:
+    r"""The checkpoint at ``path`` (``None`` where there is none), once it is of ``format``, was
+    written by the run ``description`` describes and holds at most ``num_samples`` draws.
 
     Raises:
-        InputDataError: If the file is not ``kind``, or its run differs (naming what differs).
+        InputDataError: If the file is not ``kind``, its run differs (naming what differs), or
+            it holds more draws.
     """
     if not path.is_file():
         return None
@@ -152,6 +145,9 @@ def checked_payload(path: Path, format: str, description: dict[str, str], kind: 
             + (" A run continues its checkpoint only under the same `seed=` to fit." if "seed" in differing else "")
             + " Pass another `checkpoint` folder, or delete the file to start afresh."
         )
+    done = len(payload["positions"]) if "positions" in payload else next(iter(payload["stats"].values())).shape[1]
+    if done > num_samples:
+        raise InputDataError(f"`checkpoint` file `{path}` holds {done} draws, more than num_samples = {num_samples}.")
     return payload
 
 
@@ -182,15 +178,13 @@ class BatchCheckpointing:
         ``every`` kept draws and the last. Returns the draws (site to ``C x num_samples x ...``),
         the statistics (``C x num_samples``) and the final state."""
         path = self.folder / "batch.pt"
-        payload = checked_payload(path, BATCH_CHECKPOINT_FORMAT, self.description, "a batch checkpoint")
+        payload = checked_payload(path, BATCH_CHECKPOINT_FORMAT, self.description, "a batch checkpoint", num_samples)
         if payload is None:
             sampler.setup(warmup_steps, args, kwargs)
             before, warmup, done = ({}, {}), warmup_steps, 0
         else:
             before, warmup = (payload["samples"], payload["stats"]), 0
             done = next(iter(payload["stats"].values())).shape[1]
-            if done > num_samples:
-                raise InputDataError(f"`checkpoint` file `{path}` holds {done} draws, more than num_samples = {num_samples}.")
             if done == num_samples:
                 return payload["samples"], payload["stats"], record.from_tensors(payload["state"])
             sampler.restore(args, kwargs, record.from_tensors(payload["state"]))
@@ -205,10 +199,7 @@ class BatchCheckpointing:
             kept = done + index + 1
             if kept % self.every == 0 or kept == num_samples:
                 samples, stats = so_far()
-                content = {"format": BATCH_CHECKPOINT_FORMAT, "description": self.description, "state": sampler.state.tensors(),
-                           "samples": samples, "stats": stats}
-                self.folder.mkdir(parents=True, exist_ok=True)
-                atomic_write(path, lambda file: torch.save(content, file))
+                write_payload(path, BATCH_CHECKPOINT_FORMAT, self.description, state=sampler.state.tensors(), samples=samples, stats=stats)
 
         drive(sampler, warmup, num_samples - done, after_draw=after_draw)
         return (*so_far(), sampler.state)
@@ -216,17 +207,17 @@ class BatchCheckpointing:
 
 def sample_batch(
     sampler: Any, args: tuple, kwargs: dict, num_samples: int, warmup_steps: int, record: type,
-    checkpoint: tuple[Path, int, Callable, dict] | None = None,
+    folder: Path | None, every: int, settings: dict,
 ) -> tuple[dict, dict, Any]:
-    r"""``sampler``'s warm-up and ``num_samples`` kept draws, as :meth:`BatchCheckpointing.run`
-    returns them; with ``checkpoint`` (the folder, the draws between checkpoints, the model and
-    the settings that describe the run) through a :class:`BatchCheckpointing` of the run."""
-    if checkpoint is None:
-        samples, stats = sampler.run(args, kwargs, num_samples, warmup_steps)
-        return samples, stats, sampler.state
-    folder, every, model, settings = checkpoint
-    description = describe_run(model, args, kwargs, {**settings, "warmup_steps": warmup_steps}, [",".join(map(str, sampler.seeds))])[0]
-    return BatchCheckpointing(folder, every, description).run(sampler, args, kwargs, num_samples, warmup_steps, record)
+    r"""``sampler``'s warm-up and ``num_samples`` kept draws with its own param store, as
+    :meth:`BatchCheckpointing.run` returns them; with a checkpoint ``folder`` (written every
+    ``every`` draws, the run described by the sampler's model and ``settings``) through a
+    :class:`BatchCheckpointing` of the run."""
+    with isolated_param_store():
+        if folder is None:
+            return (*sampler.run(args, kwargs, num_samples, warmup_steps), sampler.state)
+        description = describe_run(sampler.model, args, kwargs, {**settings, "warmup_steps": warmup_steps}, [",".join(map(str, sampler.seeds))])[0]
+        return BatchCheckpointing(folder, every, description).run(sampler, args, kwargs, num_samples, warmup_steps, record)
 
 
 def density_fingerprint(model: Callable, args: tuple, kwargs: dict) -> str:

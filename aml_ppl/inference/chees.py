@@ -63,7 +63,6 @@ from aml_ppl.inference.base import Engine, register_engine
 from aml_ppl.inference.chain_state import checkpoint_folder, sample_batch
 from aml_ppl.inference.compiled import check_jit_compile
 from aml_ppl.inference.hmc.state import ChEESState, TransitionStats
-from aml_ppl.inference.context import isolated_param_store
 from aml_ppl.inference.fitted import Fitted
 from aml_ppl.inference.hmc.adaptation import TrajectoryLength, WindowCovariance
 from aml_ppl.inference.hmc.driver import BatchSampler
@@ -348,10 +347,8 @@ class ChEES(Engine):
         )
         options = {"num_chains": self.num_chains, "target_accept_prob": self.target_accept_prob,
                    "max_leapfrog_steps": self.max_leapfrog_steps, "full_mass": self.full_mass, "jit": self.jit_compile}
-        checkpoint = None if self.checkpoint is None else (self.checkpoint, self.checkpoint_every, model, options)
         try:
-            with isolated_param_store():
-                samples, stats, state = sample_batch(sampler, args, kwargs, self.num_samples, self.warmup_steps, ChEESState, checkpoint)
+            samples, stats, state = sample_batch(sampler, args, kwargs, self.num_samples, self.warmup_steps, ChEESState, self.checkpoint, self.checkpoint_every, options)
         except BatchingError as error:
             raise ModelFittingError(f"ChEES-HMC cannot batch the chains: {error}; run engine='nuts' instead.") from error
         fitted = Fitted(model, args, kwargs, engine=self.name, objective="lp", history=stats["lp"].flatten())
@@ -389,8 +386,7 @@ class ChEESPosterior(SamplePosterior):
 
     def _resumed_batch(self, num_samples: int) -> "ChEESPosterior":
         sampler = ChEESSampler(self.model, **self.kernel_options)
-        with isolated_param_store():
-            samples, stats = sampler.resume(self.data_args, self.data_kwargs, self.batch_state, num_samples)
+        samples, stats = sampler.resume(self.data_args, self.data_kwargs, self.batch_state, num_samples)
         samples = {name: value.detach() for name, value in samples.items()}
         step_cap = ("n_steps", self.kernel_options["max_leapfrog_steps"])
         return self._continued(samples, stats, "ChEES-HMC", step_cap, batch_state=sampler.state)

@@ -40,8 +40,7 @@ caller checks it against the plain evaluation at further points
 from __future__ import annotations
 
 import warnings
-from contextlib import contextmanager
-from typing import Callable, Iterator
+from typing import Callable
 
 import pyro
 import torch
@@ -288,9 +287,4 @@ def _plain_cross_entropy(
     return plain and reduction == "none" and logits.dtype in (torch.float32, torch.float64)
 
 
-@contextmanager
-def few_operation_log_probs() -> Iterator[None]:
-    r"""While tracing, the Bernoulli's log-probability in three operations
-    (:class:`FewOperationLogProbs`), in this thread only."""
-    with FewOperationLogProbs():
-        yield
+few_operation_log_probs = FewOperationLogProbs  # a TorchFunctionMode is its own context manager, in this thread only

@@ -121,7 +121,7 @@ def _generated(
 
     def tensor_name(node: Node) -> str:
         if node not in written and node.op == "get_attr":  # a lifted constant: the tensor itself
-            lines.append(f"{names[node]} = {bind(_attribute(module, node.target))}")
+            lines.append(f"{names[node]} = {bind(operator.attrgetter(node.target)(module))}")
         elif node not in written:  # a lifted value where a tensor operation needs it
             dtype = bind(node.meta["val"].dtype)
             lines.append(f"{names[node]} = {bind(torch.scalar_tensor)}(p{names[node]}, dtype={dtype})")
@@ -145,9 +145,9 @@ def _generated(
         if node.op == "placeholder":
             inputs.append(names[node])
         elif node.op == "get_attr" and node in lifted:
-            lines.append(f"p{names[node]} = {argument(_attribute(module, node.target).item())}")
+            lines.append(f"p{names[node]} = {argument(operator.attrgetter(node.target)(module).item())}")
         elif node.op == "get_attr":
-            lines.append(f"{names[node]} = {bind(_attribute(module, node.target))}")
+            lines.append(f"{names[node]} = {bind(operator.attrgetter(node.target)(module))}")
         elif node in lifted:
             lines.append(f"p{names[node]} = {_scalar_call(node, lambda value: argument(value, python=True))}")
         elif node.op == "call_function":
@@ -399,14 +399,6 @@ def _public(target: Any) -> Callable | None:
             return function
     method = getattr(torch.Tensor, name, None)
     return method if isinstance(method, types.MethodDescriptorType) else None
-
-
-def _attribute(module: GraphModule, target: str) -> Any:
-    r"""The constant a ``get_attr`` node reads."""
-    value = module
-    for part in target.split("."):
-        value = getattr(value, part)
-    return value
 
 
 def _identical(got: Any, want: Any) -> bool:

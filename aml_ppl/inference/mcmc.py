@@ -125,8 +125,7 @@ class SamplePosterior(Posterior):
             self.model, len(state.position), max_tree_depth=options["max_tree_depth"], jit=options["jit_compile"],
             seeds=[0] * len(state.position),  # the streams continue from the state
         )
-        with isolated_param_store():
-            samples, stats = sampler.resume(self.data_args, self.data_kwargs, state, num_samples)
+        samples, stats = sampler.resume(self.data_args, self.data_kwargs, state, num_samples)
         added = chains_posterior(self.fitted, by_chain(samples, stats), options)
         return self._continued(added.samples, added.stats, "NUTS", ("tree_depth", options["max_tree_depth"]), batch_state=sampler.state)
 
@@ -360,10 +359,8 @@ class NUTS(Engine):
             max_tree_depth=self.kernel_options["max_tree_depth"], jit=jit, seeds=seeds,
         )
         settings = {**self.kernel_options, "jit_compile": jit, "vectorized": True}
-        checkpoint = None if self.checkpoint is None else (self.checkpoint, self.checkpoint_every, model, settings)
         try:
-            with isolated_param_store():
-                samples, stats, state = sample_batch(sampler, args, kwargs, self.num_samples, self.warmup_steps, VectorisedNUTSState, checkpoint)
+            samples, stats, state = sample_batch(sampler, args, kwargs, self.num_samples, self.warmup_steps, VectorisedNUTSState, self.checkpoint, self.checkpoint_every, settings)
         except BatchingError as error:
             warnings.warn(f"NUTS runs the chains apart: {error}.", VectorisedChainsWarning, stacklevel=4)
             return None, None

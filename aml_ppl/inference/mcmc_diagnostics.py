@@ -225,9 +225,8 @@ def _check_convergence(report: SamplingReport, samples: dict[str, torch.Tensor])
     dataset = az.convert_to_dataset({name: value.detach().double().cpu().numpy() for name, value in samples.items()})
     with warnings.catch_warnings():  # constant draws give nan, with NumPy's remarks
         warnings.simplefilter("ignore")
-        report.rhat = _by_parameter(az.rhat(dataset))
-        report.ess_bulk = _by_parameter(az.ess(dataset, method="bulk"))
-        report.ess_tail = _by_parameter(az.ess(dataset, method="tail"))
+        table = az.summary(dataset, kind="diagnostics", round_to="none")  # rows named site or site[i, j]
+    report.rhat, report.ess_bulk, report.ess_tail = (table[column].to_dict() for column in ("r_hat", "ess_bulk", "ess_tail"))
     constant = _constant_parameters(samples)
     high = {name: value for name, value in report.rhat.items() if not value <= MAX_RHAT and name not in constant}
     if high:
@@ -239,7 +238,7 @@ def _check_convergence(report: SamplingReport, samples: dict[str, torch.Tensor])
 
 
 def _constant_parameters(samples: dict[str, torch.Tensor]) -> set[str]:
-    r"""The parameters, named as :func:`_by_parameter` names them, that take one value in every
+    r"""The parameters, named as ArviZ's summary names them, that take one value in every
     draw of every chain: a whole site, or elements fixed by construction (an LKJ Cholesky
     factor's first diagonal entry and upper triangle), whose r-hat and ESS are not defined."""
     constant = set()
@@ -251,23 +250,6 @@ def _constant_parameters(samples: dict[str, torch.Tensor]) -> set[str]:
             continue
         constant.update(f"{name}[{', '.join(map(str, index))}]" for index in zip(*np.nonzero(fixed)))
     return constant
-
-
-def _by_parameter(dataset) -> dict[str, float]:
-    r"""ArviZ's per-element values as ``site`` or ``site[i, j]`` to a float."""
-    values = {}
-    for name, array in dataset.data_vars.items():
-        array = np.asarray(array)
-        if array.ndim == 0:
-            values[name] = float(array)
-            continue
-        for index in np.ndindex(array.shape):
-            values[f"{name}[{', '.join(map(str, index))}]"] = float(array[index])
-    return values
-
-
-def _site(parameter: str) -> str:
-    return parameter.split("[", 1)[0]
 
 
 def _worst(values: dict[str, float], *, reverse: bool) -> str:

@@ -206,7 +206,7 @@ class MultinomialNUTS(WarmUp, MCMCKernel):
         return {"step size": f"{self.step_size:.2e}"}
 
     def sample(self, params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        z = self.dynamics.flatten(params)
+        z = flatten(params, self.dynamics.shapes)
         if not torch.equal(z, self.current.z):  # a start set from outside
             self.current = self.dynamics.state(z, torch.zeros_like(z))
         if self.iteration < self.warmup_steps:
@@ -214,7 +214,7 @@ class MultinomialNUTS(WarmUp, MCMCKernel):
         else:
             self.draw()
         self.iteration += 1
-        return self.dynamics.unflatten(self.current.z)
+        return unflatten(self.current.z, self.dynamics.shapes)
 
     def warm_up(self, iteration: int) -> None:  # the contract of :func:`~aml_ppl.inference.hmc.driver.drive`
         r"""Warm-up transition ``iteration`` (of ``warmup_steps``, from 0): adapting
@@ -278,7 +278,7 @@ def chain_state(kernel: MultinomialNUTS) -> HMCState:
     chain's random stream (which it records)."""
     current = kernel.current
     return HMCState(
-        position=kernel.dynamics.unflatten(current.z), potential=float(current.potential), gradient=current.grad,
+        position=unflatten(current.z, kernel.dynamics.shapes), potential=float(current.potential), gradient=current.grad,
         step_size=kernel.step_size, inverse_mass=kernel.dynamics.inverse_mass(), stream=kernel.stream.state,
     )
 
@@ -294,7 +294,7 @@ def continue_chain(kernel: MultinomialNUTS, state: HMCState, args: tuple, kwargs
     kernel.records = {name: [] for name in SAMPLE_STATS}
     kernel.step_size = state.step_size
     kernel.mass_matrix.inverse_mass = state.inverse_mass
-    z = kernel.dynamics.flatten(state.position)
+    z = flatten(state.position, kernel.dynamics.shapes)
     kernel.current = kernel.dynamics.state(z, torch.zeros_like(z), state.potential, state.gradient)
     kernel.settle_steps, kernel.restarts = 0, 0
     kernel.stream = ChainStream.at(state.stream)
@@ -369,9 +369,3 @@ class Hamiltonian:
             return one_step_accepted(torch.tensor(energy - self.energy(self.leapfrog(start, float(size)))))
 
         return float(reasonable_step_sizes(accepts, torch.tensor(float(step_size), dtype=torch.float64)))
-
-    def flatten(self, values: dict[str, torch.Tensor]) -> torch.Tensor:
-        return flatten(values, self.shapes)
-
-    def unflatten(self, z: torch.Tensor) -> dict[str, torch.Tensor]:
-        return unflatten(z, self.shapes)

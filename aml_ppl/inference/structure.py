@@ -170,7 +170,6 @@ def inspect_model(model: Callable, args: tuple, kwargs: dict) -> Structure:
             if fn.subsample_size is not None and fn.subsample_size < fn.size:
                 subsampled[name] = (fn.size, fn.subsample_size)
             continue
-        fn = site["fn"]
         plates = tuple(
             (frame.name, frame.dim) for frame in site["cond_indep_stack"] if frame.vectorized
         )

@@ -20,6 +20,7 @@ from tqdm.auto import tqdm
 
 from aml_ppl._core.streams import ChainStreams
 from aml_ppl.inference.compiled import check_jit_compile
+from aml_ppl.inference.context import isolated_param_store
 from aml_ppl.inference.hmc.adaptation import DualAveraging, WarmUp, WarmupWindows, WindowCovariance, WindowPotentials, restart_stray
 from aml_ppl.inference.hmc.integrator import Phase, velocity_verlet
 from aml_ppl.inference.hmc.potential import ChainPotential, chain_seeds
@@ -94,9 +95,10 @@ class BatchSampler(WarmUp):
         r"""``num_samples`` more draws per chain from ``state`` (this sampler's chains after its
         warm-up) with its adapted kernel and random streams: the draws one longer :meth:`run`
         would have made after those it had made (to the bit on the CPU). Returns as :meth:`run`."""
-        self.restore(args, kwargs, state)
-        drive(self, 0, num_samples)
-        return self.results()
+        with isolated_param_store():
+            self.restore(args, kwargs, state)
+            drive(self, 0, num_samples)
+            return self.results()
 
     def warm_up(self, iteration: int) -> None:
         r"""Warm-up transition ``iteration`` (from 0) and the adaptation after it (:meth:`adapt`)."""

@@ -9,7 +9,7 @@ adaptation already frozen). A posterior keeps them for
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import NamedTuple
 
 import torch
@@ -98,8 +98,26 @@ class HMCState:
         )
 
 
+class _BatchRecord:
+    r"""A batch's record as named tensors, for a file ``torch.load(weights_only=True)`` reads:
+    its tensors as they are, a ``float`` field as a float64 tensor, an ``int`` one as an int64."""
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        return {field.name: _AS_TENSOR.get(field.type, _same)(getattr(self, field.name)) for field in fields(self)}
+
+    @classmethod
+    def from_tensors(cls, named: dict[str, torch.Tensor]) -> "_BatchRecord":
+        r"""The record :meth:`tensors` wrote."""
+        return cls(**{field.name: _FROM_TENSOR.get(field.type, _same)(named[field.name]) for field in fields(cls)})
+
+
+_same = lambda value: value  # noqa: E731
+_AS_TENSOR = {"float": lambda value: torch.tensor(value, dtype=torch.float64), "int": torch.tensor}
+_FROM_TENSOR = {"float": float, "int": int}
+
+
 @dataclass
-class ChEESState:
+class ChEESState(_BatchRecord):
     r"""Where ChEES-HMC's chains stand after a draw, with everything their next draws depend
     on (:class:`~aml_ppl.inference.chees.ChEESSampler`; the batch's counterpart of
     :class:`HMCState`, its adaptation frozen).
@@ -127,28 +145,10 @@ class ChEESState:
     transitions: int
     streams: torch.Tensor
 
-    def tensors(self) -> dict[str, torch.Tensor]:
-        r"""The state as named tensors, for a file ``torch.load(weights_only=True)`` reads."""
-        named = {name: getattr(self, name) for name in self.__dataclass_fields__}
-        named.update(
-            step_size=torch.tensor(self.step_size, dtype=torch.float64),
-            log_trajectory_length=torch.tensor(self.log_trajectory_length, dtype=torch.float64),
-            transitions=torch.tensor(self.transitions),
-        )
-        return named
-
-    @classmethod
-    def from_tensors(cls, named: dict[str, torch.Tensor]) -> "ChEESState":
-        r"""The state :meth:`tensors` wrote."""
-        return cls(
-            position=named["position"], potential=named["potential"], gradient=named["gradient"],
-            step_size=float(named["step_size"]), log_trajectory_length=float(named["log_trajectory_length"]),
-            inverse_mass=named["inverse_mass"], transitions=int(named["transitions"]), streams=named["streams"],
-        )
 
 
 @dataclass
-class VectorisedNUTSState:
+class VectorisedNUTSState(_BatchRecord):
     r"""Where vectorised NUTS chains stand after a draw, with everything their next draws
     depend on (:class:`~aml_ppl.inference.vectorised_nuts.VectorisedNUTS`; the batch's
     counterpart of :class:`HMCState`, its adaptation frozen).
@@ -169,15 +169,6 @@ class VectorisedNUTSState:
     step_size: torch.Tensor
     inverse_mass: torch.Tensor
     streams: torch.Tensor
-
-    def tensors(self) -> dict[str, torch.Tensor]:
-        r"""The state as named tensors, for a file ``torch.load(weights_only=True)`` reads."""
-        return {name: getattr(self, name) for name in self.__dataclass_fields__}
-
-    @classmethod
-    def from_tensors(cls, named: dict[str, torch.Tensor]) -> "VectorisedNUTSState":
-        r"""The state :meth:`tensors` wrote."""
-        return cls(**{name: named[name] for name in cls.__dataclass_fields__})
 
 
 def continuable(named: dict[str, torch.Tensor]) -> bool:

@@ -54,5 +54,4 @@ def one_step_accepted(energy_error: torch.Tensor) -> torch.Tensor:
     r"""Whether one leapfrog step that changed the Hamiltonian by ``-energy_error`` (the start's
     energy minus the end's, per chain) is accepted with probability
     :math:`\min(1, e^{\text{error}})` above ``ONE_STEP_ACCEPTANCE``; a non-finite error is not."""
-    finite = torch.isfinite(energy_error)
-    return finite & (torch.where(finite, energy_error, torch.zeros_like(energy_error)) > math.log(ONE_STEP_ACCEPTANCE))
+    return torch.isfinite(energy_error) & (energy_error > math.log(ONE_STEP_ACCEPTANCE))
