@@ -137,12 +137,13 @@ def positional_names(program: Any, count: int) -> list[str]:
     return [named[index] if index < len(named) else f"positional argument {index}" for index in range(count)]
 
 
-def check_keyword_names(program: Any, kwargs: dict, context: str, engine_options: Callable[[], frozenset[str]] = frozenset) -> None:
+def check_keyword_names(program: Any, kwargs: dict, context: str, engine_options: Callable[[], dict[str, list[str]]] = dict) -> None:
     r"""Raise, naming the keyword, where ``kwargs`` holds a name that ``program`` (a model's
     function: :func:`~aml_ppl.models.base.program_of`) does not take.
 
     ``context`` says where the keywords came from (``"fit"``, ``"the posterior"``); a keyword
-    among ``engine_options()`` (the engines' own, read only for the message) is pointed to the engine. A decorator's own
+    among ``engine_options()`` (the engines' own, to the engines that take it, the one in use first;
+    read only for the message) is pointed to the engine. A decorator's own
     keywords count as the program's: both its signature and the wrapped function's are read.
     """
     accepted: list[str] = []
@@ -160,7 +161,8 @@ def check_keyword_names(program: Any, kwargs: dict, context: str, engine_options
         ]
     for key in kwargs:
         if key not in accepted:
-            hint = f" `{key}` is an engine's option: pass it to the engine, `engine=NUTS({key}=...)`, say." if key in engine_options() else ""
+            takers = engine_options().get(key)
+            hint = f" `{key}` is an option of {', '.join(takers)}: pass it to the engine, `engine={takers[0]}({key}=...)`." if takers else ""
             raise InputDataError(
                 f"`{key}` is not an argument of the model (its keyword arguments are {accepted}); "
                 f"{context} passes keyword arguments to the model.{hint}"
@@ -168,7 +170,8 @@ def check_keyword_names(program: Any, kwargs: dict, context: str, engine_options
 
 
 def note_numeric_lists(error: BaseException, args: tuple, kwargs: dict, names: list[str]) -> None:
-    r"""Add a note to ``error`` naming each argument that is a Python list or tuple of numbers.
+    r"""Add a note to ``error`` naming each argument that is a Python list or tuple of numbers (or of
+    lists of them).
 
     Pyro's sites take tensors: such a list given as ``obs=`` fails deep inside Pyro with an
     ``AttributeError`` (``'list' object has no attribute ...``) that does not name it. The
@@ -176,13 +179,18 @@ def note_numeric_lists(error: BaseException, args: tuple, kwargs: dict, names: l
     """
     named = list(zip(names, args)) + [(f"keyword argument {key!r}", value) for key, value in kwargs.items()]
     for name, value in named:
-        if isinstance(value, (list, tuple)) and value and all(
-            isinstance(item, (int, float)) and not isinstance(item, bool) for item in value
-        ):
+        if isinstance(value, (list, tuple)) and _numbers(value):
             error.add_note(
                 f"aml_ppl: the model's {name} is a Python {type(value).__name__} of numbers; if it is read as "
                 "observations or by a distribution, pass `torch.tensor(...)` (or a numpy array): Pyro's sites take tensors."
             )
+
+
+def _numbers(value: Any) -> bool:
+    r"""Whether ``value`` is a number, or a non-empty list or tuple of them (nested: rows)."""
+    if isinstance(value, (list, tuple)):
+        return bool(value) and all(map(_numbers, value))
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def check_finite_arguments(args: tuple, kwargs: dict, names: list[str] | None = None) -> None:

@@ -64,7 +64,7 @@ def fit(
     if isinstance(model, Model):
         model.feature_names = column_names(args[0]) if args else None
     args, kwargs = convert_arguments(args, kwargs)
-    check_keyword_names(program_of(model), kwargs, "fit", engine_options)
+    check_keyword_names(program_of(model), kwargs, "fit", lambda: engine_options(engine))
     if isinstance(model, Model):  # its own checks name the argument (`X`, `y`)
         args, kwargs = model.validate(*args, **kwargs)
         model.check_observed(*args, **kwargs)
@@ -101,6 +101,11 @@ def default_engine_options(model: Callable, engine: str) -> dict[str, Any]:
     return dict(getattr(model, "default_engine_options", {}))
 
 
-def engine_options() -> frozenset[str]:
-    r"""The names of every registered engine's options (for the hint where one is given to the model)."""
-    return frozenset(name for engine in ENGINES.values() for name in inspect.signature(engine.__init__).parameters if name != "self")
+def engine_options(engine: Engine | None = None) -> dict[str, list[str]]:
+    r"""Each registered engine's option names, to the engine classes that take it (``engine``'s
+    own first), for the hint where one is given to the model."""
+    options: dict[str, list[str]] = {}
+    for cls in sorted(ENGINES.values(), key=lambda cls: not isinstance(engine, cls)):
+        for name in list(inspect.signature(cls.__init__).parameters)[1:]:
+            options.setdefault(name, []).append(cls.__name__)
+    return options

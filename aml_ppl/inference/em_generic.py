@@ -32,6 +32,14 @@ def generic_incompatibility(model: Callable, args: tuple, kwargs: dict, changed:
         )
     if not structure.enumerated:
         return "generic EM needs discrete sites marked infer={'enumerate': 'parallel'}, and none is"
+    sharing = sites_sharing_a_dimension(model, args, kwargs, structure.max_plate_nesting)
+    if sharing:
+        return (
+            f"generic EM sums the enumerated sites out as one joint, and {', '.join(sharing[:3])}"
+            f"{f' and {len(sharing) - 3} more' if len(sharing) > 3 else ''} share an enumeration "
+            "dimension (pyro.markov reuses it, as in a hidden Markov chain), which that joint cannot hold; "
+            "engine='map' maximises the same likelihood with the chain contracted by TraceEnum_ELBO"
+        )
     if changed:
         return (
             f"the options {changed} need closed-form EM steps (such as GaussianMixture's); "
@@ -137,6 +145,18 @@ def fisher_replicates(model: Any, X: torch.Tensor, params: dict[str, torch.Tenso
     draws = estimate + torch.linalg.solve_triangular(chol.T, noise.T, upper=True).T
     unpacked = [unpack(draw) for draw in draws]
     return {name: torch.stack([values[name] for values in unpacked]).detach() for name in sites}
+
+
+def sites_sharing_a_dimension(model: Callable, args: tuple, kwargs: dict, plate_nesting: int) -> list[str]:
+    r"""The first enumerated sites of ``model`` that share an enumeration dimension with one
+    another (``pyro.markov`` reuses a dimension once its site is out of the window); ``[]`` where
+    each has its own."""
+    trace = poutine.trace(poutine.enum(model, first_available_dim=-1 - plate_nesting)).get_trace(*args, **kwargs)
+    by_dimension: dict[int, list[str]] = {}
+    for name, site in trace.nodes.items():
+        if is_enumerated(site):
+            by_dimension.setdefault(site["infer"]["_enumerate_dim"], []).append(name)
+    return next((names for names in by_dimension.values() if len(names) > 1), [])
 
 
 def enumerated_log_densities(

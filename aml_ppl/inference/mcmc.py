@@ -150,6 +150,12 @@ class SamplePosterior(Posterior):
         r"""``num_chains x num_draws`` flags of divergent transitions."""
         return self.stats["diverging"]
 
+    def credible_interval(self, site: str, level: float = 0.95, num_samples: int = 4000, **options: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        r"""As :meth:`Posterior.credible_interval`, from at most the kept draws, each once (all of
+        them by default): more, drawn with replacement, would add noise and no information."""
+        kept = self.diverging.numel()
+        return super().credible_interval(site, level, min(check_count("num_samples", num_samples), kept), **options)
+
     def _draw(self, num_samples: int) -> dict[str, torch.Tensor]:
         r"""Kept draws, evenly thinned; with replacement if more are asked than were kept."""
         flat = {name: value.flatten(0, 1) for name, value in self.samples.items()}

@@ -7,6 +7,7 @@ from typing import Any, Callable, ClassVar
 
 import pyro.optim
 
+from aml_ppl._core.checks import changed_options
 from aml_ppl._data import check_count, check_positive
 from aml_ppl.errors import InputDataError
 from aml_ppl.inference.base import Engine, register_engine
@@ -136,6 +137,17 @@ class SVI(Engine):
             raise InputDataError(f"`optim` must be one of {sorted(OPTIMIZERS)}; got {optim!r}.")
         if patience is not None:
             check_count("patience", patience)
+        for_the_default_loss = changed_options(SVI.__init__, {"num_particles": num_particles, "vectorize_particles": vectorize_particles, "jit": jit})
+        if loss is not None and for_the_default_loss:
+            raise InputDataError(
+                f"`{for_the_default_loss[0]}` sets the default loss, and `loss` is your own: set it on your loss "
+                "(Trace_ELBO(num_particles=..., vectorize_particles=...), JitTrace_ELBO()) or drop `loss`."
+            )
+        if guide not in (None, "normal", "mvn", "lowrank") and changed_options(SVI.__init__, {"init": init}):
+            raise InputDataError(
+                f"`init` = {init!r} sets where an autoguide 'normal', 'mvn' or 'lowrank' starts, and the guide is "
+                f"{guide if isinstance(guide, str) else 'your own'!r}; drop `init`."
+            )
         self.num_steps = num_steps
         self.lr = lr
         self.guide = guide
@@ -158,6 +170,8 @@ class SVI(Engine):
 
     def fit(self, model: Callable, *args: Any, **kwargs: Any) -> GuidePosterior:
         self.check_supports(model, args, kwargs)
+        if self.guide is None and isinstance(model, HasGuide) and self.init != "map":
+            raise InputDataError(f"`init` = {self.init!r} sets where an autoguide starts, and the model brings its own guide; drop `init`, or pass guide='normal'.")
         plain = functools.partial(default_loss, model, args, kwargs, self.num_particles)
         vectorize = self.vectorize_particles and self.num_particles > 1
         optim = OPTIMIZERS[self.optim](self.lr) if isinstance(self.optim, str) else self.optim

@@ -71,12 +71,25 @@ def test_a_python_list_of_observations_keeps_pyros_error_with_a_note_naming_the_
     assert "the model's argument 'y' is a Python list of numbers" in " ".join(raised.value.__notes__)
 
 
+def test_a_nested_list_of_inputs_gets_the_note_too():
+    def regression(X, y):
+        beta = pyro.sample("beta", dist.Normal(0.0, 1.0).expand([2]).to_event(1))
+        with pyro.plate("data", X.shape[0]):
+            pyro.sample("obs", dist.Normal(X @ beta, 1.0), obs=y)
+
+    with pytest.raises(AttributeError, match="'list' object has no attribute 'shape'") as raised:
+        aml.fit(regression, [[0.1, 0.2], [0.3, 0.4]], torch.tensor([0.5, 0.6]), engine=FAST_SVI)
+    assert "the model's argument 'X' is a Python list of numbers" in " ".join(raised.value.__notes__)
+
+
 def test_keywords_the_model_does_not_take_are_named_with_their_place():
     r"""An engine option passed where the model's keywords go is named, with where it
     belongs, not Python's ``TypeError`` from inside a validation."""
     y = torch.tensor([0.1, 0.2, 0.3])
-    with pytest.raises(aml.InputDataError, match=r"`num_samples` is not an argument of the model.*engine=NUTS\(num_samples=\.\.\.\)"):
+    with pytest.raises(aml.InputDataError, match=r"`num_samples` is not an argument of the model.*an option of NUTS, .*ChEES.*engine=NUTS\(num_samples=\.\.\.\)"):
         aml.fit(conjugate_normal, y, engine=FAST_SVI, num_samples=10)
+    with pytest.raises(aml.InputDataError, match=r"`num_steps` is an option of SVI, .*: pass it to the engine, `engine=SVI\(num_steps=\.\.\.\)`"):
+        aml.fit(conjugate_normal, y, engine="svi", num_steps=10)  # the engine in use first
     with pytest.raises(aml.InputDataError, match=r"`yy` is not an argument of the model \(its keyword arguments are \['y'\]\); fit passes keyword arguments to the model\.$"):
         aml.fit(conjugate_normal, y, engine=FAST_SVI, yy=y)
 
@@ -331,3 +344,21 @@ def test_predict_on_fewer_members_than_a_plates_subsample_size_is_named():
     assert post.predict(SUB_X[: size + 3], num_samples=10).mean.shape == (size + 3,)
     with pytest.raises(aml.InputDataError, match=rf"subsamples {size} members and these arguments give it 5;.*min\({size}, n\)"):
         post.predict(SUB_X[:5], num_samples=10)
+
+
+def test_svi_refuses_options_the_guide_or_loss_it_runs_would_ignore():
+    r"""``num_particles``, ``vectorize_particles`` and ``jit`` set the default loss, and ``init``
+    an autoguide's start: each is refused beside a loss of the user's own, a guide that does not
+    read it, or a model's own guide, rather than dropped."""
+    with pytest.raises(aml.InputDataError, match="`num_particles` sets the default loss, and `loss` is your own"):
+        SVI(loss=pyro.infer.TraceMeanField_ELBO(), num_particles=5)
+    with pytest.raises(aml.InputDataError, match="`jit` sets the default loss"):
+        SVI(loss=pyro.infer.Trace_ELBO(), jit=True)
+    with pytest.raises(aml.InputDataError, match="`init` = 'median' sets where an autoguide.*the guide is 'delta'"):
+        SVI(guide="delta", init="median")
+    with pytest.raises(aml.InputDataError, match="the guide is 'your own'"):
+        SVI(guide=lambda y: None, init="median")
+    bnn = aml.models.BayesianNeuralNetwork(1, hidden=(2,), noise_scale=0.1)
+    with pytest.raises(aml.InputDataError, match="the model brings its own guide; drop `init`"):
+        aml.fit(bnn, torch.zeros(4, 1), torch.zeros(4), engine=SVI(num_steps=1, init="median", progress_bar=False))
+    SVI(loss=pyro.infer.Trace_ELBO(num_particles=5))  # a loss of one's own, with its own particles

@@ -180,3 +180,19 @@ def test_predict_and_export_replay_the_draws_in_chunks_into_one_result(monkeypat
     by_hand = dist.Normal(beta @ X.T, 0.5).log_prob(y)
     np.testing.assert_allclose(exported.log_likelihood["obs"].values, by_hand.numpy(), rtol=0, atol=1e-12)
     assert exported.posterior_predictive["obs"].shape == by_hand.shape
+
+
+def test_a_samplers_credible_interval_reads_its_kept_draws_once(regression_data):
+    r"""A sampler keeps a fixed set of draws: its interval is their quantiles, the same at every
+    call; the default 4 000 had resampled 200 draws with replacement, which moved the bounds
+    from call to call."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SamplingWarning)  # 2 x 100 draws: the ESS is not the point here
+        post = aml.fit(BayesianLinearRegression(), *regression_data, engine=ENGINES["nuts"], seed=0)
+    kept = post.samples["beta"].flatten(0, 1)
+    lower, upper = post.credible_interval("beta", 0.9)
+    torch.testing.assert_close(lower, torch.quantile(kept, 0.05, dim=0), rtol=0, atol=1e-12)
+    torch.testing.assert_close(upper, torch.quantile(kept, 0.95, dim=0), rtol=0, atol=1e-12)
+    assert all(torch.equal(bound, again) for bound, again in zip((lower, upper), post.credible_interval("beta", 0.9, seed=3)))
+    with pytest.raises(aml.InputDataError, match="num_samples"):
+        post.credible_interval("beta", num_samples=0)

@@ -379,3 +379,23 @@ def test_default_start_partitions_anisotropic_unequal_clusters_as_well_as_scikit
     X = StandardScaler().fit_transform(X @ np.array([[0.6, -0.64], [-0.41, 0.85]]))
     ours, theirs = _partitions(X, 3, labels, seeds=range(3))
     assert ours >= theirs - 0.02
+
+
+def test_generic_em_refuses_a_markov_chain_whose_states_share_a_dimension():
+    r"""A hidden Markov chain under ``pyro.markov`` (Pyro's ``examples/hmm.py`` with its
+    transitions as ``pyro.param``): its states reuse two enumeration dimensions, which EM's joint
+    over every enumerated site cannot hold (it had summed ``x_0`` and ``x_2`` as one variable and
+    ended below its start, converged); MAP maximises the same likelihood, the chain contracted."""
+
+    def hmm(ys):
+        probs = pyro.param("probs", torch.tensor([[0.8, 0.2], [0.3, 0.7]]), constraint=dist.constraints.simplex)
+        locs = pyro.param("locs", torch.tensor([-0.5, 1.5]))
+        state = 0
+        for t in pyro.markov(range(len(ys))):
+            state = pyro.sample(f"x_{t}", dist.Categorical(probs[state]), infer={"enumerate": "parallel"})
+            pyro.sample(f"y_{t}", dist.Normal(locs[state], 0.7), obs=ys[t])
+
+    ys = torch.tensor([-1.2, -0.8, 2.1, 1.7, 2.4, -0.9, -1.1, 2.2])
+    with pytest.raises(aml.IncompatibleEngineError, match=r"x_0, x_2, x_4 and 1 more share an enumeration dimension.*engine='map'"):
+        aml.fit(hmm, ys, engine="em")
+    assert "em" not in aml.inference.capable_engines(hmm, (ys,), {})
