@@ -142,8 +142,8 @@ def check_keyword_names(program: Any, kwargs: dict, context: str, engine_options
     function: :func:`~aml_ppl.models.base.program_of`) does not take.
 
     ``context`` says where the keywords came from (``"fit"``, ``"the posterior"``); a keyword
-    among ``engine_options()`` (the engines' own, to the engines that take it, the one in use first;
-    read only for the message) is pointed to the engine. A decorator's own
+    among ``engine_options()`` (the engines' own, to the calls that build an engine taking it, the
+    one in use first; read only for the message) is pointed to the engine. A decorator's own
     keywords count as the program's: both its signature and the wrapped function's are read.
     """
     accepted: list[str] = []
@@ -162,7 +162,8 @@ def check_keyword_names(program: Any, kwargs: dict, context: str, engine_options
     for key in kwargs:
         if key not in accepted:
             takers = engine_options().get(key)
-            hint = f" `{key}` is an option of {', '.join(takers)}: pass it to the engine, `engine={takers[0]}({key}=...)`." if takers else ""
+            names = ", ".join(call.split("(")[0] for call in takers or [])
+            hint = f" `{key}` is an option of {names}: pass it to the engine, `engine={takers[0]}{key}=...)`." if takers else ""
             raise InputDataError(
                 f"`{key}` is not an argument of the model (its keyword arguments are {accepted}); "
                 f"{context} passes keyword arguments to the model.{hint}"

@@ -60,11 +60,12 @@ def fit(
         raise InputDataError(
             f"`model` must be an aml_ppl model or a Pyro model function; got {type(model).__name__}."
         )
+    settings = {} if isinstance(engine, Engine) else default_engine_options(model, engine or getattr(model, "default_engine", "svi"))
     engine = _resolve_engine(engine, model)
     if isinstance(model, Model):
         model.feature_names = column_names(args[0]) if args else None
     args, kwargs = convert_arguments(args, kwargs)
-    check_keyword_names(program_of(model), kwargs, "fit", lambda: engine_options(engine))
+    check_keyword_names(program_of(model), kwargs, "fit", lambda: engine_options(engine, settings))
     if isinstance(model, Model):  # its own checks name the argument (`X`, `y`)
         args, kwargs = model.validate(*args, **kwargs)
         model.check_observed(*args, **kwargs)
@@ -101,11 +102,13 @@ def default_engine_options(model: Callable, engine: str) -> dict[str, Any]:
     return dict(getattr(model, "default_engine_options", {}))
 
 
-def engine_options(engine: Engine | None = None) -> dict[str, list[str]]:
-    r"""Each registered engine's option names, to the engine classes that take it (``engine``'s
-    own first), for the hint where one is given to the model."""
+def engine_options(engine: Engine | None = None, settings: dict[str, Any] | None = None) -> dict[str, list[str]]:
+    r"""Each registered engine's option names, to the calls that build an engine taking it
+    (``"NUTS("``; ``engine``'s own first, with the ``settings`` it was built with), for the hint
+    where one is given to the model."""
     options: dict[str, list[str]] = {}
     for cls in sorted(ENGINES.values(), key=lambda cls: not isinstance(engine, cls)):
+        own = "".join(f"{name}={value!r}, " for name, value in (settings or {}).items()) if isinstance(engine, cls) else ""
         for name in list(inspect.signature(cls.__init__).parameters)[1:]:
-            options.setdefault(name, []).append(cls.__name__)
+            options.setdefault(name, []).append(f"{cls.__name__}({own}")
     return options

@@ -110,13 +110,15 @@ def paired_rows(fits: dict, splits: int, prior_scale: float) -> list[list]:
     return rows
 
 
-def breast_cancer(steps: int, seeds: int, splits: int, prior_scale: float) -> tuple[list[list], list[list]]:
+def breast_cancer(steps: int, seeds: int, splits: int, prior_scale: float, only: list[str]) -> tuple[list[list], list[list]]:
     r"""The demo split's rows (over ``seeds``) and, where ``splits`` > 1, the rows paired with the
-    MAP over that many splits."""
+    MAP over that many splits; ``only``: the engines whose names hold one of these words (all if empty)."""
     X, labels = load_breast_cancer_tensors()
     wanted = sorted({(0, seed) for seed in range(seeds)} | {(split, 0) for split in range(splits if splits > 1 else 0)})
     fits = {}
     for name, engine in [*engines(steps).items(), *at_refit_scale(steps).items()]:
+        if only and not any(word in name for word in only):
+            continue
         for split, seed in wanted:
             refit_scale = prior_scale / fits[REFIT, split, seed]["factor"] ** 0.5 if name in at_refit_scale(steps) else prior_scale
             fits[name, split, seed] = scores(engine, X, labels, split, seed, refit_scale)
@@ -132,10 +134,11 @@ def main() -> None:
     parser.add_argument("--splits", type=int, default=1, help="random 400/169 splits for the table paired with the MAP (1: none)")
     parser.add_argument("--prior-scales", type=float, nargs="+", default=[1.0])
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--only", nargs="*", default=[], help="run only the engines whose names hold one of these words")
     options = parser.parse_args()
     torch.set_num_threads(1)
     print(machine_line())
-    results = [breast_cancer(options.steps, options.seeds, options.splits, scale) for scale in options.prior_scales]
+    results = [breast_cancer(options.steps, options.seeds, options.splits, scale, options.only) for scale in options.prior_scales]
     rows = [row for demo, _ in results for row in demo]
     paired = [row for _, across in results for row in across]
     if options.json:

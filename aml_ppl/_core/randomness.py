@@ -25,15 +25,12 @@ import torch
 from aml_ppl._core.checks import Integer, check_arguments
 
 
-def global_states() -> tuple[Any, Any, torch.Tensor, list[torch.Tensor]]:
-    r"""Where the global generators stand (Python's, NumPy's, torch's and, once initialised, CUDA's),
-    for :func:`set_global_states`."""
+def _global_states() -> tuple[Any, Any, torch.Tensor, list[torch.Tensor]]:
     cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else []
     return random.getstate(), np.random.get_state(), torch.get_rng_state(), cuda
 
 
-def set_global_states(states: tuple[Any, Any, torch.Tensor, list[torch.Tensor]]) -> None:
-    r"""Put the global generators back where :func:`global_states` read them."""
+def _set_global_states(states: tuple[Any, Any, torch.Tensor, list[torch.Tensor]]) -> None:
     python, numpy_state, torch_state, cuda = states
     random.setstate(python)
     np.random.set_state(numpy_state)
@@ -69,12 +66,12 @@ def local_seed(seed: int | None) -> Iterator[None]:
     if seed is None:
         yield
         return
-    saved = global_states()
+    saved = _global_states()
     _seed_globals(seed)
     try:
         yield
     finally:
-        set_global_states(saved)
+        _set_global_states(saved)
 
 
 class RandomStream:
@@ -124,18 +121,18 @@ class RandomStream:
                 self._depth -= 1
                 _ACTIVE.reset(token)
             return
-        saved = global_states()
+        saved = _global_states()
         if self._states is None:
             _seed_globals(self.seed)
         else:
-            set_global_states(self._states)
+            _set_global_states(self._states)
         self._depth = 1
         try:
             yield
         finally:
             self._depth = 0
-            self._states = global_states()
-            set_global_states(saved)
+            self._states = _global_states()
+            _set_global_states(saved)
             _ACTIVE.reset(token)
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from typing import Any, Callable
 
+import pyro.util
 import torch
 from pyro import poutine
 from pyro.poutine.util import site_is_subsample
@@ -32,7 +33,7 @@ def generic_incompatibility(model: Callable, args: tuple, kwargs: dict, changed:
         )
     if not structure.enumerated:
         return "generic EM needs discrete sites marked infer={'enumerate': 'parallel'}, and none is"
-    sharing = sites_sharing_a_dimension(model, args, kwargs, structure.max_plate_nesting)
+    sharing = sites_sharing_a_dimension(model, args, kwargs)
     if sharing:
         return (
             f"generic EM sums the enumerated sites out as one joint, and {', '.join(sharing[:3])}"
@@ -147,11 +148,15 @@ def fisher_replicates(model: Any, X: torch.Tensor, params: dict[str, torch.Tenso
     return {name: torch.stack([values[name] for values in unpacked]).detach() for name in sites}
 
 
-def sites_sharing_a_dimension(model: Callable, args: tuple, kwargs: dict, plate_nesting: int) -> list[str]:
+def sites_sharing_a_dimension(model: Callable, args: tuple, kwargs: dict) -> list[str]:
     r"""The first enumerated sites of ``model`` that share an enumeration dimension with one
     another (``pyro.markov`` reuses a dimension once its site is out of the window); ``[]`` where
-    each has its own."""
-    trace = poutine.trace(poutine.enum(model, first_available_dim=-1 - plate_nesting)).get_trace(*args, **kwargs)
+    each has its own. The global generators are left where they were."""
+    state = pyro.util.get_rng_state()
+    try:
+        trace = structure_trace(model, args, kwargs)  # the caller's param store untouched
+    finally:
+        pyro.util.set_rng_state(state)
     by_dimension: dict[int, list[str]] = {}
     for name, site in trace.nodes.items():
         if is_enumerated(site):

@@ -15,7 +15,7 @@ from pyro import poutine
 from pyro.poutine.messenger import Messenger
 
 from aml_ppl._core.checks import changed_options
-from aml_ppl._core.randomness import global_states, on_own_stream, set_global_states
+from aml_ppl._core.randomness import on_own_stream
 from aml_ppl._core.stack import user_stacklevel
 from aml_ppl._data import check_count, check_positive
 from aml_ppl.errors import ConvergenceWarning, InputDataError, ModelFittingError
@@ -101,7 +101,7 @@ class Laplace(Engine):
             prior_precision: ``"evidence"`` (over the sites ``hessian`` covers, around the model's
                 MAP), ``"refit"`` (an empirical-Bayes choice of the prior's scale: :math:`\alpha`
                 read from every Gaussian weight's evidence, whichever sites the Gaussian covers, and
-                the MAP refitted under :math:`\alpha P_0`, from the same start, until :math:`\alpha`
+                the MAP refitted under :math:`\alpha P_0`, from the last mode, until :math:`\alpha`
                 changes by under ``REFIT_TOLERANCE``: up to ``REFIT_ROUNDS`` fits, at most
                 ``REFIT_WEIGHTS_AT_MOST`` weights; MacKay 1992; Bishop 2006, *Pattern Recognition
                 and Machine Learning*, §3.5.2 and §5.7.2), or the factor :math:`\alpha` itself (1:
@@ -154,13 +154,12 @@ class Laplace(Engine):
     def _around_a_map(self, model: Callable, args: tuple, kwargs: dict) -> LaplacePosterior:
         r"""The approximation around one MAP fit (from the initialisation the global generators draw
         next: the first is the one ``MAP`` reaches with the same seed); under ``"refit"``, around
-        the MAP refitted from that start under each new :math:`\alpha` until :math:`\alpha` settles."""
+        the MAP refitted from the last mode under each new :math:`\alpha` until :math:`\alpha` settles."""
         if self.prior_precision != "refit":
             return self._around(model, args, kwargs, self._map(model, args, kwargs), factor=None)
-        start, factor, weights = global_states(), 1.0, []
+        factor, weights, mode = 1.0, [], None
         for _ in range(REFIT_ROUNDS):
-            set_global_states(start)
-            point, mode, trace = self._map(model, args, kwargs, weights, factor)
+            point, mode, trace = self._map(model, args, kwargs, weights, factor, start=mode)
             weights = [name for name in mode if name in gaussian_prior(trace, [name])[0]]
             size = sum(mode[name].numel() for name in weights)
             if size > REFIT_WEIGHTS_AT_MOST:
@@ -181,11 +180,13 @@ class Laplace(Engine):
             )
         return self._around(model, args, kwargs, (point, mode, trace), factor=factor)
 
-    def _map(self, model: Callable, args: tuple, kwargs: dict, scaled: list[str] = (), factor: float = 1.0) -> tuple:
+    def _map(
+        self, model: Callable, args: tuple, kwargs: dict, scaled: list[str] = (), factor: float = 1.0, start: dict | None = None
+    ) -> tuple:
         r"""The MAP fit under the prior whose precision on the ``scaled`` sites is ``factor`` times the
-        model's: the fit, its mode, and the model's trace at the mode."""
+        model's, from ``start`` (else the MAP engine's): the fit, its mode, and the model's trace at the mode."""
         program = ScaledPriorPrecision(scaled, factor)(model) if scaled else model
-        point = self.map.fit_supported(program, args, kwargs)  # checked by fit: from the MAP engine's start
+        point = self.map.fit_supported(program, args, kwargs, start)  # checked by fit
         mode = {name: value[0] for name, value in point.model_draws(1).items()}
         with evaluation_mode(model), torch.no_grad():
             trace = poutine.trace(poutine.condition(model, mode)).get_trace(*args, **kwargs)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, Callable, ClassVar
 
 import pyro.optim
+import torch
 
 from aml_ppl._core.checks import changed_options, renamed_option
 from aml_ppl._data import check_count, check_positive
@@ -116,15 +117,16 @@ class MAP(Engine):
         self.check_supports(model, args, kwargs)
         return self.fit_supported(model, args, kwargs)
 
-    def fit_supported(self, model: Callable, args: tuple, kwargs: dict) -> GuidePosterior:
+    def fit_supported(self, model: Callable, args: tuple, kwargs: dict, start: dict[str, torch.Tensor] | None = None) -> GuidePosterior:
         r""":meth:`fit` without its check, for an engine that has run :meth:`incompatibility`
         already: the check traces the model, drawing from the global generators, so a second one
-        would start the fit elsewhere than ``fit`` with the same seed starts it."""
+        would start the fit elsewhere than ``fit`` with the same seed starts it. ``start``: the
+        sites' starting values (else the model's ``init_values``, else the prior median)."""
         name = "laplace" if self.laplace else "delta"
         return fit_guide(
             model, args, kwargs, engine=self.name, objective=self.objective, advice=self.non_finite_advice,
             loss=default_loss(model, args, kwargs), fallbacks=(),
-            make_guide=lambda fitted_model, ranks: (make_autoguide(name, model, args, kwargs), name),
+            make_guide=lambda fitted_model, ranks: (make_autoguide(name, model, args, kwargs, start), name),
             optimise=lambda fitted_model, guide, loss, ranks: self._optimise(fitted_model, guide, loss, args, kwargs, ranks),
             parallel=self.parallel,
         )

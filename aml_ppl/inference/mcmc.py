@@ -153,7 +153,7 @@ class SamplePosterior(Posterior):
     def credible_interval(self, site: str, level: float = 0.95, num_samples: int = 4000, **options: Any) -> tuple[torch.Tensor, torch.Tensor]:
         r"""As :meth:`Posterior.credible_interval`, from at most the kept draws, each once (all of
         them by default): more, drawn with replacement, would add noise and no information."""
-        kept = self.diverging.numel()
+        kept = next(iter(self.samples.values())).shape[:2].numel()
         return super().credible_interval(site, level, min(check_count("num_samples", num_samples), kept), **options)
 
     def _draw(self, num_samples: int) -> dict[str, torch.Tensor]:

@@ -90,6 +90,9 @@ def test_keywords_the_model_does_not_take_are_named_with_their_place():
         aml.fit(conjugate_normal, y, engine=FAST_SVI, num_samples=10)
     with pytest.raises(aml.InputDataError, match=r"`num_steps` is an option of SVI, .*: pass it to the engine, `engine=SVI\(num_steps=\.\.\.\)`"):
         aml.fit(conjugate_normal, y, engine="svi", num_steps=10)  # the engine in use first
+    classifier = aml.models.BayesianNeuralNetwork(3, hidden=(4,), out_features=2, likelihood="categorical")
+    with pytest.raises(aml.InputDataError, match=r"`engine=Laplace\(hessian='last_layer', prior_precision='refit', num_steps=\.\.\.\)`"):
+        aml.fit(classifier, torch.zeros(6, 3), torch.zeros(6), num_steps=10)  # with the settings the default engine had
     with pytest.raises(aml.InputDataError, match=r"`yy` is not an argument of the model \(its keyword arguments are \['y'\]\); fit passes keyword arguments to the model\.$"):
         aml.fit(conjugate_normal, y, engine=FAST_SVI, yy=y)
 

@@ -182,8 +182,10 @@ def test_generic_em_never_lowers_the_likelihood_and_finds_the_lines():
     x = torch.rand(400, generator=generator) * 4 - 2
     which = torch.rand(400, generator=generator) < 0.6
     y = torch.where(which, 2.0 * x + 1.0, -1.5 * x - 1.0) + 0.2 * torch.randn(400, generator=generator)
+    pyro.clear_param_store()
     post = aml.fit(regression_mixture, x, y, engine=EM(max_iter=60, tol=1e-9))
     assert torch.all(post.history.diff() >= -1e-9)
+    assert not list(pyro.get_param_store().keys())  # the fit and its checks leave the user's store alone
     order = post.params["slopes"].argsort(descending=True)
     torch.testing.assert_close(post.params["slopes"][order], torch.tensor([2.0, -1.5]), rtol=0, atol=0.1)
     torch.testing.assert_close(post.params["weights"][order], torch.tensor([0.6, 0.4]), rtol=0, atol=0.06)
