@@ -137,17 +137,14 @@ class SVI(Engine):
             raise InputDataError(f"`optim` must be one of {sorted(OPTIMIZERS)}; got {optim!r}.")
         if patience is not None:
             check_count("patience", patience)
-        for_the_default_loss = changed_options(SVI.__init__, {"num_particles": num_particles, "vectorize_particles": vectorize_particles, "jit": jit})
+        for_the_default_loss = changed_options(SVI.__init__, {"num_particles": num_particles, "jit": jit})
         if loss is not None and for_the_default_loss:
             raise InputDataError(
                 f"`{for_the_default_loss[0]}` sets the default loss, and `loss` is your own: set it on your loss "
-                "(Trace_ELBO(num_particles=..., vectorize_particles=...), JitTrace_ELBO()) or drop `loss`."
+                "(Trace_ELBO(num_particles=...), JitTrace_ELBO()) or drop `loss`."
             )
-        if guide not in (None, "normal", "mvn", "lowrank") and changed_options(SVI.__init__, {"init": init}):
-            raise InputDataError(
-                f"`init` = {init!r} sets where an autoguide 'normal', 'mvn' or 'lowrank' starts, and the guide is "
-                f"{guide if isinstance(guide, str) else 'your own'!r}; drop `init`."
-            )
+        if not (guide is None or isinstance(guide, str)) and changed_options(SVI.__init__, {"init": init}):
+            raise InputDataError(f"`init` = {init!r} sets where an autoguide starts, and the guide is your own; drop `init`.")
         self.num_steps = num_steps
         self.lr = lr
         self.guide = guide
