@@ -7,7 +7,6 @@ from __future__ import annotations
 import math
 from typing import Any, Callable
 
-import pyro.util
 import torch
 from pyro import poutine
 from pyro.poutine.util import site_is_subsample
@@ -17,7 +16,7 @@ from tqdm.auto import tqdm
 from aml_ppl.errors import ModelFittingError
 from aml_ppl.inference.context import isolated_param_store
 from aml_ppl.inference.optimise import Checkpoint, minimise_lbfgs
-from aml_ppl.inference.structure import inspect_model, is_enumerated, structure_trace
+from aml_ppl.inference.structure import inspect_model, is_enumerated, structure_trace, structure_trace_aside
 
 
 def generic_incompatibility(model: Callable, args: tuple, kwargs: dict, changed: list[str]) -> str | None:
@@ -152,11 +151,7 @@ def sites_sharing_a_dimension(model: Callable, args: tuple, kwargs: dict) -> lis
     r"""The first enumerated sites of ``model`` that share an enumeration dimension with one
     another (``pyro.markov`` reuses a dimension once its site is out of the window); ``[]`` where
     each has its own. The global generators are left where they were."""
-    state = pyro.util.get_rng_state()
-    try:
-        trace = structure_trace(model, args, kwargs)  # the caller's param store untouched
-    finally:
-        pyro.util.set_rng_state(state)
+    trace = structure_trace_aside(model, args, kwargs)  # the caller's param store untouched
     by_dimension: dict[int, list[str]] = {}
     for name, site in trace.nodes.items():
         if is_enumerated(site):

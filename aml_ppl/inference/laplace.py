@@ -26,6 +26,7 @@ from aml_ppl.inference.io import register_posterior, stored
 from aml_ppl.inference.map import MAP
 from aml_ppl.inference.hmc.potential import flatten as flatten_sites
 from aml_ppl.inference.hmc.potential import unflatten as unflatten_sites
+from aml_ppl.inference.structure import structure_trace_aside
 from aml_ppl.models.protocols import LinearisableNetwork
 
 #: Data points per Jacobian: each holds ``points x out x P`` values.
@@ -156,17 +157,10 @@ class Laplace(Engine):
         next: the first is the one ``MAP`` reaches with the same seed); under ``"refit"``, around
         the MAP refitted from the last mode under each new :math:`\alpha` until :math:`\alpha` settles."""
         if self.prior_precision != "refit":
-            return self._around(model, args, kwargs, self._map(model, args, kwargs), factor=None)
-        factor, weights, mode = 1.0, [], None
+            return self._around(model, args, kwargs, self._map(model, args, kwargs))
+        weights, factor, mode = self._refit_weights(model, args, kwargs), 1.0, None
         for _ in range(REFIT_ROUNDS):
             point, mode, trace = self._map(model, args, kwargs, weights, factor, start=mode)
-            weights = [name for name in mode if name in gaussian_prior(trace, [name])[0]]
-            size = sum(mode[name].numel() for name in weights)
-            if size > REFIT_WEIGHTS_AT_MOST:
-                raise InputDataError(
-                    f"prior_precision='refit' reads the evidence of all {size} Gaussian weights (a {size} x {size} "
-                    f"matrix), more than REFIT_WEIGHTS_AT_MOST = {REFIT_WEIGHTS_AT_MOST}; pass prior_precision='evidence'."
-                )
             weights, spectrum = gaussian_spectrum(model, mode, trace, args[0], weights)
             chosen = mackay_prior_precision(spectrum.eigenvalues, spectrum.penalty)
             settled, factor = abs(math.log(chosen / factor)) <= REFIT_TOLERANCE, chosen
@@ -178,7 +172,23 @@ class Laplace(Engine):
                 f"{factor:.4g}); pass prior_precision='evidence' or a factor of your own.",
                 ConvergenceWarning, stacklevel=user_stacklevel(),
             )
-        return self._around(model, args, kwargs, (point, mode, trace), factor=factor)
+        covered = (weights, spectrum) if self.hessian == "full" else None  # the whole network's, at this mode
+        return self._around(model, args, kwargs, (point, mode, trace), factor=factor, spectrum=covered)
+
+    @staticmethod
+    def _refit_weights(model: Callable, args: tuple, kwargs: dict) -> list[str]:
+        r"""The latent sites with a Gaussian prior, whose evidence the refit reads; refused, before
+        any fit, past ``REFIT_WEIGHTS_AT_MOST`` weights. The global generators are left where they were."""
+        trace = structure_trace_aside(model, args, kwargs)
+        latent = [name for name, site in trace.nodes.items() if site["type"] == "sample" and not site["is_observed"]]
+        weights = list(gaussian_prior(trace, latent)[0])
+        size = sum(trace.nodes[name]["value"].numel() for name in weights)
+        if size > REFIT_WEIGHTS_AT_MOST:
+            raise InputDataError(
+                f"prior_precision='refit' reads the evidence of all {size} Gaussian weights (a {size} x {size} "
+                f"matrix), more than REFIT_WEIGHTS_AT_MOST = {REFIT_WEIGHTS_AT_MOST}; pass prior_precision='evidence'."
+            )
+        return weights
 
     def _map(
         self, model: Callable, args: tuple, kwargs: dict, scaled: list[str] = (), factor: float = 1.0, start: dict | None = None
@@ -192,12 +202,18 @@ class Laplace(Engine):
             trace = poutine.trace(poutine.condition(model, mode)).get_trace(*args, **kwargs)
         return point, mode, trace
 
-    def _around(self, model: Callable, args: tuple, kwargs: dict, fit: tuple, factor: float | None) -> LaplacePosterior:
+    def _around(
+        self, model: Callable, args: tuple, kwargs: dict, fit: tuple, factor: float | None = None,
+        spectrum: tuple[list[str], Spectrum] | None = None,
+    ) -> LaplacePosterior:
         r"""The approximation around a MAP ``fit`` (of :meth:`_map`) over the sites ``hessian``
-        covers, with the prior precision ``factor`` times the model's (``None``: as the options say)."""
+        covers (their :func:`gaussian_spectrum` there, if known), with the prior precision ``factor``
+        times the model's (``None``: as the options say)."""
         point, mode, trace = fit
-        sites = model.last_layer_sites() if self.hessian == "last_layer" else list(mode)
-        sites, spectrum = gaussian_spectrum(model, mode, trace, args[0], sites)
+        if spectrum is None:
+            sites = model.last_layer_sites() if self.hessian == "last_layer" else list(mode)
+            spectrum = gaussian_spectrum(model, mode, trace, args[0], sites)
+        sites, spectrum = spectrum
         if factor is None:
             factor = (
                 mackay_prior_precision(spectrum.eigenvalues, spectrum.penalty)

@@ -141,6 +141,16 @@ def structure_trace(model: Callable, args: tuple, kwargs: dict) -> Any:
         return poutine.trace(enumerated).get_trace(*args, **kwargs)
 
 
+def structure_trace_aside(model: Callable, args: tuple, kwargs: dict) -> Any:
+    r""":func:`structure_trace`, with the global generators left where they were (for a check
+    made before a fit, whose draws must not move)."""
+    state = pyro.util.get_rng_state()
+    try:
+        return structure_trace(model, args, kwargs)
+    finally:
+        pyro.util.set_rng_state(state)
+
+
 def inspect_model(model: Callable, args: tuple, kwargs: dict) -> Structure:
     r"""The :class:`Structure` of ``model`` called with ``args`` and ``kwargs``."""
     try:
