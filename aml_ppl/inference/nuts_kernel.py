@@ -105,7 +105,7 @@ class MultinomialNUTS(WarmUp, MCMCKernel):
             draw from torch's generator, so ``fit(seed=...)`` fixes it.
         restarts: How many times the chain was re-initialised at the warm-up's end.
         positions: The flat unconstrained draws kept after warm-up.
-        resume_from: A chain's state to continue in :meth:`setup` (:func:`continue_chain`).
+        resume_from: A chain's state to continue in :meth:`setup` (with no warm-up: run it with ``warmup_steps=0``).
 
     Example:
         >>> import pyro, pyro.distributions as dist, torch
@@ -164,23 +164,29 @@ class MultinomialNUTS(WarmUp, MCMCKernel):
     # -- Pyro's kernel contract -------------------------------------------------------------
 
     def setup(self, warmup_steps: int, *args: Any, **kwargs: Any) -> None:
-        if self.resume_from is not None:
-            return continue_chain(self, self.resume_from, args, kwargs)
+        r"""A fresh chain to warm up for ``warmup_steps`` transitions, or :attr:`resume_from`'s chain
+        continued with no warm-up (at its position, step size, inverse mass matrix and stream)."""
+        state = self.resume_from
         given = self._initial_params is not None
-        built = model_gradient(self.model, args, kwargs, jit=self.jit_compile, initial_params=self._initial_params, compiled=self.compiled)
+        start = self._initial_params if state is None else state.position
+        built = model_gradient(self.model, args, kwargs, jit=self.jit_compile, initial_params=start, compiled=self.compiled)
         shapes, self.transforms = built.shapes, built.transforms
         self.dynamics = Hamiltonian(built.gradient, shapes, self.mass_matrix)
-        self.stream = ChainStream(int(torch.randint(2**62, ()).item()))
-        z = flatten(built.start, shapes)
-        if not given:  # the start from the chain's stream, as Pyro's init_to_uniform draws one
-            z = self.dynamics.uniform_start(z, self.stream)
-        self._initial_params = unflatten(z, shapes)
-        self.warmup_steps = warmup_steps
-        self.settle_steps = min(SETTLE_STEPS, warmup_steps // 10) if warmup_steps >= SETTLE_FROM_WARMUP else 0
+        self.stream = ChainStream(int(torch.randint(2**62, ()).item())) if state is None else ChainStream.at(state.stream)
+        self.warmup_steps = warmup_steps if state is None else 0
+        self.settle_steps = min(SETTLE_STEPS, self.warmup_steps // 10) if self.warmup_steps >= SETTLE_FROM_WARMUP else 0
         self.iteration = 0
         self.restarts = 0
         self.records = {name: [] for name in SAMPLE_STATS}
         self.trajectory = Trajectory(OneChain(self.stream), self.dynamics.leapfrog, self.dynamics.energy, self.max_tree_depth)
+        z = flatten(built.start, shapes)
+        if state is not None:
+            self.step_size, self.mass_matrix.inverse_mass, self._initial_params = state.step_size, state.inverse_mass, start
+            self.current = self.dynamics.state(z, torch.zeros_like(z), state.potential, state.gradient)
+            return
+        if not given:  # the start from the chain's stream, as Pyro's init_to_uniform draws one
+            z = self.dynamics.uniform_start(z, self.stream)
+        self._initial_params = unflatten(z, shapes)
         self._start_warmup(z)
 
     def _start_warmup(self, z: torch.Tensor) -> None:
@@ -281,24 +287,6 @@ def chain_state(kernel: MultinomialNUTS) -> HMCState:
         position=unflatten(current.z, kernel.dynamics.shapes), potential=float(current.potential), gradient=current.grad,
         step_size=kernel.step_size, inverse_mass=kernel.dynamics.inverse_mass(), stream=kernel.stream.state,
     )
-
-
-def continue_chain(kernel: MultinomialNUTS, state: HMCState, args: tuple, kwargs: dict) -> None:
-    r"""Set ``kernel`` up to continue a chain at ``state`` with no warm-up (run it with
-    ``warmup_steps=0``): the potential built at its position, the adapted step size and
-    inverse mass matrix, and the chain's random stream where they stood."""
-    built = model_gradient(kernel.model, args, kwargs, jit=kernel.jit_compile, initial_params=state.position, compiled=kernel.compiled)
-    kernel.transforms, kernel.initial_params = built.transforms, state.position
-    kernel.dynamics = Hamiltonian(built.gradient, built.shapes, kernel.mass_matrix)
-    kernel.warmup_steps, kernel.iteration = 0, 0
-    kernel.records = {name: [] for name in SAMPLE_STATS}
-    kernel.step_size = state.step_size
-    kernel.mass_matrix.inverse_mass = state.inverse_mass
-    z = flatten(state.position, kernel.dynamics.shapes)
-    kernel.current = kernel.dynamics.state(z, torch.zeros_like(z), state.potential, state.gradient)
-    kernel.settle_steps, kernel.restarts = 0, 0
-    kernel.stream = ChainStream.at(state.stream)
-    kernel.trajectory = Trajectory(OneChain(kernel.stream), kernel.dynamics.leapfrog, kernel.dynamics.energy, kernel.max_tree_depth)
 
 
 class Hamiltonian:
