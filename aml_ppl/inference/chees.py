@@ -341,12 +341,9 @@ class ChEES(Engine):
 
     def fit(self, model: Callable, *args: Any, **kwargs: Any) -> SamplePosterior:
         self.check_supports(model, args, kwargs)
-        sampler = ChEESSampler(
-            model, self.num_chains, target_accept_prob=self.target_accept_prob,
-            max_leapfrog_steps=self.max_leapfrog_steps, full_mass=self.full_mass, jit=self.jit_compile,
-        )
         options = {"num_chains": self.num_chains, "target_accept_prob": self.target_accept_prob,
                    "max_leapfrog_steps": self.max_leapfrog_steps, "full_mass": self.full_mass, "jit": self.jit_compile}
+        sampler = ChEESSampler(model, **options)
         try:
             samples, stats, state = sample_batch(sampler, args, kwargs, self.num_samples, self.warmup_steps, ChEESState, self.checkpoint, self.checkpoint_every, options)
         except BatchingError as error:
