@@ -12,12 +12,19 @@ localization: an improved* :math:`\widehat R`, Bayesian Analysis 16(2)):
 - **Divergent transitions** after warm-up, any (Stan): the trajectory met curvature the step
   size cannot follow, and the region behind it is under-explored (a funnel's neck).
 - **A chain that stuck**: most of its kept transitions divergent (``STUCK_DIVERGENT``), or,
-  against the other chains, a step size more than ``STEP_SIZE_SPREAD`` times smaller; its
+  a step size more than ``STEP_SIZE_SPREAD`` times below the one half the chains reach; its
   draws do not explore the posterior. Where most of its first ``ONSET_SHARE`` of draws
   diverged too, its warm-up ended in a degenerate state (more warm-up); where they did not, it
   moved at first and then entered a region its step size cannot integrate (a funnel's neck,
   as a centred horseshoe's chains do at some seeds) and stayed there, which no warm-up
   prevents: a smaller step size or a non-centred model does.
+- **Chains that sit apart**, once there are two or more with ``MODES_MIN_DRAWS`` draws each:
+  an element whose chains' medians lie more than ``MODES_APART`` within-chain spreads apart
+  (the chains' median MAD, scaled to a normal's sd). The chains found separate modes (a
+  mixture's labels, a sign symmetry) or have not mixed; more warm-up and non-centring do not
+  join modes, so the remedy named is breaking the symmetry. Independent or autocorrelated
+  (lag-one 0.9) Gaussian chains of 20 draws or more, 2 to 32 of them, stay below 10 over
+  thousands of elements; this judges shorter runs than :math:`\widehat R` can.
 - **Transitions that hit the tree-depth cap** (NUTS) or the leapfrog-step cap (ChEES), any
   (Stan): the trajectories were cut short, an efficiency problem.
 - **E-BFMI** below 0.3 in a chain (Betancourt 2016, *Diagnosing suboptimal cotangent
@@ -56,12 +63,14 @@ MIN_BFMI = 0.3
 # R-hat, ESS and E-BFMI are judged only where each chain kept this many draws (PyMC's rule).
 MIN_DRAWS = 100
 # A chain stuck: more than this share of its kept transitions divergent, or its step size this
-# many times below the median of the chains' (orders of magnitude: a healthy run's chains adapt
-# step sizes within a factor of about 2 of each other).
+# many times below the chains' upper median (the one half of them reach: with 2 chains, the
+# larger; orders of magnitude: a healthy run's chains adapt step sizes within a factor of about 2).
 STUCK_DIVERGENT, STEP_SIZE_SPREAD = 0.5, 30.0
 # A stuck chain's first draws, this share of them, tell whether it stuck from its warm-up's end.
 ONSET_SHARE = 0.25
-# At most this many parameters are named per problem.
+# Chains apart: medians this many within-chain spreads apart, judged from this many draws a chain.
+MODES_APART, MODES_MIN_DRAWS = 10.0, 20
+# At most this many parameters (or chains) are named per problem.
 NAMED = 5
 
 
@@ -105,6 +114,11 @@ NON_CENTRE = (
 )
 MORE_WARMUP = "run a longer warm-up (`warmup_steps`) and more draws (`num_samples`)"
 DEEPER_TREES = "raise `max_tree_depth` (NUTS) or `max_leapfrog_steps` (ChEES), or rescale the model's parameters"
+SEPARATE_MODES = (
+    "where the posterior has several modes (a mixture's labels, a sign symmetry), break the symmetry (an ordering, "
+    "e.g. sorted locations) or sum the discrete choice out: longer runs and non-centring do not join modes; else run "
+    "longer (`warmup_steps`, `num_samples`)"
+)
 ONE_STEP_SIZE = (
     "or run engine='nuts': ChEES gives every chain and every place one step size, which a posterior whose "
     "scale changes from place to place (a funnel, a centred hierarchy) cannot take"
@@ -136,8 +150,8 @@ def check_sampling(
         >>> clean.problems, round(clean.rhat["mu"], 2)
         ([], 1.0)
         >>> stuck = {"mu": torch.cat([draws["mu"][:1], torch.full((1, 200), 5.0, dtype=torch.float64)])}
-        >>> check_sampling(stuck, {"diverging": torch.zeros(2, 200, dtype=torch.bool), "energy": energy}).problems[0]
-        'split r-hat above 1.05 for mu (2.23)'
+        >>> check_sampling(stuck, {"diverging": torch.zeros(2, 200, dtype=torch.bool), "energy": energy}).problems[:2]
+        ['chains apart, their medians over 10 within-chain spreads apart, for mu (12): they found separate modes or have not mixed', 'split r-hat above 1.05 for mu (2.23)']
     """
     report = SamplingReport()
     diverging = stats["diverging"].bool()
@@ -150,10 +164,11 @@ def check_sampling(
         hits = int((stats[name] >= cap).sum())
         if hits:
             report.add(f"{hits} of {chains * draws} transitions hit the cap {name} = {cap}", DEEPER_TREES)
+    apart = _check_chains_apart(report, samples) if chains >= 2 and draws >= MODES_MIN_DRAWS else set()
     if draws >= MIN_DRAWS:
         _check_bfmi(report, stats["energy"])
         if chains >= 2:
-            _check_convergence(report, samples)
+            _check_convergence(report, samples, apart)
     return report
 
 
@@ -170,10 +185,8 @@ def _check_divergences(report: SamplingReport, diverging: torch.Tensor) -> None:
     if not total:
         return
     draws = diverging.shape[1]
-    report.add(
-        f"{total} divergent transitions after warm-up (by chain: {per_chain.tolist()} of {draws})",
-        RAISE_TARGET, NON_CENTRE,
-    )
+    counts = {f"chain {chain}": count for chain, count in enumerate(per_chain.tolist()) if count}
+    report.add(f"{total} divergent transitions after warm-up (of {draws} a chain: {_worst(counts, reverse=True)})", RAISE_TARGET, NON_CENTRE)
     stuck = [chain for chain, count in enumerate(per_chain.tolist()) if count > STUCK_DIVERGENT * draws]
     first = diverging[:, : max(1, int(ONSET_SHARE * draws))].double().mean(1)
     from_start = [chain for chain in stuck if first[chain] > STUCK_DIVERGENT]
@@ -196,13 +209,12 @@ def _check_step_sizes(report: SamplingReport, step_sizes: torch.Tensor) -> None:
     report.step_sizes = step_sizes.tolist()
     if len(step_sizes) < 2:
         return
-    median = float(step_sizes.median())
-    collapsed = [chain for chain, size in enumerate(report.step_sizes) if size * STEP_SIZE_SPREAD < median]
+    upper_median = float(step_sizes.sort().values[len(step_sizes) // 2])
+    collapsed = {f"chain {chain}": size for chain, size in enumerate(report.step_sizes) if size * STEP_SIZE_SPREAD < upper_median}
     if collapsed:
-        sizes = ", ".join(f"{report.step_sizes[chain]:.2g}" for chain in collapsed)
         report.add(
-            f"chain(s) {collapsed} adapted step sizes {sizes}, over {STEP_SIZE_SPREAD:g} times below the chains' "
-            f"median {median:.2g}: their warm-up ended in a degenerate state", MORE_WARMUP, NON_CENTRE,
+            f"step sizes over {STEP_SIZE_SPREAD:g} times below the {upper_median:.2g} half the chains reach in "
+            f"{_worst(collapsed, reverse=False)}: their warm-up ended in a degenerate state", MORE_WARMUP, NON_CENTRE,
         )
 
 
@@ -213,13 +225,35 @@ def _check_bfmi(report: SamplingReport, energy: torch.Tensor) -> None:
     with np.errstate(divide="ignore", invalid="ignore"):
         bfmi = (np.diff(energy, axis=1) ** 2).sum(1) / variance
     report.bfmi = bfmi.tolist()
-    low = [chain for chain, value in enumerate(report.bfmi) if value < MIN_BFMI]
+    low = {f"chain {chain}": value for chain, value in enumerate(report.bfmi) if value < MIN_BFMI}
     if low:
-        values = ", ".join(f"{report.bfmi[chain]:.2f}" for chain in low)
-        report.add(f"E-BFMI below {MIN_BFMI} in chain(s) {low} ({values})", NON_CENTRE, MORE_WARMUP)
+        report.add(f"E-BFMI below {MIN_BFMI} in {_worst(low, reverse=False)}", NON_CENTRE, MORE_WARMUP)
 
 
-def _check_convergence(report: SamplingReport, samples: dict[str, torch.Tensor]) -> None:
+def _check_chains_apart(report: SamplingReport, samples: dict[str, torch.Tensor]) -> set[str]:
+    r"""The elements whose chains sit apart (see the module's description), named in ``report``."""
+    gaps = {}
+    for name, value in samples.items():
+        draws = value.detach().double().cpu().reshape(*value.shape[:2], -1).numpy()  # chains x draws x elements
+        medians = np.median(draws, 1)
+        spread = np.median(1.4826 * np.median(np.abs(draws - medians[:, None]), 1), 0)  # MAD x 1.4826: a normal's sd
+        with np.errstate(divide="ignore", invalid="ignore"):  # a constant element: 0 / 0, never apart
+            gaps.update(zip(_element_names(name, value.shape[2:]), (medians.max(0) - medians.min(0)) / spread))
+    apart = {name: gap for name, gap in gaps.items() if gap > MODES_APART}
+    if apart:
+        report.add(
+            f"chains apart, their medians over {MODES_APART:g} within-chain spreads apart, for {_worst(apart, reverse=True)}: "
+            "they found separate modes or have not mixed", SEPARATE_MODES,
+        )
+    return set(apart)
+
+
+def _element_names(name: str, shape: torch.Size) -> list[str]:
+    r"""A site's elements as ArviZ's summary names them: ``name``, or ``name[i, j]`` in C order."""
+    return [f"{name}[{', '.join(map(str, index))}]" for index in np.ndindex(*shape)] if len(shape) else [name]
+
+
+def _check_convergence(report: SamplingReport, samples: dict[str, torch.Tensor], apart: set[str] = frozenset()) -> None:
     import arviz as az  # ArviZ is slow to import; only runs that are judged need it
 
     dataset = az.convert_to_dataset({name: value.detach().double().cpu().numpy() for name, value in samples.items()})
@@ -229,12 +263,13 @@ def _check_convergence(report: SamplingReport, samples: dict[str, torch.Tensor])
     report.rhat, report.ess_bulk, report.ess_tail = (table[column].to_dict() for column in ("r_hat", "ess_bulk", "ess_tail"))
     constant = _constant_parameters(samples)
     high = {name: value for name, value in report.rhat.items() if not value <= MAX_RHAT and name not in constant}
-    if high:
-        report.add(f"split r-hat above {MAX_RHAT} for {_worst(high, reverse=True)}", MORE_WARMUP, NON_CENTRE)
+    if high:  # chains apart in every one of them: the remedy is already named (also for the ESS)
+        fixes = () if set(high) <= apart else (MORE_WARMUP, NON_CENTRE)
+        report.add(f"split r-hat above {MAX_RHAT} for {_worst(high, reverse=True)}", *fixes)
     for kind, values in (("bulk", report.ess_bulk), ("tail", report.ess_tail)):
         low = {name: value for name, value in values.items() if value < MIN_ESS and name not in constant}
         if low:
-            report.add(f"{kind} ESS below {MIN_ESS} for {_worst(low, reverse=False)}", MORE_WARMUP)
+            report.add(f"{kind} ESS below {MIN_ESS} for {_worst(low, reverse=False)}", *(() if set(low) <= apart else (MORE_WARMUP,)))
 
 
 def _constant_parameters(samples: dict[str, torch.Tensor]) -> set[str]:
@@ -244,11 +279,8 @@ def _constant_parameters(samples: dict[str, torch.Tensor]) -> set[str]:
     constant = set()
     for name, value in samples.items():
         draws = value.flatten(0, 1)
-        fixed = (draws == draws[:1]).all(0).cpu().numpy()
-        if fixed.ndim == 0:
-            constant.update([name] if fixed else [])
-            continue
-        constant.update(f"{name}[{', '.join(map(str, index))}]" for index in zip(*np.nonzero(fixed)))
+        fixed = (draws == draws[:1]).all(0).cpu().numpy().ravel()
+        constant.update(element for element, one_value in zip(_element_names(name, value.shape[2:]), fixed) if one_value)
     return constant
 
 

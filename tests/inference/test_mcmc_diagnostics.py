@@ -12,7 +12,7 @@ import torch
 import aml_ppl as aml
 from aml_ppl.errors import SamplingWarning
 from aml_ppl.inference import ChEES, NUTS
-from aml_ppl.inference.mcmc_diagnostics import MAX_RHAT, check_sampling
+from aml_ppl.inference.mcmc_diagnostics import MAX_RHAT, SEPARATE_MODES, check_sampling
 
 
 def centred_funnel():
@@ -51,8 +51,9 @@ def test_each_problem_is_named_with_its_chain_or_parameter():
     stats["energy"][1] = torch.linspace(0, 1, 200, dtype=torch.float64)  # energy that barely moves: E-BFMI ~ 0
     report = check_sampling(draws, stats, step_cap=("tree_depth", 10))
     text = " | ".join(report.problems)
-    for phrase in ("150 divergent transitions", "chain(s) [1] stuck", "chain(s) [0] adapted step sizes 0.0001",
-                   "7 of 600 transitions hit the cap tree_depth = 10", "E-BFMI below 0.3 in chain(s) [1]",
+    for phrase in ("150 divergent transitions after warm-up (of 200 a chain: chain 1 (150))", "chain(s) [1] stuck",
+                   "step sizes over 30 times below the 0.5 half the chains reach in chain 0 (0.0001)",
+                   "7 of 600 transitions hit the cap tree_depth = 10", "E-BFMI below 0.3 in chain 1",
                    "split r-hat above 1.05 for mu"):
         assert phrase in text
     assert any("target_accept_prob" in fix for fix in report.fixes)
@@ -87,10 +88,41 @@ def test_elements_fixed_by_construction_are_not_judged():
     assert "r-hat above 1.05 for L[1, 0]" in " ".join(check_sampling({"L": factor}, clean_stats(2, 300, generator)).problems)
 
 
-def test_short_runs_are_judged_on_divergences_only():
+def test_short_runs_are_judged_on_divergences_step_sizes_and_chains_apart():
+    r"""Under 100 draws a chain, r-hat, ESS and E-BFMI are not judged; chains in two modes are
+    (four chains of 80 draws at -4 and +4, spread 0.3: a helper's bimodal fit that had passed
+    silently), and a chain whose step size collapsed is named against the larger of two."""
     generator = torch.Generator().manual_seed(2)
-    stuck = torch.cat([torch.randn(1, 50, generator=generator), torch.full((1, 50), 3.0)]).double()
-    assert check_sampling({"mu": stuck}, clean_stats(2, 50, generator)).problems == []
+    nearby = torch.cat([torch.randn(1, 50, generator=generator), 0.5 + torch.randn(1, 50, generator=generator)]).double()
+    assert check_sampling({"mu": nearby}, clean_stats(2, 50, generator)).problems == []
+    modes = torch.tensor([-4.0, 4.0, -4.0, 4.0], dtype=torch.float64)[:, None] + 0.3 * torch.randn(4, 80, generator=generator, dtype=torch.float64)
+    report = check_sampling({"mu": modes}, clean_stats(4, 80, generator))
+    assert len(report.problems) == 1 and report.problems[0].startswith("chains apart, their medians over 10 within-chain spreads apart, for mu (")
+    assert report.fixes == [SEPARATE_MODES] and report.rhat == {}
+    stats = clean_stats(2, 50, generator)
+    stats["step_size"][1] = 1e-3
+    assert "below the 0.5 half the chains reach in chain 1 (0.001)" in check_sampling({"mu": nearby}, stats).problems[0]
+
+
+def test_independent_chains_of_twenty_draws_are_not_apart():
+    r"""The threshold holds far from the noise: 32 chains of 20 autocorrelated draws (lag-one
+    0.8) of 200 elements each give no element ``MODES_APART`` spreads apart."""
+    generator = torch.Generator().manual_seed(5)
+    noise = torch.randn(32, 20, 200, generator=generator, dtype=torch.float64)
+    draws = noise.clone()
+    for step in range(1, 20):
+        draws[:, step] = 0.8 * draws[:, step - 1] + 0.6 * noise[:, step]
+    assert check_sampling({"beta": draws}, clean_stats(32, 20, generator)).problems == []
+
+
+def test_separate_modes_replace_the_warmup_and_non_centring_advice():
+    r"""Chains in two modes (a mixture's switched labels) with 300 draws: r-hat names them, and
+    the fix is the symmetry's, not a longer warm-up or non-centring."""
+    generator = torch.Generator().manual_seed(6)
+    locs = torch.tensor([[-2.9, 2.9], [2.9, -2.9]], dtype=torch.float64)[:, None] + 0.2 * torch.randn(2, 300, 2, generator=generator, dtype=torch.float64)
+    report = check_sampling({"locs": locs}, clean_stats(2, 300, generator))
+    assert report.problems[0].startswith("chains apart, their medians over 10 within-chain spreads apart, for locs[") and report.problems[1].startswith("split r-hat above 1.05 for locs[")
+    assert report.fixes == [SEPARATE_MODES]
 
 
 def test_nuts_on_the_centred_funnel_warns_once_naming_the_fix():
