@@ -173,15 +173,15 @@ class Laplace(Engine):
                 ConvergenceWarning, stacklevel=user_stacklevel(),
             )
         covered = (weights, spectrum) if self.hessian == "full" else None  # the whole network's, at this mode
-        return self._around(model, args, kwargs, (point, mode, trace), factor=factor, spectrum=covered)
+        return self._around(model, args, kwargs, (point, mode, trace), factor=factor, known=covered)
 
     @staticmethod
     def _refit_weights(model: Callable, args: tuple, kwargs: dict) -> list[str]:
         r"""The latent sites with a Gaussian prior, whose evidence the refit reads; refused, before
         any fit, past ``REFIT_WEIGHTS_AT_MOST`` weights. The global generators are left where they were."""
         trace = structure_trace_aside(model, args, kwargs)
-        latent = [name for name, site in trace.nodes.items() if site["type"] == "sample" and not site["is_observed"]]
-        weights = list(gaussian_prior(trace, latent)[0])
+        unobserved = [name for name, site in trace.nodes.items() if site["type"] == "sample" and not site["is_observed"]]
+        weights = list(gaussian_prior(trace, unobserved)[0])
         size = sum(trace.nodes[name]["value"].numel() for name in weights)
         if size > REFIT_WEIGHTS_AT_MOST:
             raise InputDataError(
@@ -195,7 +195,7 @@ class Laplace(Engine):
     ) -> tuple:
         r"""The MAP fit under the prior whose precision on the ``scaled`` sites is ``factor`` times the
         model's, from ``start`` (else the MAP engine's): the fit, its mode, and the model's trace at the mode."""
-        program = ScaledPriorPrecision(scaled, factor)(model) if scaled else model
+        program = ScaledPriorPrecision(scaled, factor)(model) if scaled and factor != 1.0 else model  # unwrapped: its init_values and loss
         point = self.map.fit_supported(program, args, kwargs, start)  # checked by fit
         mode = {name: value[0] for name, value in point.model_draws(1).items()}
         with evaluation_mode(model), torch.no_grad():
@@ -204,16 +204,16 @@ class Laplace(Engine):
 
     def _around(
         self, model: Callable, args: tuple, kwargs: dict, fit: tuple, factor: float | None = None,
-        spectrum: tuple[list[str], Spectrum] | None = None,
+        known: tuple[list[str], Spectrum] | None = None,
     ) -> LaplacePosterior:
         r"""The approximation around a MAP ``fit`` (of :meth:`_map`) over the sites ``hessian``
-        covers (their :func:`gaussian_spectrum` there, if known), with the prior precision ``factor``
+        covers (``known``: their :func:`gaussian_spectrum` there), with the prior precision ``factor``
         times the model's (``None``: as the options say)."""
         point, mode, trace = fit
-        if spectrum is None:
+        if known is None:
             sites = model.last_layer_sites() if self.hessian == "last_layer" else list(mode)
-            spectrum = gaussian_spectrum(model, mode, trace, args[0], sites)
-        sites, spectrum = spectrum
+            known = gaussian_spectrum(model, mode, trace, args[0], sites)
+        sites, spectrum = known
         if factor is None:
             factor = (
                 mackay_prior_precision(spectrum.eigenvalues, spectrum.penalty)

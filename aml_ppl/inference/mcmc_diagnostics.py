@@ -20,11 +20,13 @@ localization: an improved* :math:`\widehat R`, Bayesian Analysis 16(2)):
   prevents: a smaller step size or a non-centred model does.
 - **Chains that sit apart**, once there are two or more with ``MODES_MIN_DRAWS`` draws each:
   an element whose chains' medians lie more than ``MODES_APART`` within-chain spreads apart
-  (the chains' median MAD, scaled to a normal's sd). The chains found separate modes (a
-  mixture's labels, a sign symmetry) or have not mixed; more warm-up and non-centring do not
-  join modes, so the remedy named is breaking the symmetry. Independent or autocorrelated
-  (lag-one 0.9) Gaussian chains of 20 draws or more, 2 to 32 of them, stay below 10 over
-  thousands of elements; this judges shorter runs than :math:`\widehat R` can.
+  (the chains' median MAD, scaled to a normal's sd; a positive element's on its log scale,
+  where a scale's long right tail does not set its chains apart). Where every chain moves, the chains found separate modes (a mixture's
+  labels, a sign symmetry), which more warm-up and non-centring do not join: the remedy
+  named is breaking the symmetry; where a chain barely moves, it stuck (more warm-up).
+  Gaussian chains of 20 draws or more, 2 to 32 of them, lag-one autocorrelated up to 0.8
+  (0.5 for a Cauchy's draws), stay below 10 over thousands of elements; this judges shorter
+  runs than :math:`\widehat R` can.
 - **Transitions that hit the tree-depth cap** (NUTS) or the leapfrog-step cap (ChEES), any
   (Stan): the trajectories were cut short, an efficiency problem.
 - **E-BFMI** below 0.3 in a chain (Betancourt 2016, *Diagnosing suboptimal cotangent
@@ -68,8 +70,11 @@ MIN_DRAWS = 100
 STUCK_DIVERGENT, STEP_SIZE_SPREAD = 0.5, 30.0
 # A stuck chain's first draws, this share of them, tell whether it stuck from its warm-up's end.
 ONSET_SHARE = 0.25
-# Chains apart: medians this many within-chain spreads apart, judged from this many draws a chain.
-MODES_APART, MODES_MIN_DRAWS = 10.0, 20
+# Chains apart: medians this many within-chain spreads apart, judged from this many draws a chain;
+# a chain moves where its spread is at least this share of the chains' median spread.
+MODES_APART, MODES_MIN_DRAWS, MOVES = 10.0, 20, 0.1
+# A normal's standard deviation is this many times its median absolute deviation.
+MAD_TO_SD = 1.4826
 # At most this many parameters (or chains) are named per problem.
 NAMED = 5
 
@@ -164,11 +169,11 @@ def check_sampling(
         hits = int((stats[name] >= cap).sum())
         if hits:
             report.add(f"{hits} of {chains * draws} transitions hit the cap {name} = {cap}", DEEPER_TREES)
-    apart = _check_chains_apart(report, samples) if chains >= 2 and draws >= MODES_MIN_DRAWS else set()
+    modes = _check_chains_apart(report, samples) if chains >= 2 and draws >= MODES_MIN_DRAWS else set()
     if draws >= MIN_DRAWS:
         _check_bfmi(report, stats["energy"])
         if chains >= 2:
-            _check_convergence(report, samples, apart)
+            _check_convergence(report, samples, modes)
     return report
 
 
@@ -213,8 +218,8 @@ def _check_step_sizes(report: SamplingReport, step_sizes: torch.Tensor) -> None:
     collapsed = {f"chain {chain}": size for chain, size in enumerate(report.step_sizes) if size * STEP_SIZE_SPREAD < upper_median}
     if collapsed:
         report.add(
-            f"step sizes over {STEP_SIZE_SPREAD:g} times below the {upper_median:.2g} half the chains reach in "
-            f"{_worst(collapsed, reverse=False)}: their warm-up ended in a degenerate state", MORE_WARMUP, NON_CENTRE,
+            f"step sizes over {STEP_SIZE_SPREAD:g} times below {upper_median:.2g}, the one at least half the chains "
+            f"reach, in {_worst(collapsed, reverse=False)}: their warm-up ended in a degenerate state", MORE_WARMUP, NON_CENTRE,
         )
 
 
@@ -231,21 +236,28 @@ def _check_bfmi(report: SamplingReport, energy: torch.Tensor) -> None:
 
 
 def _check_chains_apart(report: SamplingReport, samples: dict[str, torch.Tensor]) -> set[str]:
-    r"""The elements whose chains sit apart (see the module's description), named in ``report``."""
-    gaps = {}
+    r"""Name in ``report`` the elements whose chains sit apart (see the module's description);
+    return those among them where every chain moves (separate modes)."""
+    gaps, moving = {}, {}
     for name, value in samples.items():
         draws = value.detach().double().cpu().reshape(*value.shape[:2], -1).numpy()  # chains x draws x elements
+        with np.errstate(divide="ignore", invalid="ignore"):
+            draws = np.where((draws > 0).all((0, 1)), np.log(draws), draws)  # a positive element on its log scale
         medians = np.median(draws, 1)
-        spread = np.median(1.4826 * np.median(np.abs(draws - medians[:, None]), 1), 0)  # MAD x 1.4826: a normal's sd
+        spreads = MAD_TO_SD * np.median(np.abs(draws - medians[:, None]), 1)
+        spread = np.median(spreads, 0)
+        elements = _element_names(name, value.shape[2:])
         with np.errstate(divide="ignore", invalid="ignore"):  # a constant element: 0 / 0, never apart
-            gaps.update(zip(_element_names(name, value.shape[2:]), (medians.max(0) - medians.min(0)) / spread))
+            gaps.update(zip(elements, (medians.max(0) - medians.min(0)) / spread))
+        moving.update(zip(elements, (spreads >= MOVES * spread).all(0)))
     apart = {name: gap for name, gap in gaps.items() if gap > MODES_APART}
+    modes = {name for name in apart if moving[name]}
     if apart:
         report.add(
             f"chains apart, their medians over {MODES_APART:g} within-chain spreads apart, for {_worst(apart, reverse=True)}: "
-            "they found separate modes or have not mixed", SEPARATE_MODES,
+            "they found separate modes or have not mixed", *((SEPARATE_MODES,) if modes else ()), *_unless_all(apart, modes, MORE_WARMUP),
         )
-    return set(apart)
+    return modes
 
 
 def _element_names(name: str, shape: torch.Size) -> list[str]:
@@ -253,7 +265,7 @@ def _element_names(name: str, shape: torch.Size) -> list[str]:
     return [f"{name}[{', '.join(map(str, index))}]" for index in np.ndindex(*shape)] if len(shape) else [name]
 
 
-def _check_convergence(report: SamplingReport, samples: dict[str, torch.Tensor], apart: set[str] = frozenset()) -> None:
+def _check_convergence(report: SamplingReport, samples: dict[str, torch.Tensor], modes: set[str]) -> None:
     import arviz as az  # ArviZ is slow to import; only runs that are judged need it
 
     dataset = az.convert_to_dataset({name: value.detach().double().cpu().numpy() for name, value in samples.items()})
@@ -263,13 +275,17 @@ def _check_convergence(report: SamplingReport, samples: dict[str, torch.Tensor],
     report.rhat, report.ess_bulk, report.ess_tail = (table[column].to_dict() for column in ("r_hat", "ess_bulk", "ess_tail"))
     constant = _constant_parameters(samples)
     high = {name: value for name, value in report.rhat.items() if not value <= MAX_RHAT and name not in constant}
-    if high:  # chains apart in every one of them: the remedy is already named (also for the ESS)
-        fixes = () if set(high) <= apart else (MORE_WARMUP, NON_CENTRE)
-        report.add(f"split r-hat above {MAX_RHAT} for {_worst(high, reverse=True)}", *fixes)
+    if high:
+        report.add(f"split r-hat above {MAX_RHAT} for {_worst(high, reverse=True)}", *_unless_all(high, modes, MORE_WARMUP, NON_CENTRE))
     for kind, values in (("bulk", report.ess_bulk), ("tail", report.ess_tail)):
         low = {name: value for name, value in values.items() if value < MIN_ESS and name not in constant}
         if low:
-            report.add(f"{kind} ESS below {MIN_ESS} for {_worst(low, reverse=False)}", *(() if set(low) <= apart else (MORE_WARMUP,)))
+            report.add(f"{kind} ESS below {MIN_ESS} for {_worst(low, reverse=False)}", *_unless_all(low, modes, MORE_WARMUP))
+
+
+def _unless_all(names: dict[str, float], modes: set[str], *fixes: str) -> tuple[str, ...]:
+    r"""``fixes``, unless every one of ``names`` has chains in separate ``modes`` (whose remedy is named)."""
+    return () if set(names) <= modes else fixes
 
 
 def _constant_parameters(samples: dict[str, torch.Tensor]) -> set[str]:

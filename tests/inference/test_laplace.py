@@ -303,7 +303,10 @@ def test_the_refit_reads_every_weight_and_says_when_it_does_not_settle(monkeypat
     assert gamma / penalty == pytest.approx(post.prior_precision_factor, rel=1e-6)
     monkeypatch.setattr(aml.inference.laplace, "REFIT_ROUNDS", 1)
     with pytest.warns(aml.errors.ConvergenceWarning, match="did not settle in 1 MAP fits"):
-        aml.fit(model, X, y, engine=Laplace(prior_precision="refit"), seed=0)
+        first = aml.fit(model, X, y, engine=Laplace(prior_precision="refit"), seed=0)
+    # The first fit is the model's MAP, from its init_values, as the MAP engine's with the seed.
+    point = aml.fit(model, X, y, engine=aml.inference.MAP(), seed=0)
+    assert all(torch.equal(first.mode[name], point.sample(1)[name][0]) for name in first.mode)
     monkeypatch.setattr(aml.inference.laplace, "REFIT_WEIGHTS_AT_MOST", 10)
     with pytest.raises(InputDataError, match="refit.*all 32 Gaussian weights"):
         aml.fit(model, X, y, engine=Laplace(prior_precision="refit"), seed=0)

@@ -12,7 +12,7 @@ import torch
 import aml_ppl as aml
 from aml_ppl.errors import SamplingWarning
 from aml_ppl.inference import ChEES, NUTS
-from aml_ppl.inference.mcmc_diagnostics import MAX_RHAT, SEPARATE_MODES, check_sampling
+from aml_ppl.inference.mcmc_diagnostics import MAX_RHAT, MORE_WARMUP, SEPARATE_MODES, check_sampling
 
 
 def centred_funnel():
@@ -52,7 +52,7 @@ def test_each_problem_is_named_with_its_chain_or_parameter():
     report = check_sampling(draws, stats, step_cap=("tree_depth", 10))
     text = " | ".join(report.problems)
     for phrase in ("150 divergent transitions after warm-up (of 200 a chain: chain 1 (150))", "chain(s) [1] stuck",
-                   "step sizes over 30 times below the 0.5 half the chains reach in chain 0 (0.0001)",
+                   "step sizes over 30 times below 0.5, the one at least half the chains reach, in chain 0 (0.0001)",
                    "7 of 600 transitions hit the cap tree_depth = 10", "E-BFMI below 0.3 in chain 1",
                    "split r-hat above 1.05 for mu"):
         assert phrase in text
@@ -101,18 +101,29 @@ def test_short_runs_are_judged_on_divergences_step_sizes_and_chains_apart():
     assert report.fixes == [SEPARATE_MODES] and report.rhat == {}
     stats = clean_stats(2, 50, generator)
     stats["step_size"][1] = 1e-3
-    assert "below the 0.5 half the chains reach in chain 1 (0.001)" in check_sampling({"mu": nearby}, stats).problems[0]
+    assert "below 0.5, the one at least half the chains reach, in chain 1 (0.001)" in check_sampling({"mu": nearby}, stats).problems[0]
 
 
-def test_independent_chains_of_twenty_draws_are_not_apart():
+def test_chains_of_twenty_draws_that_mix_are_not_apart():
     r"""The threshold holds far from the noise: 32 chains of 20 autocorrelated draws (lag-one
-    0.8) of 200 elements each give no element ``MODES_APART`` spreads apart."""
+    0.8) of 200 elements each give no element ``MODES_APART`` spreads apart, nor do the same
+    draws as a scale with a long right tail (log-normal, log-sd 2), judged on its log."""
     generator = torch.Generator().manual_seed(5)
     noise = torch.randn(32, 20, 200, generator=generator, dtype=torch.float64)
     draws = noise.clone()
     for step in range(1, 20):
         draws[:, step] = 0.8 * draws[:, step - 1] + 0.6 * noise[:, step]
-    assert check_sampling({"beta": draws}, clean_stats(32, 20, generator)).problems == []
+    assert check_sampling({"beta": draws, "scale": (2 * draws).exp()}, clean_stats(32, 20, generator)).problems == []
+
+
+def test_a_chain_that_barely_moves_is_apart_but_not_a_mode():
+    r"""A chain that stuck (its draws nearly constant) away from the others is named, with the
+    warm-up's remedy rather than the symmetry's."""
+    generator = torch.Generator().manual_seed(7)
+    draws = torch.randn(4, 50, generator=generator, dtype=torch.float64)
+    draws[3] = 15.0 + 1e-6 * torch.randn(50, generator=generator, dtype=torch.float64)
+    report = check_sampling({"mu": draws}, clean_stats(4, 50, generator))
+    assert report.problems[0].startswith("chains apart") and report.fixes == [MORE_WARMUP]
 
 
 def test_separate_modes_replace_the_warmup_and_non_centring_advice():

@@ -100,7 +100,9 @@ class BatchSampler(WarmUp):
             drive(self, 0, num_samples)
             return self.results()
 
-    warm_up = WarmUp.adapt  # :func:`drive`'s warm-up transition ``iteration`` and the adaptation after it
+    def warm_up(self, iteration: int) -> None:
+        r"""Warm-up transition ``iteration`` (from 0) and the adaptation after it (:meth:`adapt`)."""
+        self.adapt(iteration)
 
     def _restart_strays(self, current: Phase, step_size: Any, ends: bool) -> tuple[Phase, Any]:
         r"""The chains' potentials watched over the window; at its end each chain in a minor mode
