@@ -66,8 +66,16 @@ def local_seed(seed: int | None) -> Iterator[None]:
     if seed is None:
         yield
         return
+    with generators_kept():
+        _seed_globals(seed)
+        yield
+
+
+@contextmanager
+def generators_kept() -> Iterator[None]:
+    r"""Run the block, then put the global generators of Python, NumPy and torch (CPU, and CUDA
+    once initialised) back where they were."""
     saved = _global_states()
-    _seed_globals(seed)
     try:
         yield
     finally:

@@ -21,9 +21,10 @@ localization: an improved* :math:`\widehat R`, Bayesian Analysis 16(2)):
 - **Chains that sit apart**, once there are two or more with ``MODES_MIN_DRAWS`` draws each:
   an element whose chains' medians lie more than ``MODES_APART`` within-chain spreads apart
   (the chains' median MAD, scaled to a normal's sd; a positive element's on its log scale,
-  where a scale's long right tail does not set its chains apart). Where every chain moves, the chains found separate modes (a mixture's
-  labels, a sign symmetry), which more warm-up and non-centring do not join: the remedy
-  named is breaking the symmetry; where a chain barely moves, it stuck (more warm-up).
+  where a scale's long right tail does not set its chains apart). Where every chain moves,
+  the chains found separate modes (a mixture's labels, a sign symmetry), which more warm-up
+  and non-centring do not join: the remedy named is breaking the symmetry; where a chain
+  barely moves, it stuck (more warm-up).
   Gaussian chains of 20 draws or more, 2 to 32 of them, lag-one autocorrelated up to 0.8
   (0.5 for a Cauchy's draws), stay below 10 over thousands of elements; this judges shorter
   runs than :math:`\widehat R` can.

@@ -16,6 +16,7 @@ from pyro.distributions import Delta, ExpandedDistribution, MaskedDistribution
 from pyro.poutine.util import site_is_subsample
 from torch.distributions import Independent
 
+from aml_ppl._core.randomness import generators_kept
 from aml_ppl.errors import AmlPplError, InputDataError
 
 # Enumeration dimensions in structure traces start this far left, beyond any real
@@ -144,11 +145,8 @@ def structure_trace(model: Callable, args: tuple, kwargs: dict) -> Any:
 def structure_trace_aside(model: Callable, args: tuple, kwargs: dict) -> Any:
     r""":func:`structure_trace`, with the global generators left where they were (for a check
     made before a fit, whose draws must not move)."""
-    state = pyro.util.get_rng_state()
-    try:
+    with generators_kept():
         return structure_trace(model, args, kwargs)
-    finally:
-        pyro.util.set_rng_state(state)
 
 
 def inspect_model(model: Callable, args: tuple, kwargs: dict) -> Structure:
